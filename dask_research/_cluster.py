@@ -1,0 +1,54 @@
+"""Find the Dask client to use, or start the embedded ``LocalCluster``.
+
+Every entry point takes ``client=None``. The rule is the same everywhere: an explicit client
+wins; else the current default client (``distributed.default_client()``); else an embedded
+``LocalCluster`` configured by ``research.cluster.*`` is started for the call and closed after.
+
+Examples
+--------
+>>> from dask_research._cluster import get_client
+>>> with get_client(None) as client:      # doctest: +SKIP
+...     client.submit(sum, [1, 2]).result()
+3
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from . import config
+
+
+def embedded_cluster_kwargs() -> dict:
+    """Keyword arguments for the embedded ``LocalCluster`` from ``research.cluster.*``."""
+    cores = os.cpu_count() or 1
+    processes = bool(config.get("cluster.processes"))
+    threads = int(config.get("cluster.threads-per-worker") or 1)
+    n_workers = config.get("cluster.n-workers")
+    if n_workers is None:
+        n_workers = max(1, cores // threads)
+    return dict(
+        n_workers=int(n_workers),
+        threads_per_worker=threads,
+        processes=processes,
+        dashboard_address=config.get("cluster.dashboard-address", default=None),
+    )
+
+
+@contextlib.contextmanager
+def get_client(client=None) -> Iterator:
+    """Yield ``client``, the current default client, or an embedded cluster's client."""
+    if client is not None:
+        yield client
+        return
+    from distributed import Client, LocalCluster, default_client
+
+    try:
+        yield default_client()
+        return
+    except ValueError:
+        pass
+    kwargs = embedded_cluster_kwargs()
+    with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+        yield c
