@@ -1,0 +1,134 @@
+"""Common benchmark harness: timing, machine description and JSON figures.
+
+Each benchmark script runs ours and the peer side by side in one process run, prints ratios
+and writes its figures with :func:`write_results` to ``benchmarks/results/<name>.json``
+together with the machine it ran on. Speed is never asserted in tests.
+
+Run benchmarks one at a time (``flock /tmp/dask-research-bench.lock python benchmarks/x.py``)
+so two of them do not share the cores.
+
+Example
+-------
+>>> from benchmarks.harness import median_time
+>>> t = median_time(lambda: sum(range(1000)), repeat=3, number=10)
+>>> t > 0
+True
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _proc_stat_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, for a foreign-load estimate."""
+    try:
+        fields = [float(x) for x in open("/proc/stat").readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    total = sum(fields)
+    return total - idle, total
+
+
+def machine() -> dict[str, Any]:
+    """Describe the machine and software a figure was measured on."""
+    versions = {}
+    for mod in ("numpy", "dask", "distributed", "torch", "torchrl", "optuna", "cupy"):
+        m = sys.modules.get(mod)
+        if m is None:
+            try:
+                m = __import__(mod)
+            except Exception:
+                continue
+        versions[mod] = getattr(m, "__version__", "?")
+    try:
+        import dask_research
+
+        versions["dask_research"] = dask_research.__version__
+    except Exception:
+        pass
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        mem = None
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_bytes": mem,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 3, number: int = 1) -> float:
+    """Median over ``repeat`` runs of the mean seconds per call of ``fn`` (``number`` calls)."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t0) / number)
+    return statistics.median(times)
+
+
+class LoadMonitor:
+    """Measure how busy the machine was during a block (all processes, 0..1 of all cores)."""
+
+    def __enter__(self):
+        self._b0, self._t0 = _proc_stat_busy()
+        self._c0 = time.process_time()
+        self._w0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        b1, t1 = _proc_stat_busy()
+        self.machine_busy = (b1 - self._b0) / (t1 - self._t0) if t1 > self._t0 else float("nan")
+        wall = time.perf_counter() - self._w0
+        cores = os.cpu_count() or 1
+        self.own_busy = (time.process_time() - self._c0) / (wall * cores) if wall > 0 else 0.0
+        return False
+
+
+def write_results(name: str, figures: dict[str, Any], notes: str = "") -> pathlib.Path:
+    """Write ``figures`` with the machine description to ``benchmarks/results/<name>.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {
+        "benchmark": name,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "figures": figures,
+        "notes": notes,
+    }
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=float) + "\n")
+    return path
+
+
+def print_table(rows: list[tuple], header: tuple) -> None:
+    """Print a small aligned table."""
+    rows = [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
