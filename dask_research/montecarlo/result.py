@@ -1,0 +1,252 @@
+"""The result of a Monte-Carlo run: estimates, intervals, quantiles, and the delta method.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research.montecarlo.accumulators import Moments
+>>> from dask_research.montecarlo.result import Result
+>>> y = np.random.default_rng(0).normal(10.0, 2.0, 100_000)
+>>> r = Result("0" * 64, Moments.from_samples(y, (0.0, 20.0), 200))
+>>> round(r.mean, 1), round(r.sd, 1)
+(10.0, 2.0)
+>>> lo, hi = r.interval(0.95).percentile
+>>> round(lo), round(hi)
+(6, 14)
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from ..exceptions import InputError
+from .accumulators import Moments
+from .linearize import Linearized
+
+__all__ = ["Result", "Interval"]
+
+
+def _z(level: float) -> float:
+    if not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise InputError("level", level, "a probability strictly between 0 and 1", where="Result")
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A central interval of the output distribution at ``level``.
+
+    ``normal`` is ``mean +- z * sd`` (what a normal approximation claims), ``percentile`` the
+    sampled quantiles (read from the histogram); their disagreement shows skew and tails.
+    """
+
+    level: float
+    normal: tuple[float, float]
+    percentile: tuple[float, float]
+
+
+@dataclass
+class Result:
+    """Estimates of a finished (and verified) run.
+
+    Attributes
+    ----------
+    run_id : str
+        The job's content address.
+    state : Moments or user state
+        The root accumulator; ``value`` is the reducer's ``finalize`` of it.
+    linearized : Linearized or None
+        Delta-method sd and plug-in value ``g(mu)``, to compare with ``sd`` and ``mean``.
+    """
+
+    run_id: str
+    state: Any
+    value: Any = None
+    linearized: Linearized | None = None
+    pilot: dict | None = None
+    wall_seconds: float = float("nan")
+    shards: int = 0
+    samples_per_shard: int = 0
+    shards_per_task: int = 0
+    workers: dict[str, int] = field(default_factory=dict)
+    verification: dict | None = None
+    computed_shards: int = 0
+    name: str = ""
+
+    def __post_init__(self):
+        if self.value is None:
+            self.value = self.state
+
+    # -- moments ----------------------------------------------------------------------------
+    def _m(self) -> Moments:
+        if not isinstance(self.state, Moments):
+            raise TypeError("this run used a user reducer: read result.value instead")
+        return self.state
+
+    @property
+    def n(self) -> int:
+        return self._m().n
+
+    @property
+    def mean(self) -> float:
+        return self._m().mean
+
+    @property
+    def var(self) -> float:
+        m = self._m()
+        return m.m2 / (m.n - 1) if m.n > 1 else math.nan
+
+    @property
+    def sd(self) -> float:
+        return math.sqrt(self.var)
+
+    @property
+    def stderr(self) -> float:
+        """Standard error of the mean: ``sd / sqrt(n)``."""
+        return self.sd / math.sqrt(self.n)
+
+    @property
+    def skewness(self) -> float:
+        m = self._m()
+        return math.sqrt(m.n) * m.m3 / m.m2**1.5 if m.m2 > 0 else math.nan
+
+    @property
+    def kurtosis(self) -> float:
+        """Excess kurtosis (0 for a normal)."""
+        m = self._m()
+        return m.n * m.m4 / (m.m2 * m.m2) - 3.0 if m.m2 > 0 else math.nan
+
+    @property
+    def min(self) -> float:
+        return self._m().min
+
+    @property
+    def max(self) -> float:
+        return self._m().max
+
+    @property
+    def histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(edges, counts)`` of the in-range bins; see ``underflow`` and ``overflow``."""
+        m = self._m()
+        return m.edges, m.hist[1:-1].copy()
+
+    @property
+    def underflow(self) -> int:
+        return int(self._m().hist[0])
+
+    @property
+    def overflow(self) -> int:
+        return int(self._m().hist[-1])
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.computed_shards * self.samples_per_shard / self.wall_seconds if self.wall_seconds > 0 else math.nan
+
+    # -- intervals and quantiles ------------------------------------------------------------
+    def quantile(self, q):
+        """Quantiles read from the histogram by linear interpolation within a bin.
+
+        Accurate to about one bin width; values in the underflow/overflow counters are
+        interpolated between the exact ``min``/``max`` and the histogram range.
+        """
+        m = self._m()
+        qs = np.atleast_1d(np.asarray(q, dtype=float))
+        if ((qs < 0) | (qs > 1) | ~np.isfinite(qs)).any():
+            raise InputError("q", q, "probabilities in [0, 1]", where="Result.quantile")
+        # Cumulative counts at knots: min, lo, e_1 .. e_{bins-1}, hi, max.
+        knots_x = np.concatenate([[min(m.min, m.lo)], m.edges, [max(m.max, m.hi)]])
+        knots_c = np.concatenate([[0], np.cumsum(m.hist)]).astype(float)
+        out = np.interp(qs * m.n, knots_c, knots_x)
+        out = np.clip(out, m.min, m.max)
+        return float(out[0]) if np.ndim(q) == 0 else out
+
+    def interval(self, level: float = 0.95) -> Interval:
+        """Normal (``mean +- z sd``) and percentile intervals holding ``level`` of the output."""
+        z = _z(level)
+        a = (1 - level) / 2
+        lo, hi = self.quantile([a, 1 - a])
+        return Interval(level, (self.mean - z * self.sd, self.mean + z * self.sd), (float(lo), float(hi)))
+
+    def mean_interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Confidence interval of the mean: ``mean +- z stderr``."""
+        z = _z(level)
+        return (self.mean - z * self.stderr, self.mean + z * self.stderr)
+
+    # -- presentation -----------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Scalars of the run, JSON-able."""
+        out: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "shards": self.shards,
+                               "samples_per_shard": self.samples_per_shard,
+                               "wall_seconds": self.wall_seconds, "shards_per_task": self.shards_per_task,
+                               "workers": self.workers, "verification": self.verification}
+        if isinstance(self.state, Moments):
+            iv = self.interval(0.95)
+            out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr, skewness=self.skewness,
+                       kurtosis=self.kurtosis, min=self.min, max=self.max,
+                       interval95_normal=list(iv.normal), interval95_percentile=list(iv.percentile),
+                       underflow=self.underflow, overflow=self.overflow,
+                       samples_per_second=self.samples_per_second)
+        if self.linearized is not None:
+            out["linearized"] = self.linearized.to_dict()
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary(), indent=2, default=float)
+
+    def __str__(self) -> str:
+        if not isinstance(self.state, Moments):
+            return f"Result {self.run_id[:12]}: {self.value!r}"
+        iv = self.interval(0.95)
+        lines = [
+            f"Monte-Carlo result {self.name} [{self.run_id[:12]}]",
+            f"  samples      {self.n:,} ({self.shards} shards x {self.samples_per_shard:,})",
+            f"  mean         {self.mean:.6g} +- {self.stderr:.3g} (stderr)",
+            f"  sd           {self.sd:.6g}   skewness {self.skewness:.3g}   excess kurtosis {self.kurtosis:.3g}",
+            f"  95% normal   [{iv.normal[0]:.6g}, {iv.normal[1]:.6g}]",
+            f"  95% sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}]",
+        ]
+        if self.linearized is not None:
+            lin = self.linearized
+            lines.append(f"  linearized   g(mu) {lin.value:.6g}   delta-method sd {lin.sd:.6g}"
+                         f"   (sampled mean {self.mean:.6g}, sd {self.sd:.6g})")
+        if self.wall_seconds == self.wall_seconds:
+            lines.append(f"  wall         {self.wall_seconds:.2f} s, {self.samples_per_second / 1e6:.2f} M samples/s, "
+                         f"{self.shards_per_task} shards per task on {len(self.workers)} workers")
+        if self.verification:
+            v = self.verification
+            lines.append(f"  verified     {len(v.get('checked', []))} shards re-run elsewhere: "
+                         f"{'all match' if not v.get('mismatches') else str(len(v['mismatches'])) + ' mismatched'}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        if not isinstance(self.state, Moments):
+            return f"<pre>{html.escape(str(self))}</pre>"
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                       for k, v in self._html_rows())
+        return (f"<div><b>Monte-Carlo result</b> <code>{self.run_id[:12]}</code>"
+                f"<table>{rows}</table>{self._svg_histogram()}</div>")
+
+    def _html_rows(self):
+        iv = self.interval(0.95)
+        yield "samples", f"{self.n:,}"
+        yield "mean", f"{self.mean:.6g} ± {self.stderr:.3g}"
+        yield "sd", f"{self.sd:.6g}"
+        yield "95% normal", f"[{iv.normal[0]:.6g}, {iv.normal[1]:.6g}]"
+        yield "95% sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}]"
+        if self.linearized is not None:
+            yield "linearized", f"g(μ) {self.linearized.value:.6g}, sd {self.linearized.sd:.6g}"
+
+    def _svg_histogram(self, width: int = 320, height: int = 80) -> str:
+        edges, counts = self.histogram
+        if counts.max() <= 0:
+            return ""
+        bw = width / counts.size
+        bars = "".join(
+            f"<rect x='{i * bw:.2f}' y='{height - h:.2f}' width='{bw:.2f}' height='{h:.2f}'/>"
+            for i, h in enumerate(counts / counts.max() * height) if h > 0)
+        return f"<svg width='{width}' height='{height}' style='fill:#4c72b0'>{bars}</svg>"

@@ -1,0 +1,133 @@
+"""What runs on a worker: draw a shard's inputs, evaluate the pipeline, accumulate.
+
+A task computes an aligned block of shards and folds them with the fixed tree, so the split
+into tasks never changes the bits. Any shard can be recomputed alone with
+:func:`compute_shard`.
+
+Examples
+--------
+>>> from dask_research.montecarlo import Job, Normal
+>>> job = Job(lambda a: a * 2, {"a": Normal(0.0, 1.0)}, shards=4, samples_per_shard=256,
+...           seed=1, range=(-8, 8))
+>>> compute_shard(job, 3) == compute_shard(job, 3)
+True
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..exceptions import PipelineError
+from . import philox
+from .accumulators import Reducer
+from .tree import tree_fold
+
+__all__ = ["draw_inputs", "evaluate", "compute_shard", "compute_block", "BlockResult"]
+
+
+def draw_inputs(job, gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Draw ``n`` samples of every input, in declared order, from one stream."""
+    out: dict[str, np.ndarray] = {}
+    for key, dist in job.inputs.items():
+        x = dist.draw(gen, n)
+        if isinstance(key, tuple):
+            for i, name in enumerate(key):
+                out[name] = x[i]
+        else:
+            out[key] = x
+    return out
+
+
+def check_output(y: Any, n: int, shard: int | str, scalar: bool = True) -> np.ndarray:
+    """Validate a pipeline's output: one finite value per sample."""
+    arr = np.asarray(y)
+    if arr.ndim == 0 or arr.shape[0] != n or (scalar and arr.ndim != 1):
+        expected = f"({n},)" if scalar else f"({n}, ...)"
+        raise PipelineError(shard, f"returned shape {arr.shape}; expected {expected}, one value per "
+                            f"sample (a vector-valued pipeline needs a reducer=)")
+    if arr.dtype.kind not in "fiub":
+        raise PipelineError(shard, f"returned dtype {arr.dtype}; expected real numbers")
+    arr = arr.astype(np.float64, copy=False)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = ~finite
+        count = int(bad.sum())
+        first = int(np.flatnonzero(bad.reshape(n, -1).any(axis=1))[0])
+        kinds = "nan" if np.isnan(arr).any() else "inf"
+        raise PipelineError(shard, f"{count:,} of {arr.size:,} values are not finite ({kinds}); the "
+                            f"first is sample {first}", count=count)
+    return arr
+
+
+def evaluate(job, gen: np.random.Generator, n: int, shard: int | str) -> np.ndarray:
+    """Draw inputs from ``gen`` and run the pipeline; the checked output."""
+    draws = draw_inputs(job, gen, n)
+    y = job.pipeline(**draws)
+    return check_output(y, n, shard, scalar=job.reducer is None)
+
+
+def compute_shard(job, shard: int, reducer: Reducer | None = None,
+                  range: tuple[float, float] | None = None) -> Any:
+    """Recompute shard ``shard`` alone; the same bits as inside any run on this machine."""
+    if not 0 <= shard < job.shards:
+        from ..exceptions import InputError
+
+        raise InputError("shard", shard, f"an index in [0, {job.shards})", where=repr(job))
+    if reducer is None and range is None and not job.frozen:
+        from .pilot import pilot
+
+        range = pilot(job).range
+    reducer = reducer or job.make_reducer(range)
+    y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
+    return reducer.update(reducer.init(), y)
+
+
+@dataclass
+class BlockResult:
+    """A task's output: the block's folded state and each shard's own state."""
+
+    start: int
+    stop: int
+    state: Any
+    shard_states: dict[int, Any] = field(repr=False)
+    computed: list[int] = field(default_factory=list)
+    worker: str = "local"
+    seconds: float = 0.0
+
+
+def _worker_address() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:
+        return "local"
+
+
+def compute_block(job, reducer: Reducer, start: int, stop: int,
+                  known: Mapping[int, Any] | None = None, tamper: Any = None) -> BlockResult:
+    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree.
+
+    ``tamper`` is a test hook: a callable ``(worker, shard, y) -> y`` applied to pipeline
+    outputs (used to simulate a faulty worker in verification tests).
+    """
+    t0 = time.perf_counter()
+    known = dict(known or {})
+    worker = _worker_address()
+    states: dict[int, Any] = {}
+    computed = []
+    for shard in range(start, stop):
+        if shard in known:
+            states[shard] = known[shard]
+            continue
+        y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
+        if tamper is not None:
+            y = tamper(worker, shard, y)
+        states[shard] = reducer.update(reducer.init(), y)
+        computed.append(shard)
+    folded = tree_fold(reducer.merge, [states[s] for s in range(start, stop)])
+    return BlockResult(start, stop, folded, states, computed, worker, time.perf_counter() - t0)

@@ -1,0 +1,59 @@
+"""The fixed reduction tree over shard indices.
+
+Level 0 holds the shards in index order; each level merges neighbours ``(2m, 2m + 1)`` and
+passes an unpaired last node up unchanged. A node at level ``j`` covers shards
+``[m * 2**j, min((m + 1) * 2**j, shards))``, so any aligned block of ``2**j`` shards is a
+subtree: tasks may compute blocks of any power-of-two size and the root is the same bits.
+
+Examples
+--------
+>>> from dask_research.montecarlo.tree import tree_fold, block_bounds
+>>> tree_fold(lambda a, b: f"({a}{b})", list("abcde"))
+'(((ab)(cd))e)'
+>>> block_bounds(10, 4)
+[(0, 4), (4, 8), (8, 10)]
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["tree_fold", "tree_levels", "block_bounds", "choose_block"]
+
+T = TypeVar("T")
+
+
+def tree_levels(items: Sequence[T], merge: Callable[[T, T], T]) -> list[list[T]]:
+    """All levels of the tree, leaves first (``merge`` may build futures instead of values)."""
+    if not items:
+        raise ValueError("the reduction tree needs at least one leaf")
+    levels = [list(items)]
+    while len(levels[-1]) > 1:
+        cur = levels[-1]
+        nxt = [merge(cur[i], cur[i + 1]) for i in range(0, len(cur) - 1, 2)]
+        if len(cur) % 2:
+            nxt.append(cur[-1])
+        levels.append(nxt)
+    return levels
+
+
+def tree_fold(merge: Callable[[T, T], T], items: Sequence[T]) -> T:
+    """Fold ``items`` with the fixed pairwise tree."""
+    return tree_levels(items, merge)[-1][0]
+
+
+def block_bounds(shards: int, block: int) -> list[tuple[int, int]]:
+    """Aligned ``[start, stop)`` blocks of ``block`` shards (the last may be shorter)."""
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block={block} must be a power of two")
+    return [(s, min(s + block, shards)) for s in range(0, shards, block)]
+
+
+def choose_block(shards: int, shard_seconds: float, threads: int, target_seconds: float,
+                 max_block: int, min_tasks_per_thread: int = 4) -> int:
+    """Power-of-two shards per task: about ``target_seconds`` a task, enough tasks to balance."""
+    by_time = target_seconds / max(shard_seconds, 1e-9)
+    by_balance = shards / max(1, threads * min_tasks_per_thread)
+    want = max(1.0, min(by_time, by_balance, float(max_block)))
+    return 1 << int(math.floor(math.log2(want)))
