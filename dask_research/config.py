@@ -39,6 +39,10 @@ def get(key: str, value: Any = None, default: Any = _MISSING) -> Any:
     """Return ``value`` unless it is ``None``, else ``research.<key>`` from ``dask.config``."""
     if value is not None:
         return value
+    if "research" not in dask.config.config:
+        # Something replaced dask.config wholesale (e.g. a test harness restoring a snapshot
+        # taken before we were imported): put our defaults back.
+        dask.config.update_defaults(defaults)
     if default is _MISSING:
         return dask.config.get(f"research.{key}")
     return dask.config.get(f"research.{key}", default=default)

@@ -52,9 +52,13 @@ def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: i
 
 
 def _progress_bar(total: int, enabled: bool, desc: str):
+    """A tqdm.auto bar (a widget in Jupyter) without tqdm's monitor thread."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="shard", desc=desc, disable=not enabled, leave=False)
+    class Bar(tqdm):
+        monitor_interval = 0
+
+    return Bar(total=total, unit="shard", desc=desc, disable=not enabled, leave=False)
 
 
 def run(job: Job, client=None, *, shards_per_task: int | None = None, progress: bool | None = None,
@@ -113,7 +117,7 @@ def _run_on(client, job: Job, p: Pilot, reducer, shards_per_task, progress) -> R
     computed = 0
     bar = _progress_bar(job.shards, progress, f"mc {job.name}")
     try:
-        for _, block_result in as_completed(leaves, with_results=True):
+        for _, block_result in as_completed(leaves, loop=client.loop, with_results=True):
             workers[block_result.worker] += block_result.stop - block_result.start
             computed += len(block_result.computed)
             bar.update(block_result.stop - block_result.start)

@@ -1,0 +1,114 @@
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from dask_research import montecarlo as mc
+from dask_research.exceptions import InputError
+
+from .conftest import MU, SD, saturating
+
+
+def _job(**kw):
+    args = dict(pipeline=saturating, inputs={n: mc.Normal(m, s) for n, m, s in zip("abcdefg", MU, SD)},
+                shards=64, samples_per_shard=4096, seed=2026)
+    args.update(kw)
+    return mc.Job(**args)
+
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from dask_research import montecarlo as mc
+
+    def pipeline(a, b):
+        return np.tanh(a) * b + SCALE
+
+    SCALE = 0.5
+    job = mc.Job(pipeline, {"a": mc.Normal(1.0, 0.1), "b": mc.LogNormal(0.0, 0.2)},
+                 shards=10, samples_per_shard=1000, seed=5)
+    print(job.id)
+""")
+
+
+def _id_in_subprocess(tmp_path, source):
+    path = tmp_path / "jobdef.py"
+    path.write_text(source)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_same_job_same_id_across_processes(tmp_path):
+    a = _id_in_subprocess(tmp_path, SCRIPT)
+    b = _id_in_subprocess(tmp_path, SCRIPT)
+    assert a == b and len(a) == 64
+
+
+def test_one_character_changes_give_a_new_id(tmp_path):
+    base = _id_in_subprocess(tmp_path, SCRIPT)
+    assert _id_in_subprocess(tmp_path, SCRIPT.replace("* b + SCALE", "* b - SCALE")) != base  # body
+    assert _id_in_subprocess(tmp_path, SCRIPT.replace("SCALE = 0.5", "SCALE = 0.6")) != base  # constant it uses
+    # text outside the pipeline and what it refers to does not change the address
+    assert _id_in_subprocess(tmp_path, "# a comment\n" + SCRIPT + "\nOTHER = 1\n") == base
+
+
+def test_id_changes_with_inputs_seed_partitioning_and_range():
+    base = _job()
+    assert base.id == _job().id
+    changed = [
+        _job(seed=2027),
+        _job(shards=65),
+        _job(samples_per_shard=4097),
+        _job(bins=128),
+        _job(range=(0.0, 1.5)),
+        _job(inputs={**{n: mc.Normal(m, s) for n, m, s in zip("abcdefg", MU, SD)}, "g": mc.Normal(0.0, 1.01)}),
+        _job(inputs={n: mc.Normal(m, s) for n, m, s in reversed(list(zip("abcdefg", MU, SD)))}),  # draw order
+    ]
+    ids = {j.id for j in changed}
+    assert base.id not in ids and len(ids) == len(changed)
+
+
+def test_name_is_not_part_of_the_address():
+    assert _job(name="one").id == _job(name="two").id
+
+
+def test_describe_is_human_readable_and_has_the_engine():
+    d = _job().describe()
+    assert "def saturating" in d["pipeline"]["source"]
+    assert d["partitioning"] == {"scheme": "by_seed", "shards": 64, "samples_per_shard": 4096,
+                                 "counter": "shard << 64", "pilot_counter": "1 << 128"}
+    assert d["engine"]["bit_generator"] == "Philox4x64-10"
+    assert d["engine"]["numpy"] == np.__version__
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(shards=0), r"shards=0 is invalid; expected a positive integer"),
+    (dict(shards=2.5), r"shards=2.5 is invalid"),
+    (dict(samples_per_shard=-3), r"samples_per_shard=-3 is invalid"),
+    (dict(bins=0), r"bins=0 is invalid"),
+    (dict(range=(1.0, 0.0)), r"range=\(1.0, 0.0\) is invalid; expected a pair"),
+    (dict(inputs={}), r"inputs=\{\} is invalid"),
+    (dict(inputs={"a": 3.0}), r"input 'a': distribution=3.0 is invalid"),
+    (dict(pipeline=42), r"pipeline=42 is invalid; expected a callable"),
+])
+def test_bad_job_arguments(kw, match):
+    with pytest.raises(InputError, match=match):
+        _job(**kw)
+
+
+def test_unknown_and_missing_input_names():
+    with pytest.raises(InputError, match=r"inputs=\['zeta'\] is invalid; expected names the pipeline accepts"):
+        mc.Job(lambda a: a, {"a": mc.Normal(0, 1), "zeta": mc.Normal(0, 1)})
+    with pytest.raises(InputError, match=r"missing \['b'\]"):
+        mc.Job(lambda a, b: a, {"a": mc.Normal(0, 1)})
+    with pytest.raises(InputError, match=r"input name=.a. is invalid; expected names that appear once"):
+        mc.Job(lambda a, b: a, {"a": mc.Normal(0, 1), ("a", "b"): mc.MultivariateNormal([0, 0], np.eye(2))})
+    # **kwargs pipelines accept any names
+    mc.Job(lambda **kw: kw["x"], {"x": mc.Normal(0, 1)})
+
+
+def test_correlated_block_names_are_drawn_in_declared_order():
+    job = mc.Job(lambda a, b, c: a + b + c, {"a": mc.Normal(0, 1), ("b", "c"): mc.MultivariateNormal(
+        [0, 0], [[1, 0.5], [0.5, 1]])})
+    assert job.names == ("a", "b", "c")

@@ -1,0 +1,174 @@
+import math
+import random
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_research import montecarlo as mc
+from dask_research.exceptions import InputError, PipelineError
+
+from .conftest import MU, SD, saturating
+
+
+def jittery_saturating(a, b, c, d, e, f, g):
+    """Same values as `saturating`, random completion order."""
+    time.sleep(random.random() * 0.003)
+    return saturating(a, b, c, d, e, f, g)
+
+
+def _job(pipeline=saturating, **kw):
+    args = dict(inputs={n: mc.Normal(m, s) for n, m, s in zip("abcdefg", MU, SD)}, shards=40,
+                samples_per_shard=2048, seed=2026, bins=64)
+    args.update(kw)
+    return mc.Job(pipeline, **args)
+
+
+@pytest.fixture
+def one_worker(loop):
+    """One threaded worker; torn down before distributed's leak checks run."""
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        yield c
+
+
+def test_bits_identical_for_any_worker_count_task_size_and_completion_order(client, one_worker):
+    """2 worker processes vs 1 threaded worker; 1, 4 and 16 shards per task; random delays."""
+    reference = mc.run(_job(), client=one_worker, shards_per_task=16, progress=False)
+    assert reference.n == 40 * 2048
+    for c, block in ((one_worker, 1), (client, 1), (client, 4), (client, 16)):
+        res = mc.run(_job(jittery_saturating), client=c, shards_per_task=block, progress=False)
+        assert res.state == reference.state, (c, block)
+        assert res.shards_per_task == block
+    # both worker processes took part in the last runs
+    res = mc.run(_job(jittery_saturating), client=client, shards_per_task=1, progress=False)
+    assert len(res.workers) == 2 and sum(res.workers.values()) == 40
+
+
+def test_result_is_the_fixed_tree_over_independently_computed_shards(one_worker):
+    job = _job(shards=13)
+    res = mc.run(job, client=one_worker, shards_per_task=4, progress=False)
+    from dask_research.montecarlo.tree import tree_fold
+
+    rng = (res.pilot["range"][0], res.pilot["range"][1])
+    shards = [mc.compute_shard(job, k, range=rng) for k in range(13)]
+    assert tree_fold(mc.merge_moments, shards) == res.state
+
+
+def test_lognormal_matches_closed_forms(one_worker):
+    mu, s = 0.3, 0.5
+    job = mc.Job(lambda x: np.exp(x), {"x": mc.Normal(mu, s)}, shards=32, samples_per_shard=16384, seed=11,
+                 bins=512)
+    res = mc.run(job, client=one_worker, progress=False)
+    mean = math.exp(mu + s * s / 2)
+    var = math.expm1(s * s) * math.exp(2 * mu + s * s)
+    skew = (math.exp(s * s) + 2) * math.sqrt(math.expm1(s * s))
+    assert abs(res.mean - mean) < 4 * res.stderr
+    assert abs(res.var - var) / var < 0.02
+    assert abs(res.skewness - skew) / skew < 0.1
+    width = (res.histogram[0][1] - res.histogram[0][0])
+    from statistics import NormalDist
+
+    for q in (0.05, 0.5, 0.95):
+        exact = math.exp(mu + s * NormalDist().inv_cdf(q))
+        assert abs(res.quantile(q) - exact) < width + 0.01 * exact, q
+    lo, hi = res.interval(0.9).percentile
+    assert lo < mean < hi and res.interval(0.9).normal[0] < lo  # skewed: normal interval too low
+    # delta method: g(mu) = e^mu and sd = e^mu * s, both below the sampled values
+    assert res.linearized.value == pytest.approx(math.exp(mu), rel=1e-9)
+    assert res.linearized.sd == pytest.approx(math.exp(mu) * s, rel=1e-6)
+    assert res.linearized.value < res.mean and res.linearized.sd < res.sd
+
+
+def test_bad_pipeline_output_is_refused_before_any_task_is_submitted(client):
+    def wrong_shape(a):
+        return np.stack([a, a])
+
+    def has_nan(a):
+        y = a.copy()
+        y[::100] = np.nan
+        return y
+
+    with pytest.raises(PipelineError, match=r"shard pilot: returned shape \(2, 2048\); expected \(2048,\)"):
+        mc.run(mc.Job(wrong_shape, {"a": mc.Normal(0, 1)}, samples_per_shard=2048), client=client, progress=False)
+    with pytest.raises(PipelineError, match=r"shard pilot: 21 of 2,048 values are not finite \(nan\)") as err:
+        mc.run(mc.Job(has_nan, {"a": mc.Normal(0, 1)}, samples_per_shard=2048), client=client, progress=False)
+    assert err.value.count == 21
+    assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+
+
+def rare_inf(a):
+    return np.where(a > 4.0, np.inf, a)
+
+
+def test_non_finite_output_in_a_later_shard_names_the_shard(one_worker):
+    job = mc.Job(rare_inf, {"a": mc.Normal(0, 1)}, shards=64, samples_per_shard=4096, seed=1, range=(-5, 5))
+    with pytest.raises(PipelineError, match=r"pipeline output of shard \d+: \d+ of 4,096 values are not finite \(inf\)") as err:
+        mc.run(job, client=one_worker, progress=False, shards_per_task=8)
+    bad = err.value.shard
+    with pytest.raises(PipelineError):
+        mc.compute_shard(job, bad)
+
+
+class VectorMean:
+    """A user reducer for a 2-vector pipeline: per-component sums and a count."""
+
+    def init(self):
+        return {"n": 0, "s": np.zeros(2)}
+
+    def update(self, state, y):
+        return self.merge(state, {"n": y.shape[0], "s": y.sum(axis=0)})
+
+    def merge(self, a, b):
+        return {"n": a["n"] + b["n"], "s": a["s"] + b["s"]}
+
+    def finalize(self, state):
+        return state["s"] / state["n"]
+
+
+def test_user_reducer_for_a_vector_valued_pipeline(one_worker):
+    job = mc.Job(lambda a, b: np.stack([a, a * b], axis=1), {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.1)},
+                 shards=8, samples_per_shard=4096, reducer=VectorMean())
+    res = mc.run(job, client=one_worker, progress=False)
+    np.testing.assert_allclose(res.value, [1.0, 2.0], atol=0.01)
+    assert res.state["n"] == 8 * 4096 and res.linearized is None
+    with pytest.raises(TypeError, match="user reducer"):
+        res.mean
+
+
+def test_shards_per_task_must_be_a_power_of_two(one_worker):
+    with pytest.raises(InputError, match=r"shards_per_task=3 is invalid; expected a power of two"):
+        mc.run(_job(), client=one_worker, shards_per_task=3, progress=False)
+
+
+def test_task_size_comes_from_pilot_timing(one_worker):
+    job = _job(shards=256)
+    with __import__("dask").config.set({"research.montecarlo.task-seconds": 1e-9}):
+        assert mc.run(job, client=one_worker, progress=False).shards_per_task == 1
+    res = mc.run(job, client=one_worker, progress=False)
+    # 1 thread: at least 4 tasks per thread, at most task-seconds per task
+    assert 1 <= res.shards_per_task <= 64
+
+
+def test_pilot_plan_and_progress_bar(one_worker, capsys):
+    job = _job()
+    p = mc.pilot(job)
+    plan = p.plan(target_stderr=p.sigma / 1000, client=one_worker)
+    assert plan.shards == math.ceil(1e6 / 2048) and plan.threads == 1 and plan.est_seconds > 0
+    assert "shards" in str(plan)
+    with pytest.raises(InputError, match="target_stderr=0 is invalid"):
+        p.plan(0)
+    mc.run(job, client=one_worker, progress=True)
+    assert "shard" in capsys.readouterr().err
+
+
+def test_embedded_cluster_when_no_client_exists():
+    from distributed import default_client
+
+    with pytest.raises(ValueError):
+        default_client()
+    res = mc.run(_job(shards=8), progress=False)
+    assert res.n == 8 * 2048 and len(res.workers) >= 1
+    with pytest.raises(ValueError):  # closed again afterwards
+        default_client()
