@@ -1,0 +1,164 @@
+"""Monte-Carlo throughput: ours vs single-process numpy vs dask.array, side by side.
+
+The 7-input saturating pipeline at 640 x 65,536 draws (41.9 M samples):
+
+(a) single-process numpy on one core, the same Philox shard streams (the ideal per core);
+(b) ``mc.run`` on a LocalCluster using all cores, for several cluster shapes (the embedded
+    default is threads, one worker per core);
+(c) the same estimate written the way a Dask user would, with ``dask.array`` (random +
+    mean/var/histogram) on the same LocalCluster, at 65,536 and 1,048,576 draws per chunk.
+
+Prints throughput (samples/s), b / (cores x a) and b / best(c), and writes
+``benchmarks/results/bench_montecarlo.json``.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_montecarlo.py [--quick]
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import pathlib  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import LoadMonitor, print_table, write_results  # noqa: E402
+from dask_research import montecarlo as mc  # noqa: E402
+from dask_research.montecarlo import philox  # noqa: E402
+
+MU = np.array([1.0, 2.0, 0.5, 3.0, 0.8, 0.2, 0.0])
+SD = np.array([0.1, 0.3, 0.05, 0.4, 0.1, 0.3, 1.0])
+SEED = 2026
+RANGE = (-0.5, 1.5)
+
+
+def saturating(a, b, c, d, e, f, g):
+    t1 = a * b / (c + 1)
+    t3 = np.tanh(1.5 * t1)
+    return (t3 + 0.1 * np.log1p(np.abs(d)) * e) / (1 + np.exp(-f)) + 0.01 * g
+
+
+def make_job(shards, n):
+    return mc.Job(saturating, {k: mc.Normal(m, s) for k, m, s in zip("abcdefg", MU, SD)},
+                  shards=shards, samples_per_shard=n, seed=SEED, bins=256, range=RANGE, name="saturating")
+
+
+def numpy_single(shards, n):
+    """(a): what a careful user writes in one process: same streams, Chan merge."""
+    key = philox.root_key(SEED)
+    tot_n, tot_mean, tot_m2 = 0, 0.0, 0.0
+    hist = np.zeros(256, dtype=np.int64)
+    for i in range(shards):
+        gen = np.random.Generator(np.random.Philox(key=key, counter=i << 64))
+        x = [gen.standard_normal(n) * SD[j] + MU[j] for j in range(7)]
+        y = saturating(*x)
+        m = y.mean()
+        d = y - m
+        m2 = d @ d
+        hist += np.histogram(y, bins=256, range=RANGE)[0]
+        delta = m - tot_mean
+        new_n = tot_n + n
+        tot_mean += delta * n / new_n
+        tot_m2 += m2 + delta * delta * tot_n * n / new_n
+        tot_n = new_n
+    return tot_mean, tot_m2 / (tot_n - 1), hist
+
+
+def dask_array(client, total, chunk):
+    """(c): the idiomatic dask.array version."""
+    import dask
+    import dask.array as da
+
+    rs = da.random.default_rng(SEED)
+    x = [rs.normal(MU[j], SD[j], size=total, chunks=chunk) for j in range(7)]
+    t1 = x[0] * x[1] / (x[2] + 1)
+    t3 = da.tanh(1.5 * t1)
+    y = (t3 + 0.1 * da.log1p(da.abs(x[3])) * x[4]) / (1 + da.exp(-x[5])) + 0.01 * x[6]
+    mean, var, (hist, _) = dask.compute(y.mean(), y.var(), da.histogram(y, bins=256, range=RANGE))
+    return float(mean), float(var), hist
+
+
+def timed(fn, reps, cold=False):
+    if cold:
+        fn()
+    times = []
+    with LoadMonitor() as load:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, out, load
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="64 shards, 1 rep: a smoke run")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    shards, n = (64, 65_536) if args.quick else (640, 65_536)
+    reps = 1 if args.quick else args.reps
+    total = shards * n
+    cores = os.cpu_count() or 1
+    from distributed import Client, LocalCluster
+
+    figures: dict = {"shards": shards, "samples_per_shard": n, "total_samples": total, "cores": cores}
+    rows = []
+
+    # (a) one core, one process.
+    t_a, ts, (mean_a, var_a, _), load = timed(lambda: numpy_single(shards, n), reps, cold=True)
+    thr_a = total / t_a
+    figures["a_numpy_single"] = {"seconds": t_a, "reps": ts, "samples_per_s": thr_a, "mean": mean_a,
+                                 "var": var_a, "machine_busy": load.machine_busy}
+    rows.append(("(a) numpy, 1 process, 1 core", f"{t_a:.2f}", f"{thr_a / 1e6:.2f}", "1.00 (per core)", ""))
+    ideal = cores * thr_a
+
+    job = make_job(shards, n)
+    shapes = {
+        "threads, 1 worker per core (embedded default)": dict(n_workers=cores, threads_per_worker=1, processes=False),
+        "threads, 1 worker x cores threads": dict(n_workers=1, threads_per_worker=cores, processes=False),
+        "processes, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=True),
+    }
+    best_b, best_c = 0.0, 0.0
+    figures["b_ours"], figures["c_dask_array"] = {}, {}
+    for label, kw in shapes.items():
+        with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+            t_b, ts, res, load = timed(lambda: mc.run(job, client=client, progress=False), reps, cold=True)
+            thr_b = total / t_b
+            best_b = max(best_b, thr_b) if "default" in label else best_b
+            figures["b_ours"][label] = {"seconds": t_b, "reps": ts, "samples_per_s": thr_b,
+                                        "ratio_vs_ideal": thr_b / ideal, "mean": res.mean, "var": res.var,
+                                        "shards_per_task": res.shards_per_task,
+                                        "machine_busy": load.machine_busy}
+            rows.append((f"(b) mc.run, {label}", f"{t_b:.2f}", f"{thr_b / 1e6:.2f}",
+                         f"{thr_b / ideal:.2f}", f"{res.shards_per_task} shards/task"))
+            if "default" not in label and "x cores" not in label:
+                continue
+            for chunk in (65_536, 1_048_576):
+                t_c, ts, (mean_c, var_c, _), load = timed(lambda: dask_array(client, total, chunk), reps, cold=True)
+                thr_c = total / t_c
+                best_c = max(best_c, thr_c)
+                figures["c_dask_array"][f"{label}, chunk {chunk}"] = {
+                    "seconds": t_c, "reps": ts, "samples_per_s": thr_c, "ratio_vs_ideal": thr_c / ideal,
+                    "mean": mean_c, "var": var_c, "machine_busy": load.machine_busy}
+                rows.append((f"(c) dask.array, {label}, chunk {chunk:,}", f"{t_c:.2f}", f"{thr_c / 1e6:.2f}",
+                             f"{thr_c / ideal:.2f}", ""))
+    figures["ratio_b_over_ideal"] = best_b / ideal
+    figures["ratio_b_over_best_c"] = best_b / best_c
+    print_table(rows, ("variant", "median s", "M samples/s", "vs cores x (a)", "note"))
+    print(f"\nours (embedded default) / (cores x single-process numpy) = {best_b / ideal:.2f}  (goal >= 0.90)")
+    print(f"ours (embedded default) / best dask.array                = {best_b / best_c:.2f}  (goal >= 1.25)")
+    path = write_results("bench_montecarlo", figures,
+                         notes="(a) one process with OPENBLAS_NUM_THREADS=1; (b)/(c) on the same LocalCluster; "
+                               "median of reps after one cold run; machine_busy is the whole machine's CPU share")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
