@@ -31,7 +31,7 @@ from ..exceptions import InputError
 
 __all__ = [
     "Distribution", "Normal", "LogNormal", "Uniform", "Triangular", "TruncatedNormal",
-    "Beta", "Fixed", "MultivariateNormal",
+    "Beta", "Fixed", "MultivariateNormal", "from_spec",
 ]
 
 _POS = "a positive finite number"
@@ -382,3 +382,26 @@ class MultivariateNormal(Distribution):
 
     def spec(self):
         return {"kind": "MultivariateNormal", "mean": self.mean_.tolist(), "cov": self.cov_.tolist()}
+
+
+_KINDS = {c.__name__: c for c in (Normal, LogNormal, Uniform, Triangular, TruncatedNormal, Beta, Fixed)}
+
+
+def from_spec(spec: dict) -> Distribution:
+    """Rebuild a distribution from :meth:`Distribution.spec` (no code is executed).
+
+    >>> from_spec(Normal(1.0, 0.5).spec())
+    Normal(mu=1.0, sd=0.5)
+    """
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        raise InputError("spec", spec, "a dict with a 'kind' naming a distribution")
+    kind = spec["kind"]
+    params = {k: v for k, v in spec.items() if k not in ("kind", "names")}
+    if kind == "MultivariateNormal":
+        return MultivariateNormal(params.get("mean"), params.get("cov"))
+    if kind not in _KINDS:
+        raise InputError("kind", kind, f"one of {sorted([*_KINDS, 'MultivariateNormal'])}")
+    try:
+        return _KINDS[kind](**{k: float(v) for k, v in params.items()})
+    except (TypeError, ValueError) as e:
+        raise InputError("spec", spec, f"the parameters of {kind} ({e})") from None

@@ -77,6 +77,8 @@ class Result:
     verification: dict | None = None
     computed_shards: int = 0
     name: str = ""
+    reused_shards: int = 0
+    speculated: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.value is None:
@@ -183,7 +185,9 @@ class Result:
         out: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "shards": self.shards,
                                "samples_per_shard": self.samples_per_shard,
                                "wall_seconds": self.wall_seconds, "shards_per_task": self.shards_per_task,
-                               "workers": self.workers, "verification": self.verification}
+                               "workers": self.workers, "verification": self.verification,
+                               "computed_shards": self.computed_shards, "reused_shards": self.reused_shards,
+                               "speculated": self.speculated}
         if isinstance(self.state, Moments):
             iv = self.interval(0.95)
             out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr, skewness=self.skewness,

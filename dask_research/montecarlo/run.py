@@ -1,41 +1,36 @@
-"""Run a job on a Dask cluster: blocks of shards as tasks, merges as a fixed tree of futures.
+"""Run a job on a Dask cluster: verified, persisted as it goes, resumable.
 
 Examples
 --------
 >>> from dask_research import montecarlo as mc
 >>> job = mc.Job(lambda a, b: a * b, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)},
 ...              shards=8, samples_per_shard=4096, seed=1)
->>> result = mc.run(job, progress=False)          # doctest: +SKIP
->>> round(result.mean, 2)                          # doctest: +SKIP
+>>> result = mc.run(job, store="runs/", progress=False)    # doctest: +SKIP
+>>> round(result.mean, 2)                                   # doctest: +SKIP
 2.0
 """
 from __future__ import annotations
 
+import platform
 import time
-from collections import Counter
 from typing import Any
+
+import numpy as np
 
 from .. import config
 from .._cluster import get_client
-from ..exceptions import InputError
-from .job import Job
+from .._version import __version__
+from ..exceptions import InputError, StoreError
+from .engine import Execution, merge_nodes  # noqa: F401  (merge_nodes re-exported for pickles)
+from .job import ENGINE, Job
 from .linearize import linearize
 from .mergers import check_merger as _check_merger
 from .pilot import Pilot, pilot as _pilot
 from .result import Result
-from .shard import BlockResult, compute_block
-from .tree import block_bounds, choose_block
+from .store import RunStore
+from .tree import choose_block
 
-__all__ = ["run", "plan_blocks"]
-
-
-def _state(x: Any) -> Any:
-    return x.state if isinstance(x, BlockResult) else x
-
-
-def merge_nodes(reducer, a: Any, b: Any) -> Any:
-    """A merge task of the tree: combine two children (block results or merged states)."""
-    return reducer.merge(_state(a), _state(b))
+__all__ = ["run", "plan_blocks", "open_store"]
 
 
 def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: int | None = None) -> int:
@@ -61,73 +56,146 @@ def _progress_bar(total: int, enabled: bool, desc: str):
     return Bar(total=total, unit="shard", desc=desc, disable=not enabled, leave=False)
 
 
-def run(job: Job, client=None, *, shards_per_task: int | None = None, progress: bool | None = None,
-        check_merger: bool | None = None, pilot: Pilot | None = None) -> Result:
-    """Run ``job`` and return its :class:`Result`.
+def open_store(store: Any) -> RunStore | None:
+    """``None``, a :class:`RunStore`, or a path / fsspec URL to open as one."""
+    if store is None or isinstance(store, RunStore):
+        return store
+    if not isinstance(store, (str, bytes)) and not hasattr(store, "__fspath__"):
+        raise InputError("store", store, "a local path, an fsspec URL or a RunStore", where="run")
+    return RunStore(str(store))
+
+
+def _manifest(job: Job, p: Pilot, origin: dict | None) -> dict:
+    import dask
+    import distributed
+
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as feats
+
+        features = sorted(k for k, v in feats.items() if v)
+    except Exception:  # pragma: no cover - numpy internals moved
+        features = []
+    return {
+        "job": job.describe(),
+        "name": job.name,
+        "range": list(p.range) if p.range else None,
+        "pilot": p.to_dict(),
+        "engine": dict(ENGINE),
+        "versions": {"dask_research": __version__, "numpy": np.__version__, "dask": dask.__version__,
+                     "distributed": distributed.__version__, "python": platform.python_version()},
+        "cpu_features": features,
+        "origin": origin or _origin(job),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _origin(job: Job) -> dict:
+    import inspect
+
+    fn = job.pipeline
+    try:
+        path = inspect.getsourcefile(fn)
+    except TypeError:
+        path = None
+    return {"module": getattr(fn, "__module__", None), "qualname": getattr(fn, "__qualname__", None),
+            "file": path}
+
+
+def _load_existing(store: RunStore, job: Job) -> tuple[dict, dict[int, Any], dict[int, str]]:
+    manifest = store.read_manifest(job.id)
+    path = store.display(store.run_dir(job.id) + "/manifest.json")
+    if manifest["engine"] != ENGINE:
+        raise StoreError(path, f"was written by engine {manifest['engine']}; this is {ENGINE}: "
+                         "results of different engines are never mixed (use another store)")
+    if manifest["job"] != job.describe():
+        raise StoreError(path, "describes a different job than the one with this id (edited or corrupt)")
+    stored = store.read_shards(job.id)
+    bad = [s for s in stored if not 0 <= s < job.shards]
+    if bad:
+        raise StoreError(store.display(stored[bad[0]][2]), f"holds shard {bad[0]}, outside [0, {job.shards})")
+    return manifest, {s: v[0] for s, v in stored.items()}, {s: v[1] for s, v in stored.items()}
+
+
+def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
+        shards_per_task: int | None = None, progress: bool | None = None,
+        check_merger: bool | None = None, pilot: Pilot | None = None,
+        speculate: float | None = None, window: int | None = None, origin: dict | None = None) -> Result:
+    """Run ``job`` and return its verified :class:`Result`.
 
     Parameters
     ----------
     job : Job
     client : distributed.Client, optional
         Default: the current client, else an embedded ``LocalCluster`` for this call.
+    store : str or RunStore, optional
+        A path or fsspec URL. The manifest and every accepted shard's accumulator are written
+        as they arrive; a re-run of the same job computes only the shards that are missing.
+    verify : int, optional
+        Shards recomputed on a different worker before the result is accepted (default
+        ``research.montecarlo.verify``; at least one shard of every producing worker is checked).
     shards_per_task : int, optional
         A power of two; default sized from the pilot so a task takes about
         ``research.montecarlo.task-seconds``. Never changes the result's bits.
     progress : bool, optional
-        Progress bar (default ``research.montecarlo.progress``).
+        Progress bar of accepted shards (default ``research.montecarlo.progress``).
     check_merger : bool, optional
-        Property-check the reducer's merge on pilot states first (default
-        ``research.montecarlo.check-merger``).
+        Property-check the reducer's merge on pilot states first.
     pilot : Pilot, optional
         A pilot already run for this job.
+    speculate : float, optional
+        Near the end, duplicate a block running longer than this many median block times
+        (default ``research.montecarlo.speculate``; 0 disables).
+    window : int, optional
+        Blocks in flight at once (default ``research.montecarlo.window``; ``None``: 8 per thread).
     """
     if not isinstance(job, Job):
         raise InputError("job", job, "a dask_research.montecarlo.Job", where="run")
     progress = bool(config.get("montecarlo.progress", progress))
+    verify = int(config.get("montecarlo.verify", verify))
+    if verify < 0:
+        raise InputError("verify", verify, "a non-negative number of shards", where="run")
+    speculate = float(config.get("montecarlo.speculate", speculate))
+    rs = open_store(store)
     p = pilot if pilot is not None else _pilot(job)
+    known: dict[int, Any] = {}
+    producers: dict[int, str] = {}
+    if rs is not None and rs.has_run(job.id):
+        manifest, known, producers = _load_existing(rs, job)
+        if manifest["range"] is not None:
+            p.range = tuple(manifest["range"])
     reducer = job.make_reducer(p.range)
     if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
         _check_merger(reducer.merge, p.states, identity=reducer.init())
+    if rs is not None and not rs.has_run(job.id):
+        rs.write_manifest(job.id, _manifest(job, p, origin))
     with get_client(client) as c:
-        return _run_on(c, job, p, reducer, shards_per_task, progress)
-
-
-def _run_on(client, job: Job, p: Pilot, reducer, shards_per_task, progress) -> Result:
-    from distributed import as_completed
-
-    t0 = time.perf_counter()
-    threads = max(1, sum(client.nthreads().values()))
-    block = plan_blocks(job, p.shard_seconds, threads, shards_per_task)
-    tag = job.id[:16]
-    bounds = block_bounds(job.shards, block)
-    leaves = [client.submit(compute_block, job, reducer, a, b, key=f"mc-block-{tag}-{a}-{b}")
-              for a, b in bounds]
-    level, depth, merges = leaves, 0, []
-    while len(level) > 1:
-        depth += 1
-        nxt = [client.submit(merge_nodes, reducer, level[i], level[i + 1],
-                             key=f"mc-merge-{tag}-{block}-{depth}-{i // 2}")
-               for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        merges.extend(nxt)
-        level = nxt
-    root = level[0]
-    workers: Counter = Counter()
-    computed = 0
-    bar = _progress_bar(job.shards, progress, f"mc {job.name}")
-    try:
-        for _, block_result in as_completed(leaves, loop=client.loop, with_results=True):
-            workers[block_result.worker] += block_result.stop - block_result.start
-            computed += len(block_result.computed)
-            bar.update(block_result.stop - block_result.start)
-        state = _state(root.result())
-    except BaseException:
-        client.cancel(leaves + merges)
-        raise
-    finally:
-        bar.close()
-    wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        threads = max(1, sum(c.nthreads().values()))
+        block = plan_blocks(job, p.shard_seconds, threads, shards_per_task)
+        win = config.get("montecarlo.window", window) or max(16, 8 * threads)
+        bar = _progress_bar(job.shards, progress, f"mc {job.name}")
+        try:
+            ex = Execution(c, job, reducer, block, run_id=job.id, known=known, known_producers=producers,
+                           store=rs, verify=verify, window=win, speculate=speculate, progress=bar)
+            state, outcome = ex.execute()
+        finally:
+            bar.close()
+        wall = time.perf_counter() - t0
     lin = linearize(job) if job.reducer is None else None
-    return Result(job.id, state, reducer.finalize(state), lin, p.to_dict(), wall, job.shards,
-                  job.samples_per_shard, block, dict(workers), None, computed, job.name)
+    result = Result(job.id, state, reducer.finalize(state), lin, p.to_dict(), wall, job.shards,
+                    job.samples_per_shard, block, outcome.workers, outcome.verification or None,
+                    outcome.computed, job.name, reused_shards=outcome.reused, speculated=outcome.speculated)
+    if rs is not None:
+        summary = result.summary()
+        summary["state"] = _encode_state(reducer, state)
+        rs.write_result(job.id, summary)
+    return result
+
+
+def _encode_state(reducer, state) -> Any:
+    from .codec import CodecError, encode
+
+    try:
+        return getattr(reducer, "encode", encode)(state)
+    except CodecError:
+        return None

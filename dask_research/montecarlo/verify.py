@@ -1,0 +1,76 @@
+"""Which shards to re-check before a result is accepted, and how to judge a mismatch.
+
+``k`` shards are chosen from a hash of the run id (so anyone can say which shards a run
+checked), plus, for every worker that produced shards and has none among them, its first shard
+by the same hash order: a faulty worker cannot hide behind the luck of the draw. Each check
+recomputes the shard on a *different* worker (a distinct Dask key, so Dask cannot hand back the
+cached value) and compares within the tolerance class: ``exact`` on CPU.
+
+When a check disagrees, the client recomputes the shard itself as the referee; the worker
+whose state differs from the referee's is quarantined and every shard it produced is
+recomputed on the others.
+
+Examples
+--------
+>>> from dask_research.montecarlo.verify import choose_shards
+>>> picks = choose_shards("ab" * 32, 640, {s: "w1" if s < 600 else "w2" for s in range(640)}, k=4)
+>>> len(picks) >= 4 and any(s >= 600 for s in picks)
+True
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from .mergers import compare_states
+
+__all__ = ["choose_shards", "hash_order", "states_match", "TOLERANCE"]
+
+#: Tolerance class of CPU results.
+TOLERANCE = "exact"
+
+
+def hash_order(run_id: str, shards: int, limit: int | None = None) -> list[int]:
+    """Shard indices in a pseudo-random order fixed by the run id (first ``limit`` of them)."""
+    limit = shards if limit is None else min(limit, shards)
+    out: list[int] = []
+    seen: set[int] = set()
+    counter = 0
+    while len(out) < limit:
+        digest = hashlib.sha256(f"{run_id}:verify:{counter}".encode()).digest()
+        counter += 1
+        s = int.from_bytes(digest[:8], "little") % shards
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+        if counter > 64 * shards + 64:  # tiny jobs: fill in index order
+            out.extend(i for i in range(shards) if i not in seen)
+            out = out[:limit]
+            break
+    return out
+
+
+def choose_shards(run_id: str, shards: int, producers: Mapping[int, str], k: int) -> list[int]:
+    """``k`` hashed shards plus one per producing worker not yet covered."""
+    if k <= 0:
+        return []
+    picks = hash_order(run_id, shards, k)
+    covered = {producers.get(s) for s in picks}
+    missing = {w for w in producers.values() if w not in covered}
+    if missing:
+        for s in hash_order(run_id, shards):
+            w = producers.get(s)
+            if w in missing:
+                picks.append(s)
+                missing.discard(w)
+                if not missing:
+                    break
+    return picks
+
+
+def states_match(a: Any, b: Any, tolerance: str | float = TOLERANCE) -> str | None:
+    """``None`` if the two states agree in the tolerance class, else what differs."""
+    if tolerance == "exact":
+        return compare_states(a, b, rtol=0.0, exact=True)
+    return compare_states(a, b, rtol=float(tolerance))
