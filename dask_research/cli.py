@@ -107,10 +107,12 @@ def _apply_overrides(job, shards, seed):
 @_job_arg
 @_job_options
 @click.option("--scheduler", metavar="ADDRESS", help="A running scheduler; default: an embedded LocalCluster.")
+@click.option("--store", metavar="URL", help="Run store (path or fsspec URL): persist shards, resume, replay.")
+@click.option("--verify", type=click.IntRange(min=0), help="Shards re-checked on another worker (default from config).")
 @click.option("--shards-per-task", type=int, help="A power of two; default from pilot timing.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default from config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def mc_run(job_ref, shards, seed, scheduler, shards_per_task, progress, as_json):
+def mc_run(job_ref, shards, seed, scheduler, store, verify, shards_per_task, progress, as_json):
     """Run the Job object JOB defined in MODULE (a file path or module name)."""
     from . import montecarlo
     from .exceptions import ResearchError
@@ -118,10 +120,116 @@ def mc_run(job_ref, shards, seed, scheduler, shards_per_task, progress, as_json)
     job = _apply_overrides(_load_job(job_ref), shards, seed)
     try:
         with _client(scheduler) as client:
-            result = montecarlo.run(job, client=client, shards_per_task=shards_per_task, progress=progress)
+            result = montecarlo.run(job, client=client, store=store, verify=verify,
+                                    shards_per_task=shards_per_task, progress=progress)
     except ResearchError as e:
         raise click.ClickException(str(e)) from None
     click.echo(result.to_json() if as_json else str(result))
+    if store and not as_json:
+        click.echo(f"  stored       runs/{result.run_id} in {_redact(store)}")
+
+
+def _redact(url: str) -> str:
+    from .montecarlo.store import redact
+
+    return redact(url)
+
+
+_store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
+_job_opt = click.option("--job", "job_ref", metavar="MODULE:JOB",
+                        help="The job, if the pipeline cannot be found from the manifest.")
+
+
+def _research_errors(fn):
+    import functools
+
+    from .exceptions import ResearchError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ResearchError as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+@mc.command("replay")
+@click.argument("run_id", metavar="RUN")
+@click.option("--shard", type=click.IntRange(min=0), required=True, help="The shard to recompute alone.")
+@_store_opt
+@_job_opt
+@_research_errors
+def mc_replay(run_id, shard, store, job_ref):
+    """Recompute one shard of RUN alone and compare it with the stored accumulator."""
+    from . import montecarlo
+
+    run_id = montecarlo.show(run_id, store)["run_id"]
+    job = _load_job(job_ref) if job_ref else None
+    report = montecarlo.replay(run_id, shard, store, job=job)
+    click.echo(str(report))
+    if not report.match:
+        raise SystemExit(1)
+
+
+@mc.command("verify")
+@click.argument("run_id", metavar="RUN")
+@click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Shards chosen from the hash of the run id.")
+@click.option("--shards", help="Comma-separated shard indices instead of -k.")
+@_store_opt
+@_job_opt
+@_research_errors
+def mc_verify(run_id, k, shards, store, job_ref):
+    """Recompute several shards of RUN locally and compare them with the store."""
+    from . import montecarlo
+
+    run_id = montecarlo.show(run_id, store)["run_id"]
+    try:
+        picks = [int(x) for x in shards.split(",")] if shards else None
+    except ValueError:
+        raise click.BadParameter(f"{shards!r} is not a comma-separated list of integers", param_hint="--shards")
+    job = _load_job(job_ref) if job_ref else None
+    reports = montecarlo.replay_many(run_id, store, shards=picks, k=k, job=job)
+    for r in reports:
+        click.echo(str(r))
+    bad = [r for r in reports if not r.match]
+    click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly")
+    if bad:
+        raise SystemExit(1)
+
+
+@mc.command("show")
+@click.argument("run_id", metavar="[RUN]", required=False)
+@_store_opt
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_research_errors
+def mc_show(run_id, store, as_json):
+    """List the runs in a store, or show one run (a prefix of its id is enough)."""
+    import json
+
+    from . import montecarlo
+
+    info = montecarlo.show(run_id, store)
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    if run_id is None:
+        click.echo(f"{len(info['runs'])} runs in {_redact(store)}")
+        for r in info["runs"]:
+            click.echo(f"  {r}")
+        return
+    click.echo(f"run {info['run_id']} ({info['name']}), created {info['created']}")
+    click.echo(f"  shards stored {info['stored_shards']} of {info['shards']}"
+               f"{'' if info['complete'] else ' (incomplete: run it again to resume)'}")
+    res = info["result"]
+    if res and res.get("mean") is not None:
+        click.echo(f"  mean {res['mean']:.6g} +- {res['stderr']:.3g}, sd {res['sd']:.6g}, n {res['n']:,}")
+        v = res.get("verification") or {}
+        if v:
+            click.echo(f"  verified {len(v.get('checked', []))} shards on other workers; "
+                       f"quarantined {v.get('quarantined_workers') or 'none'}")
 
 
 @mc.command("pilot")
@@ -146,6 +254,14 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler):
         with _client(scheduler) as client:
             click.echo(str(p.plan(target_stderr, client=client)))
 
+
+def _add_worker_command() -> None:
+    from .montecarlo.power import worker_command
+
+    main.add_command(worker_command, name="worker")
+
+
+_add_worker_command()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -24,13 +24,17 @@ from .linearize import Linearized, linearize
 from .mergers import MergerReport, check_merger
 from .pilot import Pilot, Plan, pilot
 from .result import Interval, Result
+from .power import PowerPolicy, power_state
+from .replay import ReplayReport, load_job, replay, replay_many, show
 from .run import run
 from .shard import compute_shard
+from .store import RunStore
 
 __all__ = [
     "Job", "run", "pilot", "Pilot", "Plan", "Result", "Interval", "compute_shard",
     "Normal", "LogNormal", "Uniform", "Triangular", "TruncatedNormal", "Beta", "Fixed",
     "MultivariateNormal", "Distribution",
     "Moments", "merge_moments", "Reducer", "MomentsReducer", "check_merger", "MergerReport",
-    "linearize", "Linearized",
+    "linearize", "Linearized", "RunStore", "replay", "replay_many", "ReplayReport", "load_job", "show",
+    "PowerPolicy", "power_state",
 ]

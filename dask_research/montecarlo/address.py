@@ -78,15 +78,17 @@ def pipeline_fingerprint(fn: Callable, _seen: set | None = None) -> dict[str, An
                 "kwargs": {k: _value_fingerprint(v) for k, v in sorted(target.keywords.items())}}
     if not isinstance(target, types.FunctionType):
         call = getattr(type(target), "__call__", None)
-        out = {"qualname": f"{type(target).__module__}.{type(target).__qualname__}",
+        out = {"qualname": type(target).__qualname__,
                "state": {k: _value_fingerprint(v) for k, v in sorted(vars(target).items())}
                if hasattr(target, "__dict__") else None}
         if isinstance(call, types.FunctionType):
             out["call"] = pipeline_fingerprint(call, _seen)
         return out
     kind, text = _source(target)
+    # The qualified name, not the module: the same file run as a script (__main__), imported,
+    # or loaded by the CLI must give the same address.
     out: dict[str, Any] = {
-        "qualname": f"{target.__module__}.{target.__qualname__}",
+        "qualname": target.__qualname__,
         kind: text,
         "defaults": [_value_fingerprint(v) for v in (target.__defaults__ or ())],
     }

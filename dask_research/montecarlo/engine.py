@@ -130,7 +130,8 @@ class Execution:
     def _submit_leaf(self, idx: int, workers=None, speculative: bool = False) -> None:
         a, b = self.bounds[idx]
         known = {s: self.known[s] for s in range(a, b) if s in self.known}
-        prefix = "mc-spec" if speculative else "mc-block"
+        # Distinct keys for duplicates and recomputations: Dask would hand back a cached value.
+        prefix = "mc-spec" if speculative else ("mc-redo" if not self.tree_enabled else "mc-block")
         kw = {"workers": workers, "allow_other_workers": False} if workers else {}
         fut = self._submit(compute_block, self.job, self.reducer, a, b, known,
                            kind=("leaf", idx), key=f"{prefix}-{self.tag}-{a}-{b}", **kw)

@@ -1,0 +1,192 @@
+import json
+import os
+import pathlib
+import pickle
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dask_research import montecarlo as mc
+from dask_research.cli import main
+from dask_research.exceptions import StoreError
+
+from .conftest import MU, SD
+
+JOB_SOURCE = '''
+import numpy as np
+from dask_research import montecarlo as mc
+
+
+def sat(a, b, c):
+    return np.tanh(a * b / (c + 1))
+
+
+job = mc.Job(sat, {"a": mc.Normal(1.0, 0.1), "b": mc.Normal(2.0, 0.3), "c": mc.Normal(0.5, 0.05)},
+             shards=24, samples_per_shard=1024, seed=9, bins=32, name="stored")
+'''
+
+
+@pytest.fixture
+def job_module(tmp_path):
+    path = tmp_path / "stored_job.py"
+    path.write_text(JOB_SOURCE)
+    from dask_research.cli import load_object
+
+    return path, load_object(f"{path}:job")
+
+
+@pytest.fixture
+def one_worker(loop):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(loop=loop, n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        yield c
+
+
+def _run_dir(store, job):
+    return pathlib.Path(store) / "runs" / job.id
+
+
+def test_store_layout_and_rerun_computes_nothing(tmp_path, job_module, one_worker):
+    _, job = job_module
+    store = tmp_path / "store"
+    first = mc.run(job, client=one_worker, store=str(store), progress=False, shards_per_task=4)
+    run_dir = _run_dir(store, job)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["job"] == job.describe() and manifest["range"] == list(first.pilot["range"])
+    assert {"dask_research", "numpy", "dask", "distributed"} <= set(manifest["versions"])
+    files = sorted(p.name for p in (run_dir / "shards").iterdir())
+    assert files[0] == "000000000000-000000000004.json" and len(files) == 6
+    assert json.loads((run_dir / "result.json").read_text())["mean"] == first.mean
+    again = mc.run(job, client=one_worker, store=str(store), progress=False)
+    assert again.state == first.state and again.computed_shards == 0 and again.reused_shards == 24
+
+
+def test_resume_computes_only_missing_shards_with_any_task_size(tmp_path, job_module, one_worker):
+    _, job = job_module
+    store = tmp_path / "store"
+    full = mc.run(job, client=one_worker, store=str(store), progress=False, shards_per_task=4)
+    for name in ("000000000004-000000000008.json", "000000000016-000000000020.json"):
+        (_run_dir(store, job) / "shards" / name).unlink()
+    resumed = mc.run(job, client=one_worker, store=str(store), progress=False, shards_per_task=16)
+    assert resumed.computed_shards == 8 and resumed.reused_shards == 16
+    assert resumed.state == full.state
+
+
+def test_fsspec_memory_store(job_module, one_worker):
+    _, job = job_module
+    res = mc.run(job, client=one_worker, store="memory://mc-test-store", progress=False)
+    rs = mc.RunStore("memory://mc-test-store")
+    assert rs.list_runs() == [job.id] and len(rs.read_shards(job.id)) == 24
+    assert mc.replay(job.id, 5, "memory://mc-test-store", job=job).match
+    assert res.n == 24 * 1024
+
+
+def _corrupt(path: pathlib.Path, how: str):
+    raw = path.read_bytes()
+    if how == "truncate":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif how == "bitflip":
+        i = raw.index(b'"hist"') + 12
+        path.write_bytes(raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:])
+    elif how == "pickle":
+        class Boom:
+            def __reduce__(self):
+                return (os.system, ("touch " + str(path) + ".pwned",))
+
+        path.write_bytes(pickle.dumps(Boom()))
+
+
+@pytest.mark.parametrize("how, match", [
+    ("truncate", "is not valid JSON"),
+    ("bitflip", "checksum does not match|not valid JSON"),
+    ("pickle", "is not valid JSON"),
+])
+def test_corrupt_shard_files_are_refused_naming_the_file(tmp_path, job_module, one_worker, how, match):
+    _, job = job_module
+    store = tmp_path / "store"
+    mc.run(job, client=one_worker, store=str(store), progress=False, shards_per_task=8)
+    target = _run_dir(store, job) / "shards" / "000000000008-000000000016.json"
+    _corrupt(target, how)
+    before = sorted(p.name for p in target.parent.iterdir())
+    with pytest.raises(StoreError, match=match) as err:
+        mc.run(job, client=one_worker, store=str(store), progress=False)
+    assert "000000000008-000000000016.json" in str(err.value)
+    assert sorted(p.name for p in target.parent.iterdir()) == before  # nothing overwritten
+    assert not pathlib.Path(str(target) + ".pwned").exists()          # no code ran
+
+
+def test_foreign_engine_and_edited_manifest_are_refused(tmp_path, job_module, one_worker):
+    _, job = job_module
+    store = tmp_path / "store"
+    mc.run(job, client=one_worker, store=str(store), progress=False)
+    path = _run_dir(store, job) / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["engine"]["numpy"] = "1.0.0"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="manifest.json: checksum does not match"):
+        mc.run(job, client=one_worker, store=str(store), progress=False)
+    from dask_research.montecarlo.store import _checksum
+
+    doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
+    path.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="was written by engine .*'numpy': '1.0.0'"):
+        mc.run(job, client=one_worker, store=str(store), progress=False)
+
+
+def test_replay_from_the_manifest_and_the_pipeline_file(tmp_path, job_module, one_worker):
+    path, job = job_module
+    store = str(tmp_path / "store")
+    mc.run(job, client=one_worker, store=store, progress=False)
+    report = mc.replay(job.id, 17, store)               # pipeline found from the recorded file
+    assert report.match and report.stored == report.recomputed and "shard 17" in str(report)
+    assert all(r.match for r in mc.replay_many(job.id, store, k=3))
+    path.write_text(JOB_SOURCE.replace("np.tanh(a * b", "np.tanh(a * b * 1.0"))
+    with pytest.raises(StoreError, match="is not the one that ran"):
+        mc.replay(job.id, 17, store)
+    with pytest.raises(StoreError, match="manifest.json: does not exist"):
+        mc.replay(job.id, 17, str(tmp_path / "empty"), job=job)
+
+
+def test_replay_detects_a_tampered_accumulator(tmp_path, job_module, one_worker):
+    _, job = job_module
+    store = str(tmp_path / "store")
+    mc.run(job, client=one_worker, store=store, progress=False, shards_per_task=8)
+    rs = mc.RunStore(store)
+    states = {s: v[0] for s, v in rs.read_shards(job.id).items() if 8 <= s < 16}
+    from dask_research.montecarlo.accumulators import Moments
+
+    s9 = states[9]
+    states[9] = Moments(s9.n, s9.mean + 1e-12, s9.m2, s9.m3, s9.m4, s9.min, s9.max, s9.lo, s9.hi, s9.hist)
+    (_run_dir(store, job) / "shards" / "000000000008-000000000016.json").unlink()
+    rs.write_shards(job.id, states, "tampered")
+    report = mc.replay(job.id, 9, store, job=job)
+    assert not report.match and "mean" in report.difference
+
+
+def test_cli_show_replay_verify(tmp_path, job_module, one_worker):
+    path, job = job_module
+    store = str(tmp_path / "store")
+    mc.run(job, client=one_worker, store=store, progress=False)
+    runner = CliRunner()
+    out = runner.invoke(main, ["mc", "show", "--store", store])
+    assert out.exit_code == 0 and job.id in out.output
+    out = runner.invoke(main, ["mc", "show", job.id[:10], "--store", store])
+    assert out.exit_code == 0 and "shards stored 24 of 24" in out.output and "verified" in out.output
+    out = runner.invoke(main, ["mc", "replay", job.id[:10], "--shard", "3", "--store", store])
+    assert out.exit_code == 0 and "identical (exact)" in out.output
+    out = runner.invoke(main, ["mc", "verify", job.id, "--store", store, "--shards", "1,2,23"])
+    assert out.exit_code == 0 and "3 of 3 shards reproduced exactly" in out.output
+    out = runner.invoke(main, ["mc", "show", "ffff", "--store", store])
+    assert out.exit_code == 1 and "has no run starting with 'ffff'" in out.output
+    out = runner.invoke(main, ["mc", "verify", job.id, "--store", store, "--shards", "1,x"])
+    assert out.exit_code == 2 and "not a comma-separated list" in out.output
+
+
+def test_store_url_credentials_are_redacted():
+    from dask_research.montecarlo.store import redact
+
+    assert redact("s3://KEY:SECRET@bucket/runs") == "s3://***@bucket/runs"
+    assert "SECRET" not in repr(mc.RunStore("memory://user:SECRET@x/y"))
