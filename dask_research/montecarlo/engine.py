@@ -53,6 +53,7 @@ class Outcome:
     workers: dict[str, int] = field(default_factory=dict)
     verification: dict = field(default_factory=dict)
     speculated: list = field(default_factory=list)
+    max_in_flight: int = 0
 
 
 class Execution:
@@ -103,6 +104,7 @@ class Execution:
     def _submit(self, fn, *args, kind: tuple, key: str, **kw):
         fut = self.client.submit(fn, *args, key=key, pure=False, **kw)
         self.pending[fut] = kind
+        self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
         return fut
 
     # -- the tree ---------------------------------------------------------------------------

@@ -79,6 +79,7 @@ class Result:
     name: str = ""
     reused_shards: int = 0
     speculated: list = field(default_factory=list)
+    max_in_flight: int = 0
 
     def __post_init__(self):
         if self.value is None:
@@ -187,7 +188,7 @@ class Result:
                                "wall_seconds": self.wall_seconds, "shards_per_task": self.shards_per_task,
                                "workers": self.workers, "verification": self.verification,
                                "computed_shards": self.computed_shards, "reused_shards": self.reused_shards,
-                               "speculated": self.speculated}
+                               "speculated": self.speculated, "max_in_flight": self.max_in_flight}
         if isinstance(self.state, Moments):
             iv = self.interval(0.95)
             out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr, skewness=self.skewness,

@@ -184,7 +184,8 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     lin = linearize(job) if job.reducer is None else None
     result = Result(job.id, state, reducer.finalize(state), lin, p.to_dict(), wall, job.shards,
                     job.samples_per_shard, block, outcome.workers, outcome.verification or None,
-                    outcome.computed, job.name, reused_shards=outcome.reused, speculated=outcome.speculated)
+                    outcome.computed, job.name, reused_shards=outcome.reused, speculated=outcome.speculated,
+                    max_in_flight=outcome.max_in_flight)
     if rs is not None:
         summary = result.summary()
         summary["state"] = _encode_state(reducer, state)

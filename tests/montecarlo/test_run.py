@@ -172,3 +172,11 @@ def test_embedded_cluster_when_no_client_exists():
     assert res.n == 8 * 2048 and len(res.workers) >= 1
     with pytest.raises(ValueError):  # closed again afterwards
         default_client()
+
+
+def test_client_holds_a_bounded_number_of_futures(one_worker):
+    """1,024 one-shard tasks with a window of 8: never a future per shard."""
+    job = mc.Job(lambda a: a, {"a": mc.Uniform(0, 1)}, shards=1024, samples_per_shard=8, seed=3, range=(0, 1))
+    res = mc.run(job, client=one_worker, progress=False, shards_per_task=1, window=8, verify=0)
+    assert res.n == 1024 * 8 and res.computed_shards == 1024
+    assert res.max_in_flight <= 2 * 8 + 11  # window leaves + pending merges (log2 1024 = 10 levels)
