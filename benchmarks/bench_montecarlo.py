@@ -85,6 +85,56 @@ def dask_array(client, total, chunk):
     return float(mean), float(var), hist
 
 
+KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from benchmarks.bench_montecarlo import make_job
+from dask_research import montecarlo as mc
+mc.run(make_job({shards}, {n}), store=sys.argv[1], verify=0, progress=False)
+"""
+
+
+def resume_after_kill(shards, n, fraction=0.5):
+    """Run in a subprocess, SIGKILL it once `fraction` of the shards are stored, resume here."""
+    import signal
+    import subprocess
+    import tempfile
+
+    store = tempfile.mkdtemp(prefix="mc-kill-")
+    job = make_job(shards, n)
+    script = pathlib.Path(store) / "run_job.py"
+    script.write_text(KILL_SCRIPT.format(root=str(pathlib.Path(__file__).resolve().parents[1]), shards=shards, n=n))
+    proc = subprocess.Popen([sys.executable, str(script), store], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rs = mc.RunStore(store)
+    while proc.poll() is None:
+        if rs.has_run(job.id) and len(rs.shard_files(job.id)) and len(rs.read_shards(job.id)) >= fraction * shards:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    stored = len(rs.read_shards(job.id))
+    res = mc.run(job, store=store, verify=0, progress=False)
+    return {"killed_at_stored": stored, "resumed_computed": res.computed_shards,
+            "resumed_fraction": res.computed_shards / shards, "total_shards": shards}
+
+
+def scale(client, shards, reps=1):
+    """Submission overhead per shard and peak client memory with many tiny shards."""
+    import tracemalloc
+
+    job = mc.Job(lambda a: a, {"a": mc.Uniform(0.0, 1.0)}, shards=shards, samples_per_shard=16, seed=1,
+                 range=(0.0, 1.0), name="scale")
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    res = mc.run(job, client=client, verify=0, progress=False)
+    wall = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"shards": shards, "seconds": wall, "us_per_shard": wall / shards * 1e6,
+            "peak_client_python_bytes": peak, "shards_per_task": res.shards_per_task,
+            "max_futures_in_flight": res.max_in_flight}
+
+
 def timed(fn, reps, cold=False):
     if cold:
         fn()
@@ -149,11 +199,35 @@ def main(argv=None):
                     "mean": mean_c, "var": var_c, "machine_busy": load.machine_busy}
                 rows.append((f"(c) dask.array, {label}, chunk {chunk:,}", f"{t_c:.2f}", f"{thr_c / 1e6:.2f}",
                              f"{thr_c / ideal:.2f}", ""))
+    # Verification overhead (k=4 of the job's shards) and scale, on the embedded default shape.
+    kw = shapes["threads, 1 worker per core (embedded default)"]
+    with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+        mc.run(job, client=client, progress=False, verify=0)
+        t_v0, _, _, _ = timed(lambda: mc.run(job, client=client, progress=False, verify=0), reps)
+        t_v4, _, res_v, _ = timed(lambda: mc.run(job, client=client, progress=False, verify=4), reps)
+        checked = len(res_v.verification["checked"])
+        figures["verification"] = {"seconds_verify0": t_v0, "seconds_verify4": t_v4,
+                                   "overhead_pct": 100 * (t_v4 - t_v0) / t_v0, "checked_shards": checked,
+                                   "checked_compute_pct": 100 * checked / shards / 1.0}
+        rows.append(("verification k=4 (overhead vs verify=0)", f"{t_v4:.2f}", "",
+                     f"{100 * (t_v4 - t_v0) / t_v0:+.1f} %", f"{checked} shards re-run"))
+        sc = scale(client, 10_000 if args.quick else 100_000)
+        figures["scale"] = sc
+        rows.append((f"scale: {sc['shards']:,} tiny shards", f"{sc['seconds']:.2f}",
+                     f"{sc['us_per_shard']:.1f} us/shard", "", f"peak client {sc['peak_client_python_bytes'] / 2**20:.1f} MiB, "
+                     f"max {sc['max_futures_in_flight']} futures"))
+    kill = resume_after_kill(shards, n)
+    figures["resume_after_kill"] = kill
+    rows.append(("resume after SIGKILL at 50 %", "", "", f"{100 * kill['resumed_fraction']:.1f} % recomputed",
+                 f"killed with {kill['killed_at_stored']} of {shards} stored"))
+
     figures["ratio_b_over_ideal"] = best_b / ideal
     figures["ratio_b_over_best_c"] = best_b / best_c
     print_table(rows, ("variant", "median s", "M samples/s", "vs cores x (a)", "note"))
     print(f"\nours (embedded default) / (cores x single-process numpy) = {best_b / ideal:.2f}  (goal >= 0.90)")
     print(f"ours (embedded default) / best dask.array                = {best_b / best_c:.2f}  (goal >= 1.25)")
+    print(f"verification overhead at k=4                             = {figures['verification']['overhead_pct']:+.1f} %  (goal < 2 %)")
+    print(f"resume after a kill at 50 %: recomputed                  = {100 * kill['resumed_fraction']:.1f} %  (goal <= 52 %)")
     path = write_results("bench_montecarlo", figures,
                          notes="(a) one process with OPENBLAS_NUM_THREADS=1; (b)/(c) on the same LocalCluster; "
                                "median of reps after one cold run; machine_busy is the whole machine's CPU share")

@@ -91,6 +91,9 @@ class Execution:
         self.candidates = set(hash_order(run_id, job.shards, self.verify_k + 64)) if self.verify_k else set()
         self.kept: dict[int, Any] = {s: st for s, st in self.known.items() if s in self.candidates}
         self.first_of_worker: dict[str, int] = {}
+        # The first k hashed shards are checked as soon as they exist, overlapping the run.
+        self.early = set(hash_order(run_id, job.shards, self.verify_k)) if self.verify_k else set()
+        self.checks: dict[int, tuple[dict, Any]] = {}
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _wid(self, worker: str) -> int:
@@ -157,6 +160,8 @@ class Execution:
             self.producer[s] = wid
             if s in self.candidates:
                 self.kept[s] = res.shard_states[s]
+        for s in self.early.intersection(res.computed):
+            self._submit_check(s, res.worker)
         if res.computed and res.worker not in self.first_of_worker:
             s0 = res.computed[0]
             self.first_of_worker[res.worker] = s0
@@ -235,7 +240,7 @@ class Execution:
             self._maybe_speculate(todo)
 
     def _cancel_all(self) -> None:
-        futs = list(self.pending)
+        futs = list(self.pending) + [f for _, f in self.checks.values()]
         self.pending.clear()
         if futs:
             self.client.cancel(futs)
@@ -271,26 +276,29 @@ class Execution:
         return {int(s): self.worker_names[w] for s, w in enumerate(self.producer) if w >= 0
                 and (s in self.kept)}
 
+    def _submit_check(self, s: int, producer: str) -> None:
+        """Recompute shard ``s`` on a worker other than its producer (a distinct key)."""
+        if s in self.checks:
+            return
+        alive = self._alive_workers()
+        others = [w for w in alive if w != producer] or alive
+        target = others[len(self.checks) % len(others)]
+        # allow_other_workers: if the target dies the check still runs (the worker that
+        # really ran it is recorded, and a same-worker check is marked as such).
+        fut = self.client.submit(verify_shard, self.job, self.reducer, s, pure=False,
+                                 key=f"mc-verify-{self.tag}-{s}", workers=[target], allow_other_workers=True)
+        self.checks[s] = ({"shard": s, "producer": producer, "verifier": target}, fut)
+
     def _verify(self, root: Any) -> Any:
         producers = self._producers()
         picks = [s for s in choose_shards(self.run_id, self.job.shards, producers, self.verify_k) if s in self.kept]
         for w, s in self.first_of_worker.items():  # every producer covered, even outside the candidates
             if w not in {producers.get(p) for p in picks}:
                 picks.append(s)
-        alive = self._alive_workers()
-        checks, futs = [], {}
-        for i, s in enumerate(picks):
-            producer = producers.get(s, "?")
-            others = [w for w in alive if w != producer] or alive
-            target = others[i % len(others)]
-            # allow_other_workers: if the target dies the check still runs (the worker that
-            # really ran it is recorded, and a same-worker check is marked as such).
-            fut = self.client.submit(verify_shard, self.job, self.reducer, s, pure=False,
-                                     key=f"mc-verify-{self.tag}-{s}", workers=[target],
-                                     allow_other_workers=True)
-            futs[s] = fut
-            checks.append({"shard": s, "producer": producer, "verifier": target})
-        results = self.client.gather(list(futs.values()))
+        for s in picks:
+            self._submit_check(s, producers.get(s, "?"))
+        checks = [c for c, _ in self.checks.values()]
+        results = self.client.gather([f for _, f in self.checks.values()])
         bad: set[str] = set()
         mismatches = []
         for check, (state, where) in zip(checks, results):
