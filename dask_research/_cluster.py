@@ -50,5 +50,10 @@ def get_client(client=None) -> Iterator:
     except ValueError:
         pass
     kwargs = embedded_cluster_kwargs()
+    if kwargs.get("dashboard_address") is not None:
+        try:  # the research pages are part of the embedded dashboard (needs bokeh)
+            import dask_research.dashboard  # noqa: F401
+        except ImportError:
+            pass
     with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
         yield c

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import VerificationError
+from .accumulators import Moments
+from .events import RunningEstimate, emit
 from .shard import BlockResult, compute_block, compute_shard
 from .tree import block_bounds, tree_fold
 from .verify import TOLERANCE, choose_shards, hash_order, states_match
@@ -94,6 +96,7 @@ class Execution:
         # The first k hashed shards are checked as soon as they exist, overlapping the run.
         self.early = set(hash_order(run_id, job.shards, self.verify_k)) if self.verify_k else set()
         self.checks: dict[int, tuple[dict, Any]] = {}
+        self.estimate = RunningEstimate()
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _wid(self, worker: str) -> int:
@@ -174,10 +177,18 @@ class Execution:
         self.block_states[idx] = res.state
         if res.computed:
             self.durations.append(res.seconds)
+        self._emit_accepted(res.start, res.stop, res.worker, len(res.computed), res.state)
         if self.progress is not None:
             self.progress.update(res.stop - res.start)
         if self.tree_enabled:
             self._arrive(0, idx, fut)
+
+    def _emit_accepted(self, a: int, b: int, worker: str, computed: int, state: Any) -> None:
+        data: dict[str, Any] = {"start": a, "stop": b, "worker": worker, "computed": computed}
+        if isinstance(state, Moments):
+            self.estimate.add(state.n, state.mean, state.m2)
+            data.update(n=self.estimate.n, mean=self.estimate.mean, stderr=self.estimate.stderr)
+        emit(self.client, "accepted", self.run_id, **data)
 
     def _encoder(self):
         from .codec import encode
@@ -205,6 +216,8 @@ class Execution:
             others = [w for w in self._alive_workers() if w != where]
             if where is not None and others:
                 self._submit_leaf(idx, workers=others, speculative=True)
+                a, b = self.bounds[idx]
+                emit(self.client, "speculate", self.run_id, start=a, stop=b, slow_worker=where)
 
     # -- main loop --------------------------------------------------------------------------
     def _drain(self, todo: deque, until) -> None:
@@ -247,6 +260,8 @@ class Execution:
 
     def execute(self) -> tuple[Any, Outcome]:
         """Compute, verify and fold; returns the root state and what happened."""
+        emit(self.client, "start", self.run_id, name=self.job.name, shards=self.job.shards,
+             block=self.block, key_prefix=self.tag, reused=len(self.known))
         todo: deque = deque()
         for idx, (a, b) in enumerate(self.bounds):
             if all(s in self.known for s in range(a, b)):
@@ -257,6 +272,7 @@ class Execution:
                         self.kept[s] = self.known[s]
                 if self.progress is not None:
                     self.progress.update(b - a)
+                self._emit_accepted(a, b, "store", 0, st)
                 self._arrive(0, idx, st)
             else:
                 todo.append(idx)
@@ -317,6 +333,13 @@ class Execution:
             mismatches.append({"shard": s, "difference": diff, "faulty": culprit})
         record = {"tolerance": TOLERANCE, "checked": checks, "mismatches": mismatches,
                   "quarantined_workers": sorted(bad), "recomputed_shards": 0}
+        for c in checks:
+            emit(self.client, "check", self.run_id, shard=c["shard"], producer=c["producer"],
+                 verifier=c["verifier"], match=c["match"])
+        if bad:
+            emit(self.client, "quarantine", self.run_id, workers=sorted(bad),
+                 shards=[int(s) for s in range(self.job.shards)
+                         if self.producer[s] >= 0 and self.worker_names[self.producer[s]] in bad])
         if bad:
             root = self._quarantine(bad, record)
         self.outcome.verification = record

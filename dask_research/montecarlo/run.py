@@ -22,6 +22,7 @@ from .._cluster import get_client
 from .._version import __version__
 from ..exceptions import InputError, StoreError
 from .engine import Execution, merge_nodes  # noqa: F401  (merge_nodes re-exported for pickles)
+from .events import emit
 from .job import ENGINE, Job
 from .linearize import linearize
 from .mergers import check_merger as _check_merger
@@ -181,6 +182,8 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         finally:
             bar.close()
         wall = time.perf_counter() - t0
+        emit(c, "done", job.id, n=getattr(state, "n", None), mean=getattr(state, "mean", None),
+             wall=wall, computed=outcome.computed, reused=outcome.reused)
     lin = linearize(job) if job.reducer is None else None
     result = Result(job.id, state, reducer.finalize(state), lin, p.to_dict(), wall, job.shards,
                     job.samples_per_shard, block, outcome.workers, outcome.verification or None,

@@ -1,0 +1,52 @@
+"""Bokeh pages for the Dask dashboard: Shards, Branches, Experience.
+
+Load it as a scheduler preload::
+
+    dask scheduler --preload dask_research.dashboard
+
+(automatic for the embedded ``LocalCluster``). Importing the module registers the pages with
+the Dask dashboard before the scheduler connects it; they appear in the dashboard's "More..."
+menu as *Research Shards*, *Research Branches* and *Research Experience* and are fed by the
+scheduler's event log (topics ``research.montecarlo``, ``research.experiments``,
+``research.replay``), so they show the work of any client connected to that scheduler. The
+pages are read-only views: no route changes state.
+
+Examples
+--------
+>>> import dask_research.dashboard as dash
+>>> sorted(dash.ROUTES)
+['/individual-research-shards']
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+#: Dashboard routes this package adds (the "individual-" prefix puts them in "More...").
+ROUTES = {
+    "/individual-research-shards": "shards_doc",
+}
+
+
+def register() -> bool:
+    """Add the pages to ``distributed.dashboard.scheduler.applications`` (idempotent).
+
+    Returns False when bokeh is not installed (the pages need the ``[dashboard]`` extra).
+    """
+    try:
+        import distributed.dashboard.scheduler as dash_scheduler
+    except ImportError:
+        return False
+    from . import pages
+
+    for route, name in ROUTES.items():
+        dash_scheduler.applications.setdefault(route, getattr(pages, name))
+    return True
+
+
+def dask_setup(scheduler) -> None:
+    """Preload hook: nothing to do beyond the import-time registration."""
+
+
+register()

@@ -1,0 +1,137 @@
+"""Dashboard components: one class per figure, each with ``root``, ``source`` and ``update()``.
+
+They read the scheduler's event log (and, for running shards, the scheduler's task states)
+and never change either.
+
+Examples
+--------
+>>> from dask_research.dashboard.components import shard_states
+>>> import numpy as np
+>>> events = [(0.0, {"event": "start", "run": "r", "shards": 4, "key_prefix": "p"}),
+...           (1.0, {"event": "accepted", "run": "r", "start": 0, "stop": 2})]
+>>> shard_states(events, running=[(2, 3)])[1].tolist()
+[2, 2, 1, 0]
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from .. import config
+
+__all__ = ["ShardBoard", "shard_states", "STATE_NAMES", "STATE_COLORS"]
+
+#: Shard states, in the order of their codes.
+STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
+STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"]
+_KEY = re.compile(r"^mc-(?:block|spec|redo)-(?P<prefix>[0-9a-f]+-[0-9a-f]+)-(?P<a>\d+)-(?P<b>\d+)$")
+MAX_CELLS = 4096
+
+
+def latest_run(events: list) -> tuple[dict | None, list]:
+    """The latest ``start`` event and the events of that run after it."""
+    start_i = None
+    for i in range(len(events) - 1, -1, -1):
+        msg = events[i][1]
+        if isinstance(msg, dict) and msg.get("event") == "start":
+            start_i = i
+            break
+    if start_i is None:
+        return None, []
+    start = events[start_i][1]
+    return start, [m for _, m in events[start_i + 1:] if isinstance(m, dict) and m.get("run") == start["run"]]
+
+
+def shard_states(events: list, running: list[tuple[int, int]] = ()) -> tuple[dict | None, np.ndarray]:
+    """State code per shard of the latest run (see :data:`STATE_NAMES`)."""
+    start, later = latest_run(events)
+    if start is None:
+        return None, np.zeros(0, dtype=np.int8)
+    states = np.zeros(int(start["shards"]), dtype=np.int8)
+    for a, b in running:
+        states[a:b] = np.maximum(states[a:b], 1)
+    for msg in later:
+        kind = msg.get("event")
+        if kind == "accepted":
+            states[msg["start"]:msg["stop"]] = np.where(states[msg["start"]:msg["stop"]] == 4, 4, 2)
+        elif kind == "speculate":
+            seg = states[msg["start"]:msg["stop"]]
+            seg[seg < 2] = 5
+        elif kind == "check":
+            states[msg["shard"]] = 3 if msg.get("match") else 4
+        elif kind == "quarantine":
+            for s in msg.get("shards", []):
+                states[s] = 4
+    return start, states
+
+
+def _running_blocks(scheduler, prefix: str) -> list[tuple[int, int]]:
+    out = []
+    for key, ts in list(scheduler.tasks.items()):
+        if not isinstance(key, str) or ts.state != "processing":
+            continue
+        m = _KEY.match(key)
+        if m and m.group("prefix") == prefix:
+            out.append((int(m.group("a")), int(m.group("b"))))
+    return out
+
+
+class ShardBoard:
+    """A grid of every shard of the active Monte-Carlo run, and its running estimate."""
+
+    def __init__(self, scheduler, width: int = 900, **kwargs: Any):
+        from bokeh.models import ColumnDataSource, Div, HoverTool
+        from bokeh.plotting import figure
+
+        self.scheduler = scheduler
+        self.source = ColumnDataSource({"x": [], "y": [], "color": [], "state": [], "shards": []})
+        fig = figure(title="Shards", height=kwargs.get("height", 420), width=width, tools="",
+                     toolbar_location=None, x_axis_type=None, y_axis_type=None,
+                     sizing_mode=kwargs.get("sizing_mode"))
+        fig.rect(x="x", y="y", width=0.9, height=0.9, color="color", source=self.source)
+        fig.add_tools(HoverTool(tooltips=[("shards", "@shards"), ("state", "@state")]))
+        fig.grid.visible = False
+        self.figure = fig
+        self.summary = Div(text="No Monte-Carlo run yet.")
+        legend = " ".join(f"<span style='color:{c}'>&#9632;</span> {n}" for n, c in zip(STATE_NAMES, STATE_COLORS))
+        from bokeh.layouts import column
+
+        self.root = column(self.summary, Div(text=legend), fig, sizing_mode=kwargs.get("sizing_mode"))
+
+    def update(self) -> None:
+        events = list(self.scheduler.get_events(config.get("montecarlo.event-topic")))
+        start, _ = latest_run(events)
+        if start is None:
+            return
+        running = _running_blocks(self.scheduler, start.get("key_prefix", ""))
+        start, states = shard_states(events, running)
+        n = states.size
+        group = max(1, math.ceil(n / MAX_CELLS))
+        cells = math.ceil(n / group)
+        cols = max(1, math.ceil(math.sqrt(cells * 2)))
+        idx = np.arange(cells)
+        # A cell showing several shards takes the most notable state among them.
+        rank = np.array([0, 2, 1, 3, 5, 4])  # quarantined > re-run > verified > running > accepted
+        padded = np.full(cells * group, -1, dtype=np.int16)
+        padded[:n] = states
+        blocks = padded.reshape(cells, group)
+        order = np.where(blocks >= 0, rank[np.clip(blocks, 0, 5)], -1)
+        pick = blocks[np.arange(cells), order.argmax(axis=1)]
+        label = [f"{i * group}" if group == 1 else f"{i * group}-{min(n, (i + 1) * group) - 1}" for i in idx]
+        self.source.data = {"x": (idx % cols).tolist(), "y": (-(idx // cols)).tolist(),
+                            "color": [STATE_COLORS[c] for c in pick], "state": [STATE_NAMES[c] for c in pick],
+                            "shards": label}
+        _, later = latest_run(events)
+        acc = [m for m in later if m.get("event") == "accepted"]
+        done = [m for m in later if m.get("event") == "done"]
+        counts = {name: int((states == i).sum()) for i, name in enumerate(STATE_NAMES)}
+        est = ""
+        if acc and acc[-1].get("mean") is not None:
+            est = f"running estimate {acc[-1]['mean']:.6g} &plusmn; {acc[-1]['stderr']:.3g} (n={acc[-1]['n']:,})"
+        status = "done" if done else "running"
+        self.summary.text = (f"<b>{start.get('name', '')}</b> <code>{start['run'][:12]}</code> "
+                             f"({status}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
+                             + (f"<br>{est}" if est else ""))

@@ -1,0 +1,23 @@
+"""Bokeh documents for the research pages (one function per page, like Dask's ``*_doc``)."""
+from __future__ import annotations
+
+from distributed.dashboard.components import add_periodic_callback
+from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+from distributed.utils import log_errors
+
+from .components import ShardBoard
+
+
+def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
+    component.update()
+    add_periodic_callback(doc, component, interval)
+    doc.title = f"Dask: {title}"
+    doc.add_root(component.root)
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME
+
+
+@log_errors
+def shards_doc(scheduler, extra, doc):
+    _page(doc, ShardBoard(scheduler, sizing_mode="stretch_width"), "Research Shards", extra)

@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+pytest.importorskip("bokeh")
+
+from dask_research import montecarlo as mc  # noqa: E402
+from dask_research.dashboard.components import STATE_NAMES, ShardBoard, shard_states  # noqa: E402
+
+
+@pytest.fixture
+def cluster(loop):
+    import dask_research.dashboard  # noqa: F401
+
+    with LocalCluster(loop=loop, n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cl, Client(cl, set_as_default=False) as c:
+        yield cl, c
+
+
+def test_shard_board_shows_a_real_run(cluster):
+    cl, c = cluster
+    job = mc.Job(lambda a: np.sin(a), {"a": mc.Normal(0, 1)}, shards=40, samples_per_shard=512, seed=2, bins=16)
+    board = ShardBoard(cl.scheduler)
+    board.update()
+    assert board.source.data["x"] == [] and "No Monte-Carlo run" in board.summary.text
+    res = mc.run(job, client=c, verify=3, progress=False, shards_per_task=4)
+    board.update()
+    states = board.source.data["state"]
+    assert len(states) == 40
+    checked = {ch["shard"] for ch in res.verification["checked"]}
+    assert {i for i, s in enumerate(states) if s == "verified"} == checked
+    assert states.count("accepted") == 40 - len(checked)
+    assert res.run_id[:12] in board.summary.text and "done" in board.summary.text
+    assert f"{res.mean:.6g}"[:4] in board.summary.text  # the running estimate ended at the mean
+
+
+def test_states_from_events():
+    ev = [(0, {"event": "start", "run": "old", "shards": 3}),
+          (1, {"event": "start", "run": "r", "shards": 6, "key_prefix": "p"}),
+          (2, {"event": "accepted", "run": "r", "start": 0, "stop": 2}),
+          (3, {"event": "speculate", "run": "r", "start": 4, "stop": 6}),
+          (4, {"event": "check", "run": "r", "shard": 1, "match": True}),
+          (5, {"event": "quarantine", "run": "r", "shards": [0]}),
+          (6, {"event": "accepted", "run": "old", "start": 2, "stop": 3})]
+    start, states = shard_states(ev, running=[(2, 4)])
+    assert start["run"] == "r"
+    assert [STATE_NAMES[s] for s in states] == ["quarantined", "verified", "running", "running", "re-run", "re-run"]
+
+
+def test_many_shards_are_grouped_into_cells(cluster):
+    cl, c = cluster
+    c.log_event("research.montecarlo", {"event": "start", "run": "big", "shards": 100_000, "key_prefix": "x"})
+    c.log_event("research.montecarlo", {"event": "accepted", "run": "big", "start": 0, "stop": 50_000})
+    board = ShardBoard(cl.scheduler)
+    board.update()
+    assert len(board.source.data["x"]) <= 4096
+    assert board.source.data["state"][0] == "accepted" and board.source.data["state"][-1] == "queued"
+    assert "100,000 shards" in board.summary.text
