@@ -138,6 +138,8 @@ def _redact(url: str) -> str:
 _store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
 _job_opt = click.option("--job", "job_ref", metavar="MODULE:JOB",
                         help="The job, if the pipeline cannot be found from the manifest.")
+_trust_opt = click.option("--trust-origin", is_flag=True,
+                          help="Load the pipeline file the manifest names even outside this directory.")
 
 
 def _research_errors(fn):
@@ -160,14 +162,15 @@ def _research_errors(fn):
 @click.option("--shard", type=click.IntRange(min=0), required=True, help="The shard to recompute alone.")
 @_store_opt
 @_job_opt
+@_trust_opt
 @_research_errors
-def mc_replay(run_id, shard, store, job_ref):
+def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
 
     run_id = montecarlo.show(run_id, store)["run_id"]
     job = _load_job(job_ref) if job_ref else None
-    report = montecarlo.replay(run_id, shard, store, job=job)
+    report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
     if not report.match:
         raise SystemExit(1)
@@ -180,8 +183,9 @@ def mc_replay(run_id, shard, store, job_ref):
 @click.option("--shards", help="Comma-separated shard indices instead of -k.")
 @_store_opt
 @_job_opt
+@_trust_opt
 @_research_errors
-def mc_verify(run_id, k, shards, store, job_ref):
+def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
 
@@ -191,7 +195,8 @@ def mc_verify(run_id, k, shards, store, job_ref):
     except ValueError:
         raise click.BadParameter(f"{shards!r} is not a comma-separated list of integers", param_hint="--shards")
     job = _load_job(job_ref) if job_ref else None
-    reports = montecarlo.replay_many(run_id, store, shards=picks, k=k, job=job)
+    reports = montecarlo.replay_many(run_id, store, shards=picks, k=k, job=job,
+                                     trust_origin=trust_origin or None)
     for r in reports:
         click.echo(str(r))
     bad = [r for r in reports if not r.match]

@@ -81,8 +81,8 @@ def decode(doc: Any) -> Any:
             return float.fromhex(doc["__f__"])
         if "__moments__" in doc:
             m = Moments.from_dict(doc["__moments__"])
-            if m.hist.ndim != 1 or m.hist.size < 3 or m.n != int(m.hist.sum()):
-                raise CodecError("histogram counts do not add up to n")
+            if m.hist.ndim != 1 or m.hist.size < 3 or (m.hist < 0).any() or m.n != int(m.hist.sum()):
+                raise CodecError("histogram counts are negative or do not add up to n")
             return m
         if "__tuple__" in doc:
             return tuple(decode(v) for v in doc["__tuple__"])

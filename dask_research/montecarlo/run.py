@@ -11,6 +11,7 @@ Examples
 """
 from __future__ import annotations
 
+import math
 import platform
 import time
 from typing import Any
@@ -24,6 +25,7 @@ from ..exceptions import InputError, StoreError
 from .engine import Execution, merge_nodes  # noqa: F401  (merge_nodes re-exported for pickles)
 from .events import emit
 from .job import ENGINE, Job
+from .accumulators import Moments
 from .linearize import linearize
 from .mergers import check_merger as _check_merger
 from .pilot import Pilot, pilot as _pilot
@@ -110,10 +112,29 @@ def _load_existing(store: RunStore, job: Job) -> tuple[dict, dict[int, Any], dic
                          "results of different engines are never mixed (use another store)")
     if manifest["job"] != job.describe():
         raise StoreError(path, "describes a different job than the one with this id (edited or corrupt)")
+    rng = manifest["range"]
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 2
+                                and all(isinstance(v, (int, float)) and math.isfinite(v) for v in rng)
+                                and rng[0] < rng[1]):
+        raise StoreError(path, f"has range {rng!r}; expected [lo, hi] with finite lo < hi")
     stored = store.read_shards(job.id)
-    bad = [s for s in stored if not 0 <= s < job.shards]
-    if bad:
-        raise StoreError(store.display(stored[bad[0]][2]), f"holds shard {bad[0]}, outside [0, {job.shards})")
+    reducer = job.make_reducer(tuple(rng) if rng is not None else None) if (rng or job.frozen) else None
+    template = reducer.init() if reducer is not None else None
+    for s, (state, _, fpath) in stored.items():
+        problem = None
+        if not 0 <= s < job.shards:
+            problem = f"holds shard {s}, outside [0, {job.shards})"
+        elif isinstance(template, Moments):
+            if not isinstance(state, Moments):
+                problem = f"holds a {type(state).__name__} for shard {s}, not an accumulator"
+            elif (state.lo, state.hi, state.bins) != (template.lo, template.hi, template.bins):
+                problem = f"shard {s} has histogram [{state.lo}, {state.hi}) x {state.bins}, not the run's"
+            elif state.n != job.samples_per_shard:
+                problem = f"shard {s} counts {state.n:,} samples, not {job.samples_per_shard:,}"
+        elif template is not None and type(state) is not type(template):
+            problem = f"holds a {type(state).__name__} for shard {s}; the reducer's state is a {type(template).__name__}"
+        if problem:
+            raise StoreError(store.display(fpath), problem)
     return manifest, {s: v[0] for s, v in stored.items()}, {s: v[1] for s, v in stored.items()}
 
 

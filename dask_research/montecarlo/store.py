@@ -117,7 +117,7 @@ class RunStore:
         raw = self.fs.cat_file(path)
         try:
             return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
             raise StoreError(self.display(path), f"is not valid JSON ({type(e).__name__}: {e}); "
                              "the file is corrupt or not a dask-research store file") from None
 

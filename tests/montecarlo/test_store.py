@@ -136,10 +136,11 @@ def test_foreign_engine_and_edited_manifest_are_refused(tmp_path, job_module, on
         mc.run(job, client=one_worker, store=str(store), progress=False)
 
 
-def test_replay_from_the_manifest_and_the_pipeline_file(tmp_path, job_module, one_worker):
+def test_replay_from_the_manifest_and_the_pipeline_file(tmp_path, job_module, one_worker, monkeypatch):
     path, job = job_module
     store = str(tmp_path / "store")
     mc.run(job, client=one_worker, store=store, progress=False)
+    monkeypatch.chdir(tmp_path)  # the pipeline file is part of "this project"
     report = mc.replay(job.id, 17, store)               # pipeline found from the recorded file
     assert report.match and report.stored == report.recomputed and "shard 17" in str(report)
     assert all(r.match for r in mc.replay_many(job.id, store, k=3))
@@ -166,10 +167,11 @@ def test_replay_detects_a_tampered_accumulator(tmp_path, job_module, one_worker)
     assert not report.match and "mean" in report.difference
 
 
-def test_cli_show_replay_verify(tmp_path, job_module, one_worker):
+def test_cli_show_replay_verify(tmp_path, job_module, one_worker, monkeypatch):
     path, job = job_module
     store = str(tmp_path / "store")
     mc.run(job, client=one_worker, store=store, progress=False)
+    monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     out = runner.invoke(main, ["mc", "show", "--store", store])
     assert out.exit_code == 0 and job.id in out.output
@@ -190,3 +192,34 @@ def test_store_url_credentials_are_redacted():
 
     assert redact("s3://KEY:SECRET@bucket/runs") == "s3://***@bucket/runs"
     assert "SECRET" not in repr(mc.RunStore("memory://user:SECRET@x/y"))
+
+
+def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker, monkeypatch):
+    """A manifest naming a file outside the working directory is not loaded unless trusted."""
+    path, job = job_module
+    store = str(tmp_path / "store")
+    mc.run(job, client=one_worker, store=store, progress=False)
+    elsewhere = tmp_path / "project"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(StoreError, match="outside the working directory; pass job="):
+        mc.replay(job.id, 2, store)
+    assert mc.replay(job.id, 2, store, trust_origin=True).match
+    assert mc.replay(job.id, 2, store, job=job).match
+    # A planted manifest pointing at someone's script: refused, and the script never runs.
+    evil = tmp_path / "evil.py"
+    evil.write_text("import pathlib; pathlib.Path(__file__).with_suffix('.ran').write_text('x')\n"
+                    "def sat(a, b, c):\n    return a\n")
+    from dask_research.montecarlo.store import _checksum
+
+    mpath = tmp_path / "store" / "runs" / job.id / "manifest.json"
+    doc = json.loads(mpath.read_text())
+    doc["origin"] = {"module": None, "qualname": "sat", "file": str(evil)}
+    doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
+    mpath.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="outside the working directory"):
+        mc.replay(job.id, 2, store)
+    assert not evil.with_suffix(".ran").exists()
+    out = CliRunner().invoke(main, ["mc", "replay", job.id, "--shard", "2", "--store", store])
+    assert out.exit_code == 1 and "--trust-origin" in out.output
+    assert not evil.with_suffix(".ran").exists()
