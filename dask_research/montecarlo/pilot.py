@@ -83,6 +83,7 @@ class Pilot:
     range: tuple[float, float] | None
     shard_seconds: float
     states: list = field(repr=False, default_factory=list)
+    shard_bytes: int = 0
 
     def plan(self, target_stderr: float, client=None, threads: int | None = None,
              efficiency: float = 0.9) -> Plan:
@@ -104,7 +105,8 @@ class Pilot:
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "mean": self.mean, "sigma": self.sigma, "min": self.min, "max": self.max,
-                "range": list(self.range) if self.range else None, "shard_seconds": self.shard_seconds}
+                "range": list(self.range) if self.range else None, "shard_seconds": self.shard_seconds,
+                "shard_bytes": self.shard_bytes}
 
 
 def _pool_threads(client=None) -> int:
@@ -124,9 +126,22 @@ def pilot(job, samples: int | None = None, pieces: int = 8) -> Pilot:
     Raises :class:`~dask_research.exceptions.PipelineError` if the pipeline's output has the
     wrong shape or non-finite values, before anything is submitted to a cluster.
     """
+    import tracemalloc
+
     n = int(samples or job.samples_per_shard)
     gen = philox.pilot_generator(job.key)
-    y = evaluate(job, gen, n, "pilot")
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        y = evaluate(job, gen, n, "pilot")
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    shard_bytes = int(peak * job.samples_per_shard / n)
     flat = y if y.ndim == 1 else y.reshape(n, -1)[:, 0]
     lo, hi = float(flat.min()), float(flat.max())
     if job.reducer is not None:
@@ -146,4 +161,4 @@ def pilot(job, samples: int | None = None, pieces: int = 8) -> Pilot:
     cuts = np.clip(cuts, 0, n)
     states = [reducer.update(reducer.init(), y[a:b]) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     return Pilot(job, n, float(flat.mean()), float(flat.std(ddof=1)) if n > 1 else 0.0, lo, hi,
-                 rng, shard_seconds, states)
+                 rng, shard_seconds, states, shard_bytes)

@@ -191,6 +191,7 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     if rs is not None and not rs.has_run(job.id):
         rs.write_manifest(job.id, _manifest(job, p, origin))
     with get_client(client) as c:
+        check_memory(c, p)
         t0 = time.perf_counter()
         threads = max(1, sum(c.nthreads().values()))
         block = plan_blocks(job, p.shard_seconds, threads, shards_per_task)
@@ -215,6 +216,19 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         summary["state"] = _encode_state(reducer, state)
         rs.write_result(job.id, summary)
     return result
+
+
+def check_memory(client, p: Pilot) -> None:
+    """Refuse up front a job whose shard cannot fit the memory a worker thread has."""
+    from ..exceptions import CapacityError
+
+    for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
+        limit = info.get("memory_limit") or 0
+        threads = max(1, int(info.get("nthreads") or 1))
+        if limit and p.shard_bytes * threads > limit:
+            raise CapacityError(f"a shard of {p.job.samples_per_shard:,} samples (measured by the pilot) on each of "
+                                f"{threads} threads of worker {addr}; use fewer samples_per_shard and more shards",
+                                p.shard_bytes * threads, int(limit))
 
 
 def _encode_state(reducer, state) -> Any:

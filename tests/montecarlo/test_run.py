@@ -180,3 +180,17 @@ def test_client_holds_a_bounded_number_of_futures(one_worker):
     res = mc.run(job, client=one_worker, progress=False, shards_per_task=1, window=8, verify=0)
     assert res.n == 1024 * 8 and res.computed_shards == 1024
     assert res.max_in_flight <= 2 * 8 + 11  # window leaves + pending merges (log2 1024 = 10 levels)
+
+
+def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
+    from dask_research.exceptions import CapacityError
+
+    job = mc.Job(lambda a, b: a * b, {"a": mc.Normal(0, 1), "b": mc.Normal(0, 1)}, shards=4,
+                 samples_per_shard=2**20, seed=1, range=(-9, 9))
+    p = mc.pilot(job)
+    assert p.shard_bytes >= 3 * 8 * 2**20  # two inputs and the output, at least
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                      memory_limit="8 MiB") as cl, Client(cl, set_as_default=False) as c:
+        with pytest.raises(CapacityError, match=r"a shard of 1,048,576 samples .* needs [\d,]+ bytes but only 8,388,608"):
+            mc.run(job, client=c, pilot=p, progress=False)
+        assert c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
