@@ -14,6 +14,7 @@ Examples
 """
 from __future__ import annotations
 
+import html
 import math
 import re
 from typing import Any
@@ -132,6 +133,8 @@ class ShardBoard:
         if acc and acc[-1].get("mean") is not None:
             est = f"running estimate {acc[-1]['mean']:.6g} &plusmn; {acc[-1]['stderr']:.3g} (n={acc[-1]['n']:,})"
         status = "done" if done else "running"
-        self.summary.text = (f"<b>{start.get('name', '')}</b> <code>{start['run'][:12]}</code> "
+        # Names come from users: escaped, so a job called "<script>" is text, not markup.
+        name, run = html.escape(str(start.get("name", ""))), html.escape(str(start["run"])[:12])
+        self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
                              f"({status}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
                              + (f"<br>{est}" if est else ""))
