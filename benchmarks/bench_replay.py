@@ -1,0 +1,387 @@
+"""Experience plane vs TorchRL ReplayBuffer vs a plain preallocated numpy ring, side by side.
+
+CartPole-sized transitions (obs float32[4], action int64, reward float32, next_obs float32[4],
+done bool), 1M stored, batch 256:
+
+- ingest in batches of 1024 into the host tier: fill 0 -> 1M and into the full ring;
+- uniform sample; prioritized sample; prioritized sample + priority update;
+- exposed latency of a learner whose step takes about as long as producing a batch,
+  prefetch 0 vs prefetch 2 (a GIL-free learner step, like a GPU learner waiting on CUDA, and a
+  numpy compute step that releases the GIL).
+
+TorchRL is optional (``pip install dask-research[bench]``). Its prioritized sampler needs the
+compiled extension ``torchrl._torchrl``, which does not load on every torch version; the
+benchmark says so and compares what runs. Run one benchmark at a time:
+
+    flock /tmp/dask-research-bench.lock python benchmarks/bench_replay.py [--quick]
+
+Figures go to ``benchmarks/results/bench_replay.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import LoadMonitor, median_time, print_table, write_results  # noqa: E402
+from dask_research import replay  # noqa: E402
+
+SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32"),
+        "next_obs": ((4,), "float32"), "done": ((), "bool")}
+BATCH = 256
+CHUNK = 1024
+ALPHA, BETA = 0.6, 0.4
+
+
+def make_chunks(k: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"obs": rng.standard_normal((CHUNK, 4), dtype=np.float32),
+             "action": rng.integers(0, 2, CHUNK),
+             "reward": rng.random(CHUNK, dtype=np.float32),
+             "next_obs": rng.standard_normal((CHUNK, 4), dtype=np.float32),
+             "done": rng.random(CHUNK) < 0.05} for _ in range(k)]
+
+
+# --- peer 1: a plain preallocated numpy ring (one structured array) ---------------------------
+class NumpyRing:
+    """What a careful user writes by hand: a structured ring, a slice write, a fancy gather."""
+
+    def __init__(self, n: int, prioritized: bool = False):
+        self.dtype = np.dtype([("obs", "f4", (4,)), ("action", "i8"), ("reward", "f4"),
+                               ("next_obs", "f4", (4,)), ("done", "?")])
+        self.data = np.zeros(n, self.dtype)
+        self.n, self.cursor, self.size = n, 0, 0
+        self.rng = np.random.default_rng(0)
+        self.prioritized = prioritized
+        if prioritized:
+            L = 1
+            while L < n:
+                L *= 2
+            self.L, self.depth = L, L.bit_length() - 1
+            self.sum = np.zeros(2 * L)
+            self.mn = np.full(2 * L, np.inf)
+            self.max_p = 1.0
+
+    def _tree_set(self, idx: np.ndarray, p: np.ndarray) -> None:
+        i = idx + self.L
+        self.sum[i] = p
+        self.mn[i] = p
+        for _ in range(self.depth):
+            i = i >> 1
+            self.sum[i] = self.sum[2 * i] + self.sum[2 * i + 1]
+            self.mn[i] = np.minimum(self.mn[2 * i], self.mn[2 * i + 1])
+
+    def extend(self, b: dict[str, np.ndarray]) -> None:
+        m = len(b["action"])
+        rec = np.empty(m, self.dtype)
+        for k, v in b.items():
+            rec[k] = v
+        idx = (self.cursor + np.arange(m)) % self.n
+        c = self.cursor
+        if c + m <= self.n:
+            self.data[c:c + m] = rec
+        else:
+            self.data[idx] = rec
+        if self.prioritized:
+            self._tree_set(idx, np.full(m, self.max_p ** ALPHA))
+        self.cursor = (c + m) % self.n
+        self.size = min(self.size + m, self.n)
+
+    def sample(self) -> tuple[np.ndarray, np.ndarray, Any]:
+        if not self.prioritized:
+            idx = self.rng.integers(0, self.size, BATCH)
+            return self.data[idx], idx, None
+        u = self.rng.random(BATCH) * self.sum[1]
+        i = np.ones(BATCH, dtype=np.int64)
+        for _ in range(self.depth):
+            left = self.sum[2 * i]
+            go = u >= left
+            u = np.where(go, u - left, u)
+            i = 2 * i + go
+        idx = i - self.L
+        p = self.sum[i]
+        w = (p / self.mn[1]) ** -BETA
+        return self.data[idx], idx, w
+
+    def update(self, idx: np.ndarray, pr: np.ndarray) -> None:
+        self.max_p = max(self.max_p, float(pr.max()))
+        self._tree_set(idx, pr ** ALPHA)
+
+
+# --- peer 2: TorchRL ----------------------------------------------------------------------------
+def torchrl_status() -> dict[str, Any]:
+    """Which TorchRL paths run here; never raises."""
+    out: dict[str, Any] = {"available": False, "uniform": False, "prioritized": False, "note": ""}
+    try:
+        import torchrl
+        from tensordict import TensorDict  # noqa: F401
+        from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: F401
+    except Exception as e:  # not installed, or broken
+        out["note"] = f"TorchRL not importable ({type(e).__name__}: {e}); pip install dask-research[bench]"
+        return out
+    out["available"] = True
+    out["version"] = torchrl.__version__
+    out["uniform"] = True
+    try:
+        from torchrl.data import PrioritizedSampler
+
+        s = PrioritizedSampler(max_capacity=16, alpha=ALPHA, beta=BETA)
+        del s
+        out["prioritized"] = True
+    except Exception as e:
+        msg = str(e).splitlines()[0][:200]
+        out["note"] = (f"TorchRL's PrioritizedSampler does not run with this torch "
+                       f"({type(e).__name__}: {msg}); its compiled extension torchrl._torchrl "
+                       "was built against another torch ABI. TorchRL prioritized figures are "
+                       "skipped in this run (PEERS.md section 3 has figures measured with a "
+                       "rebuilt extension).")
+    return out
+
+
+def torchrl_buffer(n: int, prioritized: bool):
+    from torchrl.data import LazyTensorStorage, PrioritizedSampler, ReplayBuffer
+
+    if prioritized:
+        return ReplayBuffer(storage=LazyTensorStorage(n), batch_size=BATCH,
+                            sampler=PrioritizedSampler(max_capacity=n, alpha=ALPHA, beta=BETA))
+    return ReplayBuffer(storage=LazyTensorStorage(n), batch_size=BATCH)
+
+
+def torchrl_chunks(chunks: list[dict[str, np.ndarray]]):
+    import torch
+    from tensordict import TensorDict
+
+    return [TensorDict({k: torch.from_numpy(v) for k, v in c.items()}, batch_size=[CHUNK])
+            for c in chunks]
+
+
+# --- measurement helpers --------------------------------------------------------------------------
+def fill_time(make: Callable[[], Any], add: Callable[[Any, Any], None], chunks: list, n: int,
+              extra: int, repeat: int) -> dict[str, float]:
+    """Median over ``repeat`` fresh buffers of: construction, fill 0 -> n, ``extra`` more chunks."""
+    build, fill, full = [], [], []
+    steps = -(-n // CHUNK)
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        buf = make()
+        t1 = time.perf_counter()
+        for i in range(steps):
+            add(buf, chunks[i % len(chunks)])
+        t2 = time.perf_counter()
+        for i in range(extra):
+            add(buf, chunks[i % len(chunks)])
+        t3 = time.perf_counter()
+        build.append(t1 - t0)
+        fill.append((t2 - t1) / (steps * CHUNK))
+        full.append((t3 - t2) / (extra * CHUNK))
+        last = buf
+    return {"construct_s": statistics.median(build), "fill_s_per_transition": statistics.median(fill),
+            "full_s_per_transition": statistics.median(full), "_buffer": last}
+
+
+def rate(s_per: float) -> str:
+    return f"{1 / s_per / 1e6:.1f} M/s"
+
+
+def us(s: float) -> str:
+    return f"{s * 1e6:.0f} us"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if not a or not b else f"{a / b:.2f}x"
+
+
+# --- exposed latency ----------------------------------------------------------------------------
+def exposed_latency(plane: replay.ExperiencePlane, batches: int, to: str) -> dict[str, Any]:
+    """Learner step ~ producing one batch; prefetch 0 vs 2; sleep step and numpy step."""
+    # production time of one batch (sample + gather + copy), measured through the pipeline
+    with plane.batches(batch_size=BATCH, prefetch=0, to=to, max_batches=300) as it:
+        for _ in it:
+            pass
+    d = plane.stats()["delivery"]
+    produce = sum(d["stages_mean_s"][k] for k in ("sample", "gather", "transform", "copy"))
+    # a numpy step of about that length that releases the GIL (one ufunc over a large array)
+    m = 1024
+    while True:
+        x = np.random.default_rng(0).random(m)
+        y = np.empty_like(x)
+        t = median_time(lambda: np.sqrt(x, out=y), repeat=3, number=200)
+        if t >= produce or m > 1 << 26:
+            break
+        m = int(m * 1.3)
+
+    def sleep_step() -> None:
+        time.sleep(produce)
+
+    def numpy_step() -> None:
+        np.sqrt(x, out=y)
+
+    out: dict[str, Any] = {"produce_s": produce, "numpy_step_elements": m}
+    for name, step in (("sleep", sleep_step), ("numpy", numpy_step)):
+        for prefetch in (0, 2):
+            with plane.batches(batch_size=BATCH, prefetch=prefetch, to=to,
+                               max_batches=batches) as it:
+                for _ in it:
+                    step()
+            s = plane.stats()["delivery"]
+            out[f"{name}_prefetch{prefetch}"] = {
+                "exposed_mean_s": s["exposed_mean_s"], "exposed_p50_s": s["exposed_p50_s"],
+                "exposed_p99_s": s["exposed_p99_s"], "step_mean_s": s["step_mean_s"],
+                "exposed_fraction": s["exposed_fraction"]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="100k stored, fewer reps (smoke run)")
+    args = ap.parse_args()
+    N = 100_000 if args.quick else 1_000_000
+    reps = 1 if args.quick else 3
+    n_samples = 300 if args.quick else 2000
+    extra = 50 if args.quick else 200
+    chunks = make_chunks(16)
+    trl = torchrl_status()
+    if trl["note"]:
+        print("NOTE:", trl["note"])
+    figures: dict[str, Any] = {"stored": N, "batch": BATCH, "ingest_chunk": CHUNK,
+                               "torchrl": {k: v for k, v in trl.items()}}
+    buffers: dict[str, Any] = {}
+
+    with LoadMonitor() as load:
+        # ---- ingest -------------------------------------------------------------------------
+        ing: dict[str, dict[str, float]] = {}
+        cases = {
+            "ours uniform": (lambda: replay.ExperiencePlane(SPEC, N, seed=0),
+                             lambda b, c: b.ingest(c), chunks),
+            "ours prioritized": (lambda: replay.ExperiencePlane(
+                SPEC, N, seed=0, sampler=replay.PrioritizedSampler(ALPHA, BETA)),
+                lambda b, c: b.ingest(c), chunks),
+            "numpy ring": (lambda: NumpyRing(N), lambda b, c: b.extend(c), chunks),
+            "numpy ring prioritized": (lambda: NumpyRing(N, True), lambda b, c: b.extend(c), chunks),
+        }
+        if trl["uniform"]:
+            tchunks = torchrl_chunks(chunks)
+            cases["torchrl"] = (lambda: torchrl_buffer(N, False), lambda b, c: b.extend(c), tchunks)
+            if trl["prioritized"]:
+                cases["torchrl prioritized"] = (lambda: torchrl_buffer(N, True),
+                                                lambda b, c: b.extend(c), tchunks)
+        for name, (make, add, ch) in cases.items():
+            r = fill_time(make, add, ch, N, extra, reps)
+            buffers[name] = r.pop("_buffer")
+            ing[name] = r
+            print(f"ingest {name:<24} construct {r['construct_s']:.3f} s, "
+                  f"fill {rate(r['fill_s_per_transition'])}, "
+                  f"full ring {rate(r['full_s_per_transition'])}", flush=True)
+        figures["ingest"] = ing
+
+        # ---- uniform and prioritized sampling -------------------------------------------------
+        smp: dict[str, float] = {}
+        prio_upd = np.random.default_rng(1).random(BATCH) + 0.01
+        smp["ours uniform"] = median_time(lambda: buffers["ours uniform"].sample(BATCH), reps, n_samples)
+        smp["numpy ring uniform"] = median_time(lambda: buffers["numpy ring"].sample(), reps, n_samples)
+        if "torchrl" in buffers:
+            smp["torchrl uniform"] = median_time(lambda: buffers["torchrl"].sample(), reps, n_samples)
+        ours_p = buffers["ours prioritized"]
+        ring_p = buffers["numpy ring prioritized"]
+        smp["ours prioritized"] = median_time(lambda: ours_p.sample(BATCH), reps, n_samples)
+        smp["numpy ring prioritized"] = median_time(lambda: ring_p.sample(), reps, n_samples)
+
+        def ours_su() -> None:
+            b = ours_p.sample(BATCH)
+            ours_p.update_priorities(b.indices, prio_upd)
+
+        def ring_su() -> None:
+            _, idx, _ = ring_p.sample()
+            ring_p.update(idx, prio_upd)
+
+        smp["ours prioritized+update"] = median_time(ours_su, reps, n_samples)
+        smp["numpy ring prioritized+update"] = median_time(ring_su, reps, n_samples)
+        if "torchrl prioritized" in buffers:
+            import torch
+
+            trb = buffers["torchrl prioritized"]
+            tp = torch.from_numpy(prio_upd)
+            smp["torchrl prioritized"] = median_time(lambda: trb.sample(), reps, n_samples)
+
+            def trl_su() -> None:
+                _, info = trb.sample(return_info=True)
+                trb.update_priority(info["index"], tp)
+
+            smp["torchrl prioritized+update"] = median_time(trl_su, reps, n_samples)
+        figures["sample_s_per_batch"] = smp
+
+        # ---- exposed latency ----------------------------------------------------------------
+        try:
+            import torch  # noqa: F401
+            to = "torch"
+        except ImportError:
+            to = "numpy"
+        figures["exposed_latency"] = {"to": to, "sampler": "prioritized",
+                                      **exposed_latency(ours_p, 300 if args.quick else 1500, to)}
+    figures["machine_busy"] = load.machine_busy
+    figures["own_busy"] = load.own_busy
+
+    # ---- tables ------------------------------------------------------------------------------
+    print()
+    get = lambda k: smp.get(k)  # noqa: E731
+    rows = [
+        ("uniform sample(256)", us(smp["ours uniform"]), us(smp["numpy ring uniform"]),
+         us(get("torchrl uniform")) if get("torchrl uniform") else "n/a",
+         ratio(smp["numpy ring uniform"], smp["ours uniform"]),
+         ratio(get("torchrl uniform"), smp["ours uniform"])),
+        ("prioritized sample(256)", us(smp["ours prioritized"]), us(smp["numpy ring prioritized"]),
+         us(get("torchrl prioritized")) if get("torchrl prioritized") else "n/a",
+         ratio(smp["numpy ring prioritized"], smp["ours prioritized"]),
+         ratio(get("torchrl prioritized"), smp["ours prioritized"])),
+        ("prioritized sample+update", us(smp["ours prioritized+update"]),
+         us(smp["numpy ring prioritized+update"]),
+         us(get("torchrl prioritized+update")) if get("torchrl prioritized+update") else "n/a",
+         ratio(smp["numpy ring prioritized+update"], smp["ours prioritized+update"]),
+         ratio(get("torchrl prioritized+update"), smp["ours prioritized+update"])),
+    ]
+    for label, key in (("fill 0->1M", "fill_s_per_transition"), ("full ring", "full_s_per_transition")):
+        o, r = ing["ours uniform"][key], ing["numpy ring"][key]
+        t = ing.get("torchrl", {}).get(key)
+        rows.append((f"ingest(1024) uniform, {label}", rate(o), rate(r), rate(t) if t else "n/a",
+                     ratio(r, o), ratio(t, o)))
+        o, r = ing["ours prioritized"][key], ing["numpy ring prioritized"][key]
+        t = ing.get("torchrl prioritized", {}).get(key)
+        rows.append((f"ingest(1024) prioritized, {label}", rate(o), rate(r), rate(t) if t else "n/a",
+                     ratio(r, o), ratio(t, o)))
+    print_table(rows, ("operation", "ours", "numpy ring", "TorchRL", "ours vs numpy", "ours vs TorchRL"))
+    print("\n(ratios: how many times faster ours is; construction times, incl. our page prefault:",
+          ", ".join(f"{k} {v['construct_s']:.3f} s" for k, v in ing.items()) + ")")
+    el = figures["exposed_latency"]
+    print(f"\nexposed latency, prioritized plane -> {el['to']}, batch {BATCH}, one batch takes "
+          f"{us(el['produce_s'])} to produce:")
+    erows = []
+    for name in ("sleep", "numpy"):
+        for pf in (0, 2):
+            e = el[f"{name}_prefetch{pf}"]
+            erows.append((f"{name} step", pf, us(e["step_mean_s"]), us(e["exposed_mean_s"]),
+                          us(e["exposed_p50_s"]), us(e["exposed_p99_s"]),
+                          f"{e['exposed_fraction']:.1%}"))
+    print_table(erows, ("learner", "prefetch", "step", "exposed mean", "exposed p50", "exposed p99",
+                        "exposed / step"))
+    print(f"\nmachine busy {load.machine_busy:.0%} of all cores, this process {load.own_busy:.0%}")
+    notes = trl["note"]
+    path = write_results("bench_replay", figures, notes=notes)
+    print("wrote", path)
+    for b in buffers.values():
+        if isinstance(b, replay.ExperiencePlane):
+            b.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""A replay-buffer adapter with the interface RL frameworks expect.
+
+:class:`ReplayBufferAdapter` wraps an :class:`ExperiencePlane` behind ``add``, ``extend``,
+``sample``, ``update_priority``, ``__len__``, ``get_state`` / ``set_state`` (and the PyTorch
+spellings ``state_dict`` / ``load_state_dict``), so a training loop written against a replay
+buffer runs on the plane without changes. States are plain dicts of JSON-able values and numpy
+arrays (no pickle needed to save them).
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research import replay
+>>> rb = replay.ReplayBufferAdapter(replay.ExperiencePlane({"x": ((), "float32")}, capacity=8,
+...                                                        seed=0), batch_size=4)
+>>> rb.add({"x": 1.0}); rb.extend({"x": np.arange(3.0)})
+>>> len(rb), rb.sample().x.shape
+(4, (4,))
+>>> state = rb.get_state()
+>>> rb2 = replay.ReplayBufferAdapter(replay.ExperiencePlane({"x": ((), "float32")}, capacity=8))
+>>> rb2.set_state(state); len(rb2)
+4
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .batch import Batch
+from .delivery import make_converter
+from .plane import ExperiencePlane
+
+
+class ReplayBufferAdapter:
+    """Replay-buffer interface over an :class:`ExperiencePlane`.
+
+    Parameters
+    ----------
+    plane : ExperiencePlane
+    batch_size : int, optional
+        Default for :meth:`sample` (else ``research.replay.batch-size``).
+    to : {"numpy", "torch", "cupy"}
+        Array type of sampled batches.
+    device : str, optional
+        Device for ``torch``/``cupy`` batches.
+    """
+
+    def __init__(self, plane: ExperiencePlane, batch_size: int | None = None,
+                 to: str = "numpy", device: Any = None):
+        self.plane = plane
+        self.batch_size = batch_size
+        self._convert = make_converter(plane.spec, to, device, 2, batch_size or 1)
+        self._to = to
+
+    def add(self, transition: Mapping[str, Any]) -> None:
+        """Add one transition (or a batch: the spec decides from the shapes)."""
+        self.plane.ingest(transition)
+
+    def extend(self, transitions: Mapping[str, Any]) -> None:
+        """Add a batch of transitions (dict of arrays with a leading batch axis)."""
+        self.plane.ingest(transitions)
+
+    def sample(self, batch_size: int | None = None) -> Batch:
+        """A batch with ``indices`` (keys) and ``weights`` (prioritized samplers)."""
+        b = self.plane.sample(batch_size if batch_size is not None else self.batch_size)
+        if self._to == "numpy":
+            return b
+        out = self._convert(None, b)
+        self._convert.ready(out)
+        return out
+
+    def update_priority(self, indices: Any, priorities: Any) -> int:
+        """New priorities for ``batch.indices``; stale keys are skipped."""
+        return self.plane.update_priorities(indices, priorities)
+
+    update_priorities = update_priority
+
+    def __len__(self) -> int:
+        return len(self.plane)
+
+    def get_state(self) -> dict[str, Any]:
+        """``{"meta": JSON-able dict, "arrays": {name: ndarray}}``: the whole buffer."""
+        meta, arrays = self.plane.snapshot()
+        return {"meta": meta, "arrays": arrays}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Replace the contents with :meth:`get_state` output (same spec)."""
+        self.plane.load_snapshot(state["meta"], {k: np.asarray(v) for k, v in state["arrays"].items()})
+
+    state_dict = get_state
+    load_state_dict = set_state
+
+    def __repr__(self) -> str:
+        return f"ReplayBufferAdapter({self.plane!r}, batch_size={self.batch_size})"

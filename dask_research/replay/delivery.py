@@ -1,0 +1,521 @@
+"""Delivery: batches prepared ahead of the learner, and the exposed latency it sees.
+
+``plane.batches(...)`` returns a :class:`BatchIterator`. With ``prefetch=k > 0`` a background
+thread runs the pipeline
+
+    sample (rate limiter, sampler) -> gather (per tier) -> transform (user callables)
+    -> copy (to numpy / torch / CuPy, on the learner's device)
+
+and keeps up to ``k`` finished batches in a bounded queue; ``next()`` only takes one. With
+``prefetch=0`` the pipeline runs inside ``next()``. Either way every batch records its stage
+times, and the iterator records the *exposed latency* (the time ``next()`` blocked) and the
+learner's step time (between one ``next()`` returning and the next call), so
+``plane.stats()["delivery"]["exposed_fraction"]`` says how much of the learner's time went to
+waiting for data.
+
+Copy paths:
+
+- ``to="numpy"``: fields are zero-copy views of one freshly gathered record buffer.
+- ``to="torch"`` on CPU: ``torch.from_numpy`` on those views (zero copy).
+- ``to="torch"`` / ``"cupy"`` on a GPU: records are gathered into a ring of pinned host
+  buffers, uploaded with one asynchronous copy per batch on a side CUDA stream, and exposed as
+  typed views of the device bytes; ``next()`` makes the learner's current stream wait on the
+  copy's event (no host synchronisation). A plane whose sampled rows all live in a
+  :class:`DeviceTier` is gathered on the device instead and handed to torch by DLPack.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research import replay
+>>> plane = replay.ExperiencePlane({"x": ((2,), "float32")}, capacity=100, seed=0)
+>>> _ = plane.ingest({"x": np.ones((50, 2))})
+>>> with plane.batches(batch_size=4, prefetch=2, max_batches=3) as it:
+...     shapes = [b.x.shape for b in it]
+>>> shapes
+[(4, 2), (4, 2), (4, 2)]
+>>> plane.stats()["delivery"]["batches"]
+3
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import config
+from ..exceptions import InputError, RateLimitTimeout
+from .batch import Batch
+from .storages.device import field_views
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .plane import ExperiencePlane
+
+_STOP = object()
+STAGES = ("rate_wait", "sample", "gather", "transform", "copy")
+
+# --- the interpreter's thread switch interval ----------------------------------------------
+# A learner thread that wants the GIL back (its GPU step or sleep finished) while the delivery
+# thread runs numpy calls on small arrays waits until the delivery thread blocks, or until the
+# switch interval (5 ms by default) forces a hand-over. While a prefetching iterator is open we
+# lower the interval (research.replay.switch-interval, 100 us by default; null leaves it alone)
+# and restore it when the last one closes.
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved: float | None = None
+
+
+def _acquire_switch_interval(value: float | None) -> bool:
+    global _switch_users, _switch_saved
+    if value is None:
+        return False
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            if value < _switch_saved:
+                sys.setswitchinterval(value)
+        _switch_users += 1
+    return True
+
+
+def _release_switch_interval() -> None:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        _switch_users -= 1
+        if _switch_users == 0 and _switch_saved is not None:
+            sys.setswitchinterval(_switch_saved)
+            _switch_saved = None
+
+
+class DeliveryStats:
+    """Exposed latency, learner step time and per-stage times of one :class:`BatchIterator`."""
+
+    def __init__(self, prefetch: int, keep: int = 4096):
+        self.prefetch = prefetch
+        self.batches = 0
+        self.first_batch_s = float("nan")
+        self.exposed_s = 0.0          # after the first batch (steady state)
+        self.exposed_max_s = 0.0
+        self.step_s = 0.0
+        self.steps = 0
+        self.stage_s = dict.fromkeys(STAGES, 0.0)
+        self.recent: collections.deque[float] = collections.deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def record(self, exposed: float, step: float | None, info: dict[str, float]) -> None:
+        with self._lock:
+            if self.batches == 0:             # the cold start is reported on its own
+                self.first_batch_s = exposed
+            else:
+                self.exposed_s += exposed
+                self.exposed_max_s = max(self.exposed_max_s, exposed)
+                self.recent.append(exposed)
+                for k, v in info.items():
+                    if k in self.stage_s:
+                        self.stage_s[k] += v
+            if step is not None:
+                self.step_s += step
+                self.steps += 1
+            self.batches += 1
+
+    def summary(self) -> dict[str, Any]:
+        """Means in seconds over the batches after the first (``first_batch_s``: the cold
+        start); ``exposed_fraction`` = mean exposed latency / mean learner step."""
+        with self._lock:
+            n = max(self.batches - 1, 0)
+            recent = np.array(self.recent) if self.recent else np.zeros(1)
+            exposed_mean = self.exposed_s / n if n else float("nan")
+            step_mean = self.step_s / self.steps if self.steps else float("nan")
+            return {
+                "batches": self.batches, "prefetch": self.prefetch,
+                "first_batch_s": self.first_batch_s,
+                "exposed_mean_s": exposed_mean,
+                "exposed_p50_s": float(np.percentile(recent, 50)),
+                "exposed_p99_s": float(np.percentile(recent, 99)),
+                "exposed_max_s": self.exposed_max_s,
+                "step_mean_s": step_mean,
+                "exposed_fraction": (exposed_mean / step_mean
+                                     if n and self.steps and step_mean > 0 else float("nan")),
+                "stages_mean_s": {k: (v / n if n else float("nan"))
+                                  for k, v in self.stage_s.items()},
+            }
+
+
+# --- converters ----------------------------------------------------------------------------
+class _NumpyOut:
+    def __init__(self, spec: Any):
+        self.spec = spec
+
+    def __call__(self, rec: np.ndarray | None, batch: Batch) -> Batch:
+        return batch
+
+    def ready(self, batch: Batch) -> None:
+        pass
+
+
+def _torch_from_numpy(torch: Any, a: np.ndarray) -> Any:
+    try:
+        return torch.from_numpy(a)
+    except (ValueError, TypeError, RuntimeError):       # odd strides or read-only memory
+        return torch.from_numpy(np.ascontiguousarray(a).copy())
+
+
+class _TorchCPUOut(_NumpyOut):
+    def __init__(self, spec: Any, torch: Any):
+        super().__init__(spec)
+        self.torch = torch
+
+    def __call__(self, rec: np.ndarray | None, batch: Batch) -> Batch:
+        t = self.torch
+        w = batch.weights
+        return Batch({k: _torch_from_numpy(t, v) for k, v in batch.data.items()}, batch.indices,
+                     None if w is None else t.from_numpy(w), batch.info)
+
+
+class _TorchCUDAOut(_NumpyOut):
+    """Pinned staging ring + side stream + one async upload per batch."""
+
+    def __init__(self, spec: Any, torch: Any, device: Any, slots: int, batch_size: int):
+        super().__init__(spec)
+        self.torch = torch
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(device=self.device)
+        self.slots = slots
+        self.pinned = [torch.empty((batch_size, spec.itemsize), dtype=torch.uint8, pin_memory=True)
+                       for _ in range(slots)]
+        self.events: list[Any] = [None] * slots
+        self.i = 0
+        self._dtypes = {n: torch.from_numpy(np.empty(0, f.dtype)).dtype
+                        for n, f in spec.fields.items()}
+
+    def staging(self) -> np.ndarray:
+        """The next pinned buffer as a host record array (waits until its last copy is done)."""
+        k = self.i % self.slots
+        ev = self.events[k]
+        if ev is not None:
+            ev.synchronize()
+        return self.pinned[k].numpy().view(self.spec.record_dtype).reshape(-1)
+
+    def _views(self, raw: Any) -> dict[str, Any]:
+        out = {}
+        n = raw.shape[0]
+        for name, f in self.spec.fields.items():
+            off = self.spec.record_dtype.fields[name][1]
+            v = raw[:, off:off + f.nbytes].view(self._dtypes[name])
+            out[name] = v.reshape((n, *f.shape)) if f.shape else v.reshape(n)
+        return out
+
+    def __call__(self, rec: np.ndarray | None, batch: Batch) -> Batch:
+        t = self.torch
+        k = self.i % self.slots
+        self.i += 1
+        with t.cuda.stream(self.stream):
+            if rec is not None:                          # one upload of the whole record buffer
+                dev = self.pinned[k][: len(rec)].to(self.device, non_blocking=True)
+                data = self._views(dev)
+            else:                                        # transformed fields: one upload each
+                data = {n: t.from_numpy(np.ascontiguousarray(a)).pin_memory()
+                        .to(self.device, non_blocking=True) for n, a in batch.data.items()}
+            w = batch.weights
+            w = None if w is None else t.from_numpy(w).pin_memory().to(self.device, non_blocking=True)
+            ev = t.cuda.Event()
+            ev.record(self.stream)
+        self.events[k] = ev
+        out = Batch(data, batch.indices, w, batch.info)
+        out.info["_event"] = ev
+        return out
+
+    def from_device(self, raw: Any, keys: np.ndarray, weights: Any, info: dict) -> Batch:
+        """Records gathered by CuPy on the GPU: to torch by DLPack, zero copy."""
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()     # the gather ran on CuPy's stream
+        dev = self.torch.from_dlpack(raw)
+        w = None if weights is None else self.torch.from_numpy(weights).to(self.device)
+        return Batch(self._views(dev), keys, w, info)
+
+    def ready(self, batch: Batch) -> None:
+        """On the consumer thread: the learner's stream waits for the upload (no host sync)."""
+        ev = batch.info.pop("_event", None)
+        if ev is None:
+            return
+        cur = self.torch.cuda.current_stream(self.device)
+        cur.wait_event(ev)
+        for v in list(batch.data.values()) + ([batch.weights] if batch.weights is not None else []):
+            try:
+                v.record_stream(cur)      # allocated on the side stream: keep it alive for cur
+            except RuntimeError:          # pragma: no cover - memory not from torch's allocator
+                pass
+
+
+class _CupyOut(_NumpyOut):
+    """Pinned staging ring + CuPy stream; fields are typed views of the uploaded bytes."""
+
+    def __init__(self, spec: Any, device: Any, slots: int, batch_size: int):
+        super().__init__(spec)
+        from .storages.device import import_cupy
+
+        self.cp = import_cupy()
+        self.device = 0 if device in (None, "cuda") else int(str(device).split(":")[-1])
+        with self.cp.cuda.Device(self.device):
+            self.stream = self.cp.cuda.Stream(non_blocking=True)
+        self.slots = slots
+        self.pinned = [self.cp.cuda.alloc_pinned_memory(batch_size * spec.itemsize)
+                       for _ in range(slots)]
+        self.events: list[Any] = [None] * slots
+        self.i = 0
+        self.batch_size = batch_size
+
+    def staging(self) -> np.ndarray:
+        k = self.i % self.slots
+        if self.events[k] is not None:
+            self.events[k].synchronize()
+        return np.frombuffer(self.pinned[k], dtype=self.spec.record_dtype, count=self.batch_size)
+
+    def __call__(self, rec: np.ndarray | None, batch: Batch) -> Batch:
+        cp = self.cp
+        k = self.i % self.slots
+        self.i += 1
+        with cp.cuda.Device(self.device), self.stream:
+            if rec is not None:
+                raw = cp.empty((len(rec), self.spec.itemsize), dtype=cp.uint8)
+                raw.set(rec.view(np.uint8).reshape(len(rec), -1), stream=self.stream)
+                data = field_views(self.spec, raw, cp)
+            else:
+                data = {n: cp.asarray(np.ascontiguousarray(a)) for n, a in batch.data.items()}
+            w = None if batch.weights is None else cp.asarray(batch.weights)
+            ev = self.stream.record()
+        self.events[k] = ev
+        out = Batch(data, batch.indices, w, batch.info)
+        out.info["_event"] = ev
+        return out
+
+    def from_device(self, raw: Any, keys: np.ndarray, weights: Any, info: dict) -> Batch:
+        """Records gathered on the GPU already: typed views, no copy."""
+        ev = self.cp.cuda.get_current_stream().record()
+        w = None if weights is None else self.cp.asarray(weights)
+        info["_event"] = ev
+        return Batch(field_views(self.spec, raw, self.cp), keys, w, info)
+
+    def ready(self, batch: Batch) -> None:
+        ev = batch.info.pop("_event", None)
+        if ev is not None:
+            self.cp.cuda.get_current_stream().wait_event(ev)
+
+
+def _is_cuda(device: Any) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+def make_converter(spec: Any, to: str, device: Any, slots: int, batch_size: int) -> _NumpyOut:
+    """The copy stage for ``to`` / ``device`` (imports torch or CuPy only when asked for)."""
+    if to == "numpy":
+        if device not in (None, "cpu"):
+            raise InputError("device", device, "None or 'cpu' for to='numpy'", where="batches")
+        return _NumpyOut(spec)
+    if to == "torch":
+        import torch
+
+        if _is_cuda(device):
+            return _TorchCUDAOut(spec, torch, device, slots, batch_size)
+        if device not in (None, "cpu") and str(device) != "cpu":
+            raise InputError("device", device, "'cpu' or 'cuda[:n]'", where="batches")
+        return _TorchCPUOut(spec, torch)
+    if to == "cupy":
+        return _CupyOut(spec, device, slots, batch_size)
+    raise InputError("to", to, "'numpy', 'torch' or 'cupy'", where="batches")
+
+
+class BatchIterator:
+    """Iterator over prefetched batches; see :meth:`ExperiencePlane.batches`.
+
+    Batches are fresh arrays (the pinned staging buffers of the GPU path are recycled only
+    after their upload completed), so a learner may keep a batch as long as it likes.
+    """
+
+    def __init__(self, plane: "ExperiencePlane", batch_size: int | None = None,
+                 prefetch: int | None = None, to: str = "numpy", device: Any = None,
+                 transforms: Sequence[Callable] = (), max_batches: int | None = None,
+                 timeout: float | None = None, switch_interval: float | None = None):
+        self.plane = plane
+        self.batch_size = int(config.get("replay.batch-size", batch_size))
+        self.prefetch = int(config.get("replay.prefetch", prefetch))
+        if self.batch_size < 1:
+            raise InputError("batch_size", batch_size, "a positive integer", where="batches")
+        if self.prefetch < 0:
+            raise InputError("prefetch", prefetch, "an integer >= 0", where="batches")
+        self.timeout = float(config.get("replay.rate-timeout", timeout))
+        self.max_batches = max_batches
+        self.transforms = list(transforms)
+        for f in self.transforms:
+            if not callable(f):
+                raise InputError("transforms", f, "callables taking and returning a Batch",
+                                 where="batches")
+            bind = getattr(f, "bind", None)
+            if callable(bind):
+                bind(plane)
+        self.convert = make_converter(plane.spec, to, device, self.prefetch + 2, self.batch_size)
+        self.to, self.device = to, device
+        self.stats = DeliveryStats(self.prefetch)
+        self._produced = 0
+        self._delivered = 0
+        self._last_return: float | None = None
+        self._stop = threading.Event()
+        self.closed = False
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._switch = False
+        if self.prefetch > 0:
+            si = config.get("replay.switch-interval", switch_interval, default=None)
+            if si is not None and not si > 0:
+                raise InputError("switch_interval", si, "a positive number of seconds or None",
+                                 where="batches")
+            self._switch = _acquire_switch_interval(si)
+            self._queue = queue.Queue(maxsize=self.prefetch)
+            self._thread = threading.Thread(target=self._run, name="replay-delivery", daemon=True)
+            self._thread.start()
+
+    # --- pipeline ----------------------------------------------------------------------
+    def _await_sample(self, info: dict[str, float]) -> None:
+        rl = self.plane.rate_limiter
+        if rl is None:
+            return
+        t0 = time.perf_counter()
+        deadline = t0 + self.timeout
+        while True:
+            try:
+                rl.await_sample(self.batch_size, timeout=min(0.1, max(deadline - time.perf_counter(), 0)))
+                break
+            except RateLimitTimeout:
+                if self._stop.is_set():
+                    raise
+                if time.perf_counter() >= deadline:
+                    raise RateLimitTimeout("sample", rl.inserts, rl.samples,
+                                           rl.samples_per_insert, self.timeout)
+        info["rate_wait"] = time.perf_counter() - t0
+
+    def _produce(self) -> Batch:
+        info: dict[str, float] = {}
+        self._await_sample(info)
+        staging = getattr(self.convert, "staging", None)
+        gpu = staging is not None and not self.transforms
+        out = staging() if gpu else None
+        rec, keys, weights = self.plane._draw(self.batch_size, out=out, times=info, device_ok=gpu)
+        if not isinstance(rec, np.ndarray):     # gathered on the GPU: no host round trip
+            t0 = time.perf_counter()
+            batch = self.convert.from_device(rec, keys, weights, info)
+            info["transform"] = 0.0
+            info["copy"] = time.perf_counter() - t0
+            batch.info = info
+            return batch
+        if self.plane.rate_limiter is not None:
+            self.plane.rate_limiter.sampled(self.batch_size)
+        t0 = time.perf_counter()
+        batch = Batch({n: rec[n] for n in self.plane.spec.names}, keys, weights, info)
+        for f in self.transforms:
+            r = f(batch)
+            if r is not None:
+                batch = r if isinstance(r, Batch) else Batch(dict(r), keys, batch.weights, info)
+        t1 = time.perf_counter()
+        batch = self.convert(None if self.transforms else rec, batch)
+        t2 = time.perf_counter()
+        info["transform"] = t1 - t0
+        info["copy"] = t2 - t1
+        batch.info = info
+        return batch
+
+    def _run(self) -> None:
+        q = self._queue
+        try:
+            while not self._stop.is_set():
+                if self.max_batches is not None and self._produced >= self.max_batches:
+                    item: Any = _STOP
+                else:
+                    item = self._produce()
+                    self._produced += 1
+                while not self._stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if item is _STOP:
+                    return
+        except BaseException as e:  # forwarded to the learner's next()
+            while not self._stop.is_set():
+                try:
+                    q.put(e, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+    # --- iterator ------------------------------------------------------------------------
+    def __iter__(self) -> "BatchIterator":
+        return self
+
+    def __next__(self) -> Batch:
+        if self.closed:
+            raise StopIteration
+        t_call = time.perf_counter()
+        step = None if self._last_return is None else t_call - self._last_return
+        if self._queue is None:
+            if self.max_batches is not None and self._delivered >= self.max_batches:
+                self.close()
+                raise StopIteration
+            try:
+                batch = self._produce()
+            except BaseException:
+                self.close()
+                raise
+        else:
+            item = self._queue.get()
+            if item is _STOP:
+                self.close()
+                raise StopIteration
+            if isinstance(item, BaseException):
+                self.close()
+                raise item
+            batch = item
+        self.convert.ready(batch)
+        t_ret = time.perf_counter()
+        self._delivered += 1
+        self.stats.record(t_ret - t_call, step, batch.info)
+        self._last_return = t_ret
+        return batch
+
+    def close(self) -> None:
+        """Stop the background pipeline (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        if self._switch:
+            self._switch = False
+            _release_switch_interval()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(timeout=0.05)
+
+    def __enter__(self) -> "BatchIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self._stop.set()
+            if self._switch:
+                self._switch = False
+                _release_switch_interval()
+        except Exception:
+            pass

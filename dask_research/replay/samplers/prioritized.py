@@ -1,0 +1,132 @@
+"""Proportional prioritized replay (Schaul et al., 2016) on a vectorised sum-tree.
+
+Transition ``i`` is sampled with probability ``P(i) = p_i^alpha / sum_k p_k^alpha``; its
+importance weight is ``w_i = (N P(i))^-beta / max_k (N P(k))^-beta = (p_i^alpha /
+min_k p_k^alpha)^-beta``, so the largest weight is 1 (the min-tree gives ``min_k``). New
+transitions get the largest priority seen so far, so each is likely to be replayed at least
+once. Priorities are ``|td_error| + eps`` style non-negative numbers; ``eps`` keeps a zero
+priority from removing a transition from the distribution.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research.replay import PrioritizedSampler
+>>> s = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0); s.attach(4)
+>>> s.on_insert(0, 4)
+>>> s.update(np.array([0, 1, 2, 3]), np.array([1.0, 1.0, 1.0, 5.0]))
+>>> s.probabilities(cursor=0, size=4).round(3).tolist()
+[0.125, 0.125, 0.125, 0.625]
+>>> slots, w = s.sample(cursor=0, size=4, batch_size=4, rng=np.random.default_rng(0))
+>>> float(w.max()) <= 1.0
+True
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import config
+from ...exceptions import InputError
+from ._sumtree import SumTree
+from .base import Sampler
+
+
+class PrioritizedSampler(Sampler):
+    """Proportional prioritized sampling with importance weights.
+
+    Parameters
+    ----------
+    alpha : float, optional
+        Priority exponent (0 = uniform). Default ``research.replay.alpha``.
+    beta : float, optional
+        Importance-sampling exponent (1 = full correction); may be annealed by assigning
+        ``sampler.beta``. Default ``research.replay.beta``.
+    eps : float
+        Added to every priority before the exponent.
+    """
+
+    policy = "priority"
+    prioritized = True
+
+    def __init__(self, alpha: float | None = None, beta: float | None = None, eps: float = 1e-6):
+        self.alpha = float(config.get("replay.alpha", alpha))
+        self.beta = float(config.get("replay.beta", beta))
+        if not self.alpha >= 0:
+            raise InputError("alpha", alpha, "a number >= 0", where="PrioritizedSampler")
+        if not self.beta >= 0:
+            raise InputError("beta", beta, "a number >= 0", where="PrioritizedSampler")
+        if not eps >= 0:
+            raise InputError("eps", eps, "a number >= 0", where="PrioritizedSampler")
+        self.eps = float(eps)
+        self.max_priority = 1.0
+        self.tree: SumTree | None = None
+
+    def attach(self, capacity: int) -> None:
+        super().attach(capacity)
+        self.tree = SumTree(capacity)
+
+    def _leaf(self, p: np.ndarray | float) -> np.ndarray | float:
+        return (p + self.eps) ** self.alpha
+
+    def on_insert(self, start: int, n: int) -> None:
+        self.tree.set_range(start, start + n, self._leaf(self.max_priority))
+
+    def sample(self, cursor: int, size: int, batch_size: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        tree = self.tree
+        cum = np.cumsum(tree._roots)
+        total = cum[-1]
+        if not total > 0:
+            raise InputError("priorities", 0.0, "at least one positive priority among the stored "
+                             "transitions (all are 0; use eps > 0)", where="PrioritizedSampler")
+        u = rng.random(batch_size)
+        u *= total
+        u.sort()                          # monotone slots: the descent and the gather stay local
+        slots = tree.find(u, cum)
+        p = tree.sum[slots + tree.L]
+        # w = (p / p_min) ** -beta, largest weight 1
+        w = np.divide(tree.min, p)
+        if self.beta != 1.0:
+            np.power(w, self.beta, out=w)
+        return slots, w.astype(np.float32)
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if len(priorities) != len(slots):
+            raise InputError("priorities", f"{len(priorities)} values",
+                             f"one priority per index ({len(slots)})", where="update_priorities")
+        if len(priorities) == 0:
+            return
+        if not np.isfinite(priorities).all() or (priorities < 0).any():
+            bad = priorities[~(np.isfinite(priorities) & (priorities >= 0))][0]
+            raise InputError("priorities", float(bad), "finite numbers >= 0", where="update_priorities")
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        leaf = self._leaf(priorities)
+        self.tree.set(slots, leaf, np.where(leaf > 0, leaf, np.inf))
+
+    def heat(self, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        return self.tree.sum[slots + self.tree.L]
+
+    def probabilities(self, cursor: int, size: int) -> np.ndarray:
+        leaves = self.tree.leaves().copy()
+        return leaves / leaves.sum()
+
+    def clear(self, slots: np.ndarray) -> None:
+        """Remove ``slots`` from the distribution (no transition there any more)."""
+        self.tree.set(slots, 0.0, np.inf)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "beta": self.beta, "eps": self.eps,
+                "max_priority": self.max_priority, "leaves": self.tree.leaves().copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.alpha = float(state["alpha"])
+        self.beta = float(state["beta"])
+        self.eps = float(state["eps"])
+        self.max_priority = float(state["max_priority"])
+        leaves = np.asarray(state["leaves"], dtype=np.float64)
+        self.tree.load(leaves, np.where(leaves > 0, leaves, np.inf))
+
+    def __repr__(self) -> str:
+        return f"PrioritizedSampler(alpha={self.alpha}, beta={self.beta}, eps={self.eps})"

@@ -1,0 +1,30 @@
+"""Uniform sampling with replacement over every stored transition.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research.replay import UniformSampler
+>>> s = UniformSampler(); s.attach(4)
+>>> sorted(set(s.sample(cursor=2, size=4, batch_size=64, rng=np.random.default_rng(1))[0].tolist()))
+[0, 1, 2, 3]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Sampler
+
+
+class UniformSampler(Sampler):
+    """Every stored transition is equally likely (with replacement), no importance weights."""
+
+    def sample(self, cursor: int, size: int, batch_size: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, None]:
+        j = rng.integers(0, size, batch_size)
+        cap = self.capacity
+        if size < cap:
+            start = (cursor - size) % cap
+            if start:
+                j += start
+                j %= cap
+        return j, None

@@ -1,0 +1,218 @@
+"""What one transition holds: :class:`ExperienceSpec` and the validation of ingest batches.
+
+A spec maps field names to ``(shape, dtype)``. Storages keep one *record* per transition, a
+numpy structured dtype with the fields aligned (``align=True``) so that every field of a
+gathered batch is a strided view that numpy, torch (``from_numpy``) and DLPack accept without
+a copy.
+
+Ingest batches are dicts of arrays (numpy, torch, CuPy or anything ``np.asarray`` takes), of one
+transition (each field has the spec's shape) or of many (a leading batch axis). Every field is
+checked before anything is written, so a bad batch raises :class:`~dask_research.exceptions.
+SpecError` naming the field and leaves the storage untouched.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research.replay import ExperienceSpec
+>>> spec = ExperienceSpec({"obs": ((4,), "float32"), "action": ((), "int64")})
+>>> spec.itemsize
+24
+>>> fields, n = spec.validate({"obs": np.zeros((8, 4)), "action": np.arange(8)})
+>>> n, fields["obs"].shape
+(8, (8, 4))
+>>> spec.validate({"obs": np.zeros(4), "action": 3})[1]   # one transition
+1
+>>> spec.validate({"obs": np.zeros((8, 3)), "action": np.arange(8)})
+Traceback (most recent call last):
+...
+dask_research.exceptions.SpecError: field 'obs': shape (8, 3) is neither one transition (4,) nor a batch (n, 4)
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..exceptions import SpecError
+
+#: names a field may not take: they are attributes of a delivered :class:`Batch`
+RESERVED = frozenset({"indices", "weights", "info", "keys", "items", "values", "get", "data"})
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a transition: ``name``, per-transition ``shape`` and numpy ``dtype``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this field in one transition."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _field(name: Any, desc: Any) -> Field:
+    if not isinstance(name, str) or not name:
+        raise SpecError(None, f"field names are non-empty strings; got {name!r}")
+    if name in RESERVED:
+        raise SpecError(name, f"is reserved (a batch attribute); choose another name, not one of "
+                              f"{sorted(RESERVED)}")
+    try:
+        shape, dtype = desc
+    except (TypeError, ValueError):
+        raise SpecError(name, f"is described by (shape, dtype), e.g. ((4,), 'float32'); got {desc!r}")
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise SpecError(name, f"shape must be a tuple of ints; got {shape!r}")
+    if any(s <= 0 for s in shape):
+        raise SpecError(name, f"shape {shape} has a non-positive dimension")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise SpecError(name, f"dtype {dtype!r} is not a numpy dtype")
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise SpecError(name, f"dtype {dt} is not a plain numeric or bool dtype")
+    return Field(name, shape, dt.newbyteorder("=") if dt.byteorder == ">" else dt)
+
+
+def _as_numpy(name: str, x: Any) -> np.ndarray:
+    """Host numpy view of ``x`` (numpy, torch, CuPy, scalars, lists) without copying if possible."""
+    if isinstance(x, np.ndarray):
+        return x
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch"):
+        try:
+            return x.detach().cpu().numpy()
+        except TypeError as e:  # e.g. bfloat16 has no numpy dtype
+            raise SpecError(name, f"torch tensor of dtype {x.dtype} has no numpy equivalent ({e})")
+    if mod.startswith("cupy"):
+        return x.get()
+    a = np.asarray(x)
+    if a.dtype == object:
+        raise SpecError(name, f"could not be read as a numeric array (got {type(x).__name__})")
+    return a
+
+
+class ExperienceSpec:
+    """The fields of one transition, each with a shape and a dtype.
+
+    Parameters
+    ----------
+    fields : mapping of name to ``(shape, dtype)``, or an ExperienceSpec
+        ``shape`` is the per-transition shape (``()`` for a scalar), ``dtype`` anything
+        ``numpy.dtype`` accepts.
+
+    Examples
+    --------
+    >>> spec = ExperienceSpec({"obs": ((4,), "float32"), "done": ((), "bool")})
+    >>> spec.names
+    ('obs', 'done')
+    >>> spec.record_dtype.itemsize          # 16 bytes of obs + 1 of done, aligned to 4
+    20
+    """
+
+    def __init__(self, fields: Mapping[str, Any] | "ExperienceSpec"):
+        if isinstance(fields, ExperienceSpec):
+            fields = fields.to_dict()
+        if not isinstance(fields, Mapping) or not fields:
+            raise SpecError(None, "a spec is a non-empty mapping of field name -> (shape, dtype)")
+        self.fields: dict[str, Field] = {n: _field(n, d) for n, d in fields.items()}
+        self.names: tuple[str, ...] = tuple(self.fields)
+        self.record_dtype = np.dtype(
+            [(f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype)
+             for f in self.fields.values()], align=True)
+        self.itemsize: int = self.record_dtype.itemsize
+
+    # --- description ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{name: (shape, dtype string)}``, JSON-friendly and accepted by the constructor."""
+        return {f.name: (f.shape, f.dtype.str) for f in self.fields.values()}
+
+    def to_json(self) -> str:
+        return json.dumps({n: [list(s), d] for n, (s, d) in self.to_dict().items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "ExperienceSpec":
+        return cls({n: (tuple(s), d) for n, (s, d) in json.loads(text).items()})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExperienceSpec) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.name!r}: ({f.shape}, {str(f.dtype)!r})" for f in self.fields.values())
+        return f"ExperienceSpec({{{inner}}})"
+
+    def empty(self, n: int) -> np.ndarray:
+        """An uninitialised structured array of ``n`` records."""
+        return np.empty(n, dtype=self.record_dtype)
+
+    # --- validation ---------------------------------------------------------------------
+    def validate(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        """Check ``batch`` against the spec; return ``(fields, n)`` with a leading batch axis.
+
+        Nothing is copied unless needed (torch CPU tensors and numpy arrays are viewed; CuPy
+        arrays are copied to the host). Dtypes are cast on write; a cast that changes the kind
+        (float to int, int to bool) is refused. Raises :class:`SpecError` naming the field.
+        """
+        if not isinstance(batch, Mapping):
+            raise SpecError(None, "a batch is a mapping of field name -> array; "
+                                  f"got {type(batch).__name__}")
+        fields = self.fields
+        if len(batch) != len(fields) or any(k not in fields for k in batch):
+            for k in batch:
+                if k not in fields:
+                    raise SpecError(k, f"is not in the spec (fields: {', '.join(self.names)})")
+            for k in fields:
+                if k not in batch:
+                    raise SpecError(k, f"is missing from the batch (fields: {', '.join(self.names)})")
+        out: dict[str, np.ndarray] = {}
+        n = -1
+        single: bool | None = None
+        first = ""
+        for name, f in fields.items():
+            a = _as_numpy(name, batch[name])
+            shape = a.shape
+            nd = len(f.shape)
+            if shape == f.shape:
+                one = True
+            elif a.ndim == nd + 1 and shape[1:] == f.shape:
+                one = False
+            else:
+                want = ", ".join(["n", *map(str, f.shape)])
+                raise SpecError(name, f"shape {shape} is neither one transition {f.shape} "
+                                      f"nor a batch ({want})")
+            if a.dtype != f.dtype and not np.can_cast(a.dtype, f.dtype, "same_kind"):
+                raise SpecError(name, f"dtype {a.dtype} cannot be stored as {f.dtype} without "
+                                      f"changing kind; cast it first, e.g. x.astype({str(f.dtype)!r})")
+            if single is None:
+                single, first = one, name
+                n = 1 if one else shape[0]
+            elif one != single:
+                a_desc = "one transition" if one else f"a batch of {shape[0]}"
+                b_desc = "one transition" if single else f"a batch of {n}"
+                raise SpecError(name, f"holds {a_desc} but field {first!r} holds {b_desc}")
+            elif not one and shape[0] != n:
+                raise SpecError(name, f"has {shape[0]} transitions but field {first!r} has {n}")
+            out[name] = a[None] if one else a
+        if n == 0:
+            raise SpecError(None, "the batch holds no transitions")
+        return out, n
+
+    def pack(self, fields: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Copy validated ``fields`` (from :meth:`validate`) into a structured record array."""
+        n = len(next(iter(fields.values())))
+        rec = self.empty(n) if out is None else out
+        for name, a in fields.items():
+            rec[name] = a
+        return rec

@@ -1,0 +1,68 @@
+"""Host memory: a numpy ring of aligned records (:class:`HostStorage`).
+
+One structured array of the spec's aligned record dtype. Ingest writes each field into a
+contiguous row range (a strided copy per field); sampling gathers whole records with one
+``np.take`` over a fixed-width ``void`` view, which is several times faster than fancy indexing
+a structured array, and the fields of the gathered batch are zero-copy views.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research.replay import ExperienceSpec, HostStorage
+>>> s = HostStorage(ExperienceSpec({"r": ((), "float32")}), rows=4)
+>>> s.write_fields(1, {"r": np.array([1.0, 2.0])})
+>>> out = s.spec.empty(1); s.read_records(np.array([2]), out); float(out["r"][0])
+2.0
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..spec import ExperienceSpec
+from .base import Storage
+
+
+class HostStorage(Storage):
+    """Records in a numpy structured array in host memory.
+
+    Parameters
+    ----------
+    spec : ExperienceSpec
+    rows : int
+        Capacity in transitions.
+    name : str, optional
+    prefault : bool
+        Touch every page now (default), so that ingest never pays the kernel's first-touch
+        page faults (about 0.3 s per GB, once, at construction instead of during the run).
+    """
+
+    kind = "host"
+
+    def __init__(self, spec: ExperienceSpec, rows: int, name: str | None = None,
+                 prefault: bool = True):
+        super().__init__(spec, rows, name)
+        data = np.zeros(self.rows, dtype=self.spec.record_dtype)
+        if prefault and self.rows:
+            data.view(np.uint8).fill(0)
+        self._bind(data)
+
+    def _bind(self, data: np.ndarray) -> None:
+        self.data = data
+        self._void = data.view(np.dtype((np.void, self.spec.itemsize)))
+        self._views = {n: data[n] for n in self.spec.names}
+
+    def write_fields(self, start: int, fields: Mapping[str, np.ndarray]) -> None:
+        views = self._views
+        for name, a in fields.items():
+            views[name][start:start + len(a)] = a
+
+    def write_records(self, rows: np.ndarray, records: np.ndarray) -> None:
+        self._void[rows] = records.view(self._void.dtype)
+
+    def read_records(self, rows: np.ndarray, out: np.ndarray) -> None:
+        np.take(self._void, rows, out=out.view(self._void.dtype))
+
+    def close(self) -> None:
+        self._bind(np.zeros(0, dtype=self.spec.record_dtype))

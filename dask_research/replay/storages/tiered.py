@@ -1,0 +1,311 @@
+"""Tiers with byte capacities, composed into one logical storage (:class:`TieredStorage`).
+
+A tier is a description (``DeviceTier("2GiB")``, ``HostTier("16GiB")``, ``DiskTier(path)``):
+a kind of memory, a capacity in bytes (parsed with :func:`dask.utils.parse_bytes`) and a read
+bandwidth, declared or measured once when the storage is built. ``TieredStorage`` builds one
+storage per tier, orders them fastest first and keeps a location map from logical slot (the
+plane's ring position) to ``(tier, row)``. A tier never holds more rows than
+``capacity // itemsize``; the total capacity is the sum. Which slot lives in which tier is
+decided by :class:`~dask_research.replay.placement.Placement`; new transitions overwrite the
+slot they replace in place, or take a free row in the fastest tier that has one.
+
+Examples
+--------
+>>> import numpy as np, tempfile
+>>> from dask_research.replay import ExperienceSpec, HostTier, DiskTier, TieredStorage
+>>> spec = ExperienceSpec({"r": ((), "float64")})          # 8-byte records
+>>> ts = TieredStorage(spec, [HostTier("64B", bandwidth=1e10),
+...                           DiskTier(tempfile.mkdtemp(), "64B", bandwidth=1e9)])
+>>> ts.capacity, [t.rows for t in ts.storages]
+(16, [8, 8])
+>>> ts.write_fields(0, {"r": np.arange(10.0)})
+>>> ts.occupancy()
+[8, 2]
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+
+import numpy as np
+from dask.utils import format_bytes, parse_bytes
+
+from ...exceptions import CapacityError, InputError
+from ..spec import ExperienceSpec
+from .base import Storage
+from .device import DeviceStorage
+from .disk import DiskStorage
+from .host import HostStorage
+
+
+def _parse_capacity(capacity: int | str | None, where: str) -> int | None:
+    if capacity is None:
+        return None
+    try:
+        nbytes = parse_bytes(capacity) if isinstance(capacity, str) else int(capacity)
+    except (ValueError, TypeError):
+        raise InputError("capacity", capacity, "a byte count like 2**30 or '2GiB'", where=where)
+    if nbytes <= 0:
+        raise InputError("capacity", capacity, "a positive number of bytes", where=where)
+    return nbytes
+
+
+class Tier:
+    """Description of one tier: capacity in bytes, read bandwidth, and how to build it.
+
+    Parameters
+    ----------
+    capacity : int or str, optional
+        Bytes of records the tier may hold (``"2GiB"``, ``2**31``). ``None`` (disk only):
+        whatever the plane's capacity leaves to it.
+    bandwidth : float, optional
+        Declared random-read bandwidth in bytes/s; measured once on the built storage if
+        omitted. Placement puts the hottest data in the tier with the highest bandwidth.
+    name : str, optional
+    """
+
+    kind = "abstract"
+
+    def __init__(self, capacity: int | str | None = None, bandwidth: float | None = None,
+                 name: str | None = None):
+        self.name = name or self.kind
+        self.capacity = _parse_capacity(capacity, f"{type(self).__name__} {self.name!r}")
+        if bandwidth is not None and not bandwidth > 0:
+            raise InputError("bandwidth", bandwidth, "a positive number of bytes/s",
+                             where=f"{type(self).__name__} {self.name!r}")
+        self.bandwidth = bandwidth
+
+    def build(self, spec: ExperienceSpec, rows: int) -> Storage:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        cap = "unbounded" if self.capacity is None else format_bytes(self.capacity)
+        bw = "" if self.bandwidth is None else f", bandwidth={self.bandwidth:.3g}"
+        return f"{type(self).__name__}({cap!r}{bw}, name={self.name!r})"
+
+
+class HostTier(Tier):
+    """Host memory (numpy)."""
+
+    kind = "host"
+
+    def __init__(self, capacity: int | str, bandwidth: float | None = None, name: str | None = None):
+        if capacity is None:
+            raise InputError("capacity", None, "a byte count such as '16GiB'", where="HostTier")
+        super().__init__(capacity, bandwidth, name)
+
+    def build(self, spec: ExperienceSpec, rows: int) -> Storage:
+        return HostStorage(spec, rows, name=self.name)
+
+
+class DeviceTier(Tier):
+    """GPU memory (CuPy on ``device``; ``xp=numpy`` builds a CPU stand-in for tests)."""
+
+    kind = "device"
+
+    def __init__(self, capacity: int | str, bandwidth: float | None = None, name: str | None = None,
+                 device: int = 0, xp: ModuleType | None = None):
+        if capacity is None:
+            raise InputError("capacity", None, "a byte count such as '2GiB'", where="DeviceTier")
+        super().__init__(capacity, bandwidth, name)
+        self.device = device
+        self.xp = xp
+
+    def build(self, spec: ExperienceSpec, rows: int) -> Storage:
+        return DeviceStorage(spec, rows, name=self.name, device=self.device, xp=self.xp)
+
+
+class DiskTier(Tier):
+    """A numpy memmap under ``path``; ``capacity=None`` takes whatever the plane needs."""
+
+    kind = "disk"
+
+    def __init__(self, path: str | os.PathLike, capacity: int | str | None = None,
+                 bandwidth: float | None = None, name: str | None = None):
+        super().__init__(capacity, bandwidth, name)
+        self.path = path
+
+    def build(self, spec: ExperienceSpec, rows: int) -> Storage:
+        return DiskStorage(spec, rows, self.path, name=self.name)
+
+
+class TieredStorage:
+    """Storages of several tiers behind one slot -> (tier, row) map, fastest tier first.
+
+    Parameters
+    ----------
+    spec : ExperienceSpec
+    tiers : sequence of Tier
+    capacity : int, optional
+        Transitions the plane keeps. Default: the sum of the tiers' rows (then no tier may be
+        unbounded). With unbounded tiers, they share what the bounded ones leave.
+
+    Raises
+    ------
+    CapacityError
+        If the tiers cannot hold ``capacity`` transitions, or a tier is smaller than a record.
+    """
+
+    kind = "tiered"
+
+    def __init__(self, spec: ExperienceSpec, tiers: Sequence[Tier], capacity: int | None = None):
+        self.spec = spec
+        tiers = list(tiers)
+        if not tiers or not all(isinstance(t, Tier) for t in tiers):
+            raise InputError("tiers", tiers, "a non-empty list of DeviceTier/HostTier/DiskTier")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise InputError("tiers", names, "tiers with distinct names (pass name=...)")
+        item = spec.itemsize
+        rows = []
+        for t in tiers:
+            if t.capacity is None:
+                rows.append(None)
+                continue
+            r = t.capacity // item
+            if r < 1:
+                raise CapacityError(f"tier {t.name!r} (one {item}-byte record)", item, t.capacity)
+            rows.append(r)
+        bounded = sum(r for r in rows if r is not None)
+        unbounded = [i for i, r in enumerate(rows) if r is None]
+        if capacity is None:
+            if unbounded:
+                raise InputError("capacity", None, "a number of transitions when a tier "
+                                 f"({tiers[unbounded[0]].name!r}) has no byte capacity")
+            capacity = bounded
+        capacity = int(capacity)
+        if unbounded:
+            left = max(capacity - bounded, 0)
+            share, extra = divmod(left, len(unbounded))
+            for j, i in enumerate(unbounded):
+                rows[i] = max(1, share + (1 if j < extra else 0))
+        total = sum(rows)
+        if total < capacity:
+            raise CapacityError(f"a plane of {capacity:,} transitions of {item} bytes",
+                                capacity * item, total * item)
+        self.capacity = capacity
+        built = [t.build(spec, r) for t, r in zip(tiers, rows)]
+        bws = [t.bandwidth if t.bandwidth is not None else s.measure_bandwidth()
+               for t, s in zip(tiers, built)]
+        self.bandwidth_declared = [t.bandwidth is not None for t in tiers]
+        order = sorted(range(len(tiers)), key=lambda i: -bws[i])          # stable: ties keep order
+        self.tiers = [tiers[i] for i in order]
+        self.storages: list[Storage] = [built[i] for i in order]
+        self.bandwidths = [float(bws[i]) for i in order]
+        self.bandwidth_declared = [self.bandwidth_declared[i] for i in order]
+        self.tier_of = np.full(capacity, -1, dtype=np.int8)
+        self.row_of = np.full(capacity, -1, dtype=np.int64)
+        self.slot_at = [np.full(s.rows, -1, dtype=np.int64) for s in self.storages]
+        self._free = [np.arange(s.rows - 1, -1, -1, dtype=np.int64) for s in self.storages]
+        self._nfree = [s.rows for s in self.storages]
+        self.moves = 0
+
+    @property
+    def rows(self) -> int:
+        return self.capacity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.storages)
+
+    def occupancy(self) -> list[int]:
+        """Used rows per tier, fastest first."""
+        return [s.rows - nf for s, nf in zip(self.storages, self._nfree)]
+
+    # --- row allocation ---------------------------------------------------------------
+    def _pop(self, k: int, n: int) -> np.ndarray:
+        nf = self._nfree[k]
+        if n > nf:  # pragma: no cover - guarded by callers
+            raise CapacityError(f"tier {self.tiers[k].name!r}", n * self.spec.itemsize,
+                                nf * self.spec.itemsize)
+        rows = self._free[k][nf - n:nf][::-1].copy()
+        self._nfree[k] = nf - n
+        return rows
+
+    def _push(self, k: int, rows: np.ndarray) -> None:
+        nf = self._nfree[k]
+        self._free[k][nf:nf + len(rows)] = rows[::-1]
+        self._nfree[k] = nf + len(rows)
+        self.slot_at[k][rows] = -1
+
+    def _assign(self, slots: np.ndarray, tiers: np.ndarray, rows: np.ndarray) -> None:
+        self.tier_of[slots] = tiers
+        self.row_of[slots] = rows
+        for k in np.unique(tiers):
+            m = tiers == k
+            self.slot_at[int(k)][rows[m]] = slots[m]
+
+    # --- data path --------------------------------------------------------------------
+    def write_fields(self, start: int, fields: Mapping[str, np.ndarray]) -> None:
+        """Write fields into slots ``start`` to ``start + n - 1``: in place, or into free fast rows."""
+        n = len(next(iter(fields.values())))
+        slots = np.arange(start, start + n, dtype=np.int64)
+        new = slots[self.tier_of[slots] < 0]
+        if len(new):
+            t = np.empty(len(new), dtype=np.int8)
+            r = np.empty(len(new), dtype=np.int64)
+            done = 0
+            for k in range(len(self.storages)):
+                take = min(self._nfree[k], len(new) - done)
+                if take:
+                    t[done:done + take] = k
+                    r[done:done + take] = self._pop(k, take)
+                    done += take
+                if done == len(new):
+                    break
+            self._assign(new, t, r)
+        rec = self.spec.pack(fields)
+        tiers = self.tier_of[slots]
+        rows = self.row_of[slots]
+        for k in np.unique(tiers):
+            m = tiers == k
+            self.storages[int(k)].write_records(rows[m], rec[m] if not m.all() else rec)
+
+    def read_records(self, slots: np.ndarray, out: np.ndarray) -> None:
+        """Gather ``slots`` into ``out``, each tier reading its own rows."""
+        tiers = self.tier_of[slots]
+        rows = self.row_of[slots]
+        first = tiers[0] if len(tiers) else 0
+        if (tiers == first).all():
+            self.storages[int(first)].read_records(rows, out)
+            return
+        void = np.dtype((np.void, self.spec.itemsize))
+        ov = out.view(void)
+        for k in np.unique(tiers):
+            m = tiers == k
+            tmp = self.spec.empty(int(m.sum()))
+            self.storages[int(k)].read_records(rows[m], tmp)
+            ov[m] = tmp.view(void)
+
+    def move(self, slots: np.ndarray, dest: np.ndarray) -> int:
+        """Move ``slots`` to tiers ``dest`` (through a host staging buffer). Returns the count.
+
+        The caller guarantees that the final placement fits (each tier's incoming rows do not
+        exceed its free rows after the outgoing ones are released).
+        """
+        if len(slots) == 0:
+            return 0
+        rec = self.spec.empty(len(slots))
+        self.read_records(slots, rec)
+        cur = self.tier_of[slots]
+        rows = self.row_of[slots]
+        for k in np.unique(cur):
+            self._push(int(k), rows[cur == k])
+        new_rows = np.empty(len(slots), dtype=np.int64)
+        for k in np.unique(dest):
+            m = dest == k
+            r = self._pop(int(k), int(m.sum()))
+            self.storages[int(k)].write_records(r, rec[m])
+            new_rows[m] = r
+        self._assign(slots, dest.astype(np.int8), new_rows)
+        self.moves += len(slots)
+        return len(slots)
+
+    def close(self) -> None:
+        for s in self.storages:
+            s.close()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{t.name}:{s.rows:,}" for t, s in zip(self.tiers, self.storages))
+        return f"TieredStorage([{inner}], capacity={self.capacity:,})"

@@ -1,0 +1,103 @@
+"""ExperienceSpec: construction, validation errors naming the field, no partial writes."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dask_research.exceptions import SpecError
+from dask_research.replay import ExperiencePlane, ExperienceSpec
+from dask_research.testing.replay import batches, specs
+
+from replay_helpers import CARTPOLE, make_batch
+
+
+def test_record_layout_is_aligned_and_fields_are_views():
+    spec = ExperienceSpec(CARTPOLE)
+    assert spec.itemsize % 8 == 0
+    for name, (dt, off) in spec.record_dtype.fields.items():
+        assert off % dt.base.itemsize == 0, name
+    rec = spec.empty(3)
+    assert rec["obs"].base is not None  # a view into the records
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({}, "non-empty mapping"),
+    ({"obs": (4, "float32"), "indices": ((), "int64")}, "field 'indices': is reserved"),
+    ({"obs": ((4,), "object")}, "not a plain numeric"),
+    ({"obs": ((0,), "float32")}, "non-positive dimension"),
+    ({"obs": "float32"}, r"described by \(shape, dtype\)"),
+])
+def test_bad_specs(fields, match):
+    with pytest.raises(SpecError, match=match):
+        ExperienceSpec(fields)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda b: b.pop("reward"), "field 'reward': is missing from the batch"),
+    (lambda b: b.update(extra=np.zeros(8)), "field 'extra': is not in the spec"),
+    (lambda b: b.update(obs=np.zeros((8, 3), "float32")), r"field 'obs': shape \(8, 3\) is neither"),
+    (lambda b: b.update(action=np.zeros(8, "float64")),
+     "field 'action': dtype float64 cannot be stored as int64"),
+    (lambda b: b.update(done=np.zeros(8, "int64")), "field 'done': dtype int64 cannot be stored as bool"),
+    (lambda b: b.update(reward=np.zeros(7, "float32")),
+     "field 'reward': has 7 transitions but field 'obs' has 8"),
+    (lambda b: b.update(next_obs=np.zeros(4, "float32")),
+     "field 'next_obs': holds one transition but field 'obs' holds a batch of 8"),
+    (lambda b: b.update(obs=np.array(["a"] * 32).reshape(8, 4)), "field 'obs': dtype <U1"),
+])
+def test_bad_batches_name_the_field_and_write_nothing(mutate, match):
+    plane = ExperiencePlane(CARTPOLE, capacity=16, seed=0)
+    plane.ingest(make_batch(10))
+    before = plane.contents()
+    bad = make_batch(8, start=100)
+    mutate(bad)
+    with pytest.raises(SpecError, match=match):
+        plane.ingest(bad)
+    after = plane.contents()
+    assert plane.total == 10 and len(plane) == 10
+    for k in before:
+        np.testing.assert_array_equal(before[k], after[k])
+
+
+def test_not_a_mapping():
+    with pytest.raises(SpecError, match="a batch is a mapping"):
+        ExperienceSpec(CARTPOLE).validate([1, 2, 3])
+
+
+def test_one_transition_and_python_scalars():
+    spec = ExperienceSpec(CARTPOLE)
+    fields, n = spec.validate({"obs": [0.0, 1.0, 2.0, 3.0], "action": 1, "reward": 0.5,
+                               "next_obs": np.zeros(4), "done": False})
+    assert n == 1 and fields["obs"].shape == (1, 4) and fields["action"].shape == (1,)
+
+
+def test_torch_tensors_are_accepted():
+    torch = pytest.importorskip("torch")
+    plane = ExperiencePlane(CARTPOLE, capacity=8, seed=0)
+    b = {k: torch.from_numpy(v) for k, v in make_batch(5).items()}
+    assert plane.ingest(b) == 5
+    np.testing.assert_array_equal(plane.contents()["obs"], b["obs"].numpy())
+    with pytest.raises(SpecError, match="field 'obs': torch tensor of dtype torch.bfloat16"):
+        plane.ingest({**b, "obs": b["obs"].to(torch.bfloat16)})
+
+
+def test_spec_json_roundtrip():
+    spec = ExperienceSpec(CARTPOLE)
+    assert ExperienceSpec.from_json(spec.to_json()) == spec
+    assert ExperienceSpec(spec) == spec
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_ingested_batches_come_back_exactly(data):
+    spec = data.draw(specs())
+    cap = data.draw(st.integers(1, 40))
+    plane = ExperiencePlane(spec, capacity=cap, seed=0)
+    sent = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        b = data.draw(batches(spec, max_size=30))
+        plane.ingest(b)
+        sent.append(b)
+    got = plane.contents()
+    for name, f in spec.fields.items():
+        want = np.concatenate([b[name] for b in sent])[-cap:].astype(f.dtype)
+        np.testing.assert_array_equal(got[name], want)
