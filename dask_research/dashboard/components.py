@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["ShardBoard", "shard_states", "STATE_NAMES", "STATE_COLORS"]
+__all__ = ["ShardBoard", "ExperiencePanel", "shard_states", "plane_series", "STATE_NAMES", "STATE_COLORS"]
 
 #: Shard states, in the order of their codes.
 STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
@@ -138,3 +138,72 @@ class ShardBoard:
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
                              f"({status}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
                              + (f"<br>{est}" if est else ""))
+
+
+def plane_series(events: list) -> dict[str, dict[str, list]]:
+    """Per plane: time series of size, ingest and sample rates, exposed latency (from ``stats``)."""
+    out: dict[str, dict[str, list]] = {}
+    last: dict[str, dict] = {}
+    for _, m in events:
+        if not isinstance(m, dict) or m.get("event") != "stats":
+            continue
+        name = str(m.get("plane", "plane"))
+        s = out.setdefault(name, {"t": [], "size": [], "ingest_rate": [], "sample_rate": [],
+                                  "exposed_ms": [], "exposed_pct": [], "tiers": []})
+        prev = last.get(name)
+        dt = (m["t"] - prev["t"]) if prev else 0.0
+        s["t"].append(m["t"] * 1000.0)
+        s["size"].append(m["size"])
+        s["ingest_rate"].append((m["inserted"] - prev["inserted"]) / dt if prev and dt > 0 else 0.0)
+        s["sample_rate"].append((m["sampled"] - prev["sampled"]) / dt if prev and dt > 0 else 0.0)
+        s["exposed_ms"].append(m["exposed_mean_s"] * 1e3)
+        step = m.get("step_mean_s") or 0.0
+        s["exposed_pct"].append(100.0 * m["exposed_mean_s"] / step if step > 0 else 0.0)
+        s["tiers"] = m.get("tiers", [])
+        last[name] = m
+    return out
+
+
+class ExperiencePanel:
+    """Tier occupancy, ingest and sample rates, and the learner's exposed latency over time."""
+
+    def __init__(self, scheduler, width: int = 900, **kwargs: Any):
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, Div
+        from bokeh.plotting import figure
+
+        self.scheduler = scheduler
+        sizing = kwargs.get("sizing_mode")
+        self.source = ColumnDataSource({"t": [], "ingest_rate": [], "sample_rate": [], "exposed_ms": [],
+                                        "exposed_pct": []})
+        self.tiers = ColumnDataSource({"tier": [], "used": [], "free": []})
+        self.summary = Div(text="No experience plane has published statistics yet.")
+        rates = figure(title="Ingest and sample rate (transitions/s)", x_axis_type="datetime", height=260,
+                       width=width // 2, tools="", toolbar_location=None, sizing_mode=sizing)
+        rates.line("t", "ingest_rate", source=self.source, color="#4c72b0", line_width=2, legend_label="ingest")
+        rates.line("t", "sample_rate", source=self.source, color="#dd8452", line_width=2, legend_label="sample")
+        latency = figure(title="Learner exposed latency (ms, mean per interval)", x_axis_type="datetime",
+                         height=260, width=width // 2, tools="", toolbar_location=None, sizing_mode=sizing)
+        latency.line("t", "exposed_ms", source=self.source, color="#c44e52", line_width=2)
+        latency.scatter("t", "exposed_ms", source=self.source, color="#c44e52", size=5)
+        self.tier_fig = figure(title="Tier occupancy (rows)", y_range=[], height=220, width=width,
+                               tools="", toolbar_location=None, sizing_mode=sizing)
+        self.tier_fig.hbar_stack(["used", "free"], y="tier", height=0.6, color=["#55a868", "#d9d9d9"],
+                                 source=self.tiers)
+        self.root = column(self.summary, row(rates, latency, sizing_mode=sizing), self.tier_fig, sizing_mode=sizing)
+
+    def update(self) -> None:
+        series = plane_series(list(self.scheduler.get_events(config.get("replay.event-topic"))))
+        if not series:
+            return
+        name = sorted(series)[-1]
+        s = series[name]
+        self.source.data = {k: s[k] for k in ("t", "ingest_rate", "sample_rate", "exposed_ms", "exposed_pct")}
+        tiers = s["tiers"]
+        self.tiers.data = {"tier": [t["name"] for t in tiers], "used": [t["used"] for t in tiers],
+                           "free": [max(0, t["rows"] - t["used"]) for t in tiers]}
+        self.tier_fig.y_range.factors = [t["name"] for t in tiers]
+        pct = s["exposed_pct"][-1] if s["exposed_pct"] else 0.0
+        self.summary.text = (f"<b>{html.escape(name)}</b>: {s['size'][-1]:,} transitions stored; "
+                             f"learner exposed latency {s['exposed_ms'][-1]:.3f} ms ({pct:.1f} % of a step)"
+                             + (f"; {len(series)} planes publishing" if len(series) > 1 else ""))

@@ -5,7 +5,7 @@ from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from distributed.utils import log_errors
 
-from .components import ShardBoard
+from .components import ExperiencePanel, ShardBoard
 
 
 def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
@@ -21,3 +21,8 @@ def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
 @log_errors
 def shards_doc(scheduler, extra, doc):
     _page(doc, ShardBoard(scheduler, sizing_mode="stretch_width"), "Research Shards", extra)
+
+
+@log_errors
+def experience_doc(scheduler, extra, doc):
+    _page(doc, ExperiencePanel(scheduler, sizing_mode="stretch_width"), "Research Experience", extra, 1000)

@@ -93,3 +93,23 @@ def test_shards_page_renders_the_run(dashboard_cluster, browser, tmp_path):
 
     status = urllib.request.urlopen(f"{base}/status", timeout=10).read().decode()
     assert "individual-research-shards" in status
+
+
+def test_experience_page_renders_published_stats(dashboard_cluster, browser, tmp_path):
+    from dask_research import replay
+    from dask_research.dashboard.publish import publish_plane
+
+    cl, c = dashboard_cluster
+    plane = replay.ExperiencePlane({"obs": ((4,), "float32"), "reward": ((), "float32")}, capacity=2048)
+    rng = np.random.default_rng(1)
+    pub = publish_plane(plane, c, interval=0.05, name="learner")
+    for _ in range(5):
+        plane.ingest({"obs": rng.random((256, 4), dtype=np.float32), "reward": rng.random(256, dtype=np.float32)})
+        plane.sample(64)
+        time.sleep(0.08)
+    pub.stop()
+    browser.get(f"http://127.0.0.1:{cl.scheduler.http_server.port}/individual-research-experience")
+    img = wait_for_colors(browser, str(tmp_path / "experience.png"), ["#55a868", "#4c72b0"])
+    assert _has_color(img, "#55a868"), "no tier occupancy bar drawn"
+    assert _has_color(img, "#4c72b0", min_pixels=20), "no ingest-rate line drawn"
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
