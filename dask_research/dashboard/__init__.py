@@ -15,7 +15,7 @@ Examples
 --------
 >>> import dask_research.dashboard as dash
 >>> sorted(dash.ROUTES)
-['/individual-research-experience', '/individual-research-shards']
+['/individual-research-branches', '/individual-research-experience', '/individual-research-shards']
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 #: Dashboard routes this package adds (the "individual-" prefix puts them in "More...").
 ROUTES = {
     "/individual-research-shards": "shards_doc",
+    "/individual-research-branches": "branches_doc",
     "/individual-research-experience": "experience_doc",
 }
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["ShardBoard", "ExperiencePanel", "shard_states", "plane_series", "STATE_NAMES", "STATE_COLORS"]
+__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "plane_series", "STATE_NAMES", "STATE_COLORS"]
 
 #: Shard states, in the order of their codes.
 STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
@@ -207,3 +207,130 @@ class ExperiencePanel:
         self.summary.text = (f"<b>{html.escape(name)}</b>: {s['size'][-1]:,} transitions stored; "
                              f"learner exposed latency {s['exposed_ms'][-1]:.3f} ms ({pct:.1f} % of a step)"
                              + (f"; {len(series)} planes publishing" if len(series) > 1 else ""))
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
+    """Per-branch state, score lines and slot occupancy of the latest experiments run."""
+    records: list[dict] = []
+    run = None
+    for _, m in events:
+        if not isinstance(m, dict):
+            continue
+        batch = m.get("events") if m.get("event") == "batch" else [m]
+        for r in batch or []:
+            if not isinstance(r, dict):
+                continue
+            if r.get("run") != run:
+                if r.get("event") != "add" and run is not None:
+                    continue
+                if r.get("event") == "add" and r.get("run") != run:
+                    run, records = r.get("run"), []
+            records.append(r)
+    if run is None:
+        return None
+    branches: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    scores: dict[str, tuple[list, list]] = {}
+    busy_t, busy_n, running = [0.0], [0], 0
+    stop = None
+    for r in records:
+        kind, b, t = r.get("event"), r.get("branch"), _num(r.get("t"))
+        if b is not None and b not in branches:
+            branches[b] = {"runs": 0, "pending": 0, "mean": math.nan, "pruned": False, "paper": False}
+            order.append(b)
+        if kind == "select":
+            for name, v in (r.get("scores") or {}).items():
+                xs, ys = scores.setdefault(name, ([], []))
+                xs.append(t)
+                ys.append(_num(v))
+        elif kind == "dispatch":
+            branches[b]["pending"] += 1
+            running += 1
+            busy_t.append(t)
+            busy_n.append(running)
+        elif kind in ("result", "failure"):
+            br = branches[b]
+            br["pending"] = max(0, br["pending"] - 1)
+            if kind == "result":
+                br["runs"] += 1
+                br["mean"] = _num(r.get("mean"))
+            running = max(0, running - 1)
+            busy_t.append(t)
+            busy_n.append(running)
+        elif kind == "prune":
+            branches[b]["pruned"] = True
+        elif kind == "paper.trigger":
+            branches[b]["paper"] = True
+        elif kind == "stop":
+            stop = r.get("reason")
+    top = sorted(order, key=lambda name: -branches[name]["runs"])[:max_lines]
+    return {"run": run, "branches": branches, "order": order, "scores": {k: scores[k] for k in top if k in scores},
+            "occupancy": (busy_t, busy_n), "stop": stop}
+
+
+class BranchBoard:
+    """UCB score over time for the busiest branches, per-branch mean/runs/pending, slot use."""
+
+    COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
+              "#ccb974", "#64b5cd"]
+
+    def __init__(self, scheduler, width: int = 900, **kwargs: Any):
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, Div, HoverTool
+        from bokeh.plotting import figure
+
+        self.scheduler = scheduler
+        sizing = kwargs.get("sizing_mode")
+        self.summary = Div(text="No experiments run yet.")
+        self.source = ColumnDataSource({"branch": [], "mean": [], "runs": [], "pending": [], "color": [],
+                                        "status": []})
+        self.bars = figure(title="Mean reward per branch (red: pruned, gold: paper triggered)", x_range=[],
+                           height=280, width=width, tools="", toolbar_location=None, sizing_mode=sizing)
+        self.bars.vbar(x="branch", top="mean", width=0.8, color="color", source=self.source)
+        self.bars.add_tools(HoverTool(tooltips=[("branch", "@branch"), ("mean", "@mean"), ("runs", "@runs"),
+                                                ("pending", "@pending"), ("status", "@status")]))
+        self.lines = ColumnDataSource({"xs": [], "ys": [], "color": [], "branch": []})
+        self.score_fig = figure(title="UCB score at each selection (busiest branches)", height=260,
+                                width=width // 2, tools="", toolbar_location=None, sizing_mode=sizing,
+                                x_axis_label="seconds since start")
+        glyph = self.score_fig.multi_line("xs", "ys", color="color", source=self.lines, line_width=2)
+        self.score_fig.add_tools(HoverTool(renderers=[glyph], tooltips=[("branch", "@branch")]))
+        self.occ = ColumnDataSource({"t": [], "n": []})
+        self.occ_fig = figure(title="Experiments in flight", height=260, width=width // 2, tools="",
+                              toolbar_location=None, sizing_mode=sizing, x_axis_label="seconds since start")
+        self.occ_fig.step("t", "n", source=self.occ, mode="after", line_width=2, color="#4c72b0")
+        self.root = column(self.summary, self.bars, row(self.score_fig, self.occ_fig, sizing_mode=sizing),
+                           sizing_mode=sizing)
+
+    def update(self) -> None:
+        view = branch_view(list(self.scheduler.get_events(config.get("experiments.event-topic"))))
+        if view is None:
+            return
+        br = view["branches"]
+        names = view["order"][:200]
+        color = ["#c44e52" if br[n]["pruned"] else "#ccb974" if br[n]["paper"] else "#4c72b0" for n in names]
+        status = ["pruned" if br[n]["pruned"] else "paper" if br[n]["paper"] else "active" for n in names]
+        self.source.data = {"branch": names, "mean": [0.0 if math.isnan(br[n]["mean"]) else br[n]["mean"] for n in names],
+                            "runs": [br[n]["runs"] for n in names], "pending": [br[n]["pending"] for n in names],
+                            "color": color, "status": status}
+        self.bars.x_range.factors = names
+        lines = [(name, xs, [y if math.isfinite(y) else math.nan for y in ys])
+                 for name, (xs, ys) in view["scores"].items()]
+        self.lines.data = {"xs": [x for _, x, _ in lines], "ys": [y for _, _, y in lines],
+                           "color": [self.COLORS[i % len(self.COLORS)] for i in range(len(lines))],
+                           "branch": [n for n, _, _ in lines]}
+        t, n = view["occupancy"]
+        self.occ.data = {"t": t, "n": n}
+        runs = sum(b["runs"] for b in br.values())
+        papers = [html.escape(str(k)) for k, b in br.items() if b["paper"]]
+        pruned = sum(b["pruned"] for b in br.values())
+        self.summary.text = (f"run <code>{html.escape(str(view['run']))}</code>: {len(br)} branches, {runs} results, "
+                             f"{pruned} pruned, papers: {', '.join(papers) or 'none'}"
+                             + (f"; stopped: {html.escape(str(view['stop']))}" if view["stop"] else ""))

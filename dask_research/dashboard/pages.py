@@ -5,7 +5,7 @@ from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from distributed.utils import log_errors
 
-from .components import ExperiencePanel, ShardBoard
+from .components import BranchBoard, ExperiencePanel, ShardBoard
 
 
 def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
@@ -26,3 +26,8 @@ def shards_doc(scheduler, extra, doc):
 @log_errors
 def experience_doc(scheduler, extra, doc):
     _page(doc, ExperiencePanel(scheduler, sizing_mode="stretch_width"), "Research Experience", extra, 1000)
+
+
+@log_errors
+def branches_doc(scheduler, extra, doc):
+    _page(doc, BranchBoard(scheduler, sizing_mode="stretch_width"), "Research Branches", extra)
