@@ -113,3 +113,18 @@ def test_experience_page_renders_published_stats(dashboard_cluster, browser, tmp
     assert _has_color(img, "#55a868"), "no tier occupancy bar drawn"
     assert _has_color(img, "#4c72b0", min_pixels=20), "no ingest-rate line drawn"
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_branches_page_renders_a_run(dashboard_cluster, browser, tmp_path):
+    from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
+
+    cl, c = dashboard_cluster
+    runner = make_deterministic_runner({"good": 0.9, "mid": 0.5, "bad": 0.05}, delay_ms=2)
+    sched = IterationScheduler(runner, slots=2, progress=False, client=c)
+    sched.add([Hypothesis(f"{b}{k}", b) for k in range(5) for b in ("good", "mid", "bad")])
+    sched.run()
+    browser.get(f"http://127.0.0.1:{cl.scheduler.http_server.port}/individual-research-branches")
+    img = wait_for_colors(browser, str(tmp_path / "branches.png"), ["#ccb974", "#c44e52", "#4c72b0"])
+    for color in ("#ccb974", "#c44e52", "#4c72b0"):   # paper, pruned, active bars
+        assert _has_color(img, color), color
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

@@ -1,0 +1,46 @@
+"""UCB iteration scheduler for research loops.
+
+A queue of :class:`Hypothesis` objects, grouped in research branches, feeds parallel experiment
+slots; results flow back and decide what runs next. UCB1 (with experiments in flight counted
+as pending pulls) picks the branch, a separate gate prunes weak branches, strong branches
+trigger a paper stage once, and an expander can queue follow-ups. Every decision is an event.
+
+Examples
+--------
+>>> from dask_research.experiments import (Hypothesis, IterationScheduler,
+...                                        make_deterministic_runner)
+>>> runner = make_deterministic_runner({"a": 0.9, "b": 0.5, "c": 0.05}, delay_ms=1)
+>>> sched = IterationScheduler(runner, slots=3, progress=False)
+>>> sched.add([Hypothesis(f"{b}{k}", b) for k in range(5) for b in "abc"])
+>>> report = sched.run()
+>>> report.stop_reason, report.paper_triggers, report.branches["c"].pruned
+('queue_empty', ['a'], 'low-mean')
+"""
+from __future__ import annotations
+
+from .events import EVENT_KINDS, Event, Interval, Trace
+from .ledger import BranchLedger
+from .loop import IterationScheduler
+from .policies import select, ucb1_score, ucb1_scores
+from .report import Report
+from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
+from .types import BranchStats, Hypothesis, Result
+
+__all__ = [
+    "Hypothesis",
+    "Result",
+    "BranchStats",
+    "IterationScheduler",
+    "Report",
+    "Event",
+    "Trace",
+    "Interval",
+    "EVENT_KINDS",
+    "BranchLedger",
+    "make_deterministic_runner",
+    "make_followup_expander",
+    "deterministic_expander",
+    "ucb1_score",
+    "ucb1_scores",
+    "select",
+]

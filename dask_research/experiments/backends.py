@@ -1,0 +1,175 @@
+"""Where experiments run: asyncio tasks in this process, or Dask futures on a cluster.
+
+Both backends offer the same small surface to the driver (:mod:`.loop`):
+
+- ``submit(hypothesis) -> token``: start one experiment;
+- ``await wait(timeout) -> [(token, Result | BaseException), ...]``: everything that has
+  finished, blocking until at least one has (or ``timeout`` passes);
+- ``side(fn, *args) -> awaitable``: run a side job (the paper writer) in parallel;
+- ``ship(records)``: forward event records to the Dask event log (a no-op locally);
+- ``await close()``.
+
+:class:`LocalBackend` runs ``async def`` runners as tasks on the running loop and sync runners
+in a thread pool with one thread per slot; it waits with
+``asyncio.wait(..., return_when=FIRST_COMPLETED)``. :class:`DaskBackend` submits
+``client.submit`` futures and watches them with ``distributed.as_completed``; it must run on
+the client's event loop (the driver arranges that for sync and asynchronous clients).
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .execute import execute_async, execute_sync, is_async_callable
+from .types import Hypothesis, Result
+
+__all__ = ["LocalBackend", "DaskBackend"]
+
+Outcome = tuple[Any, "Result | BaseException"]
+
+
+async def _call_side_async(fn: Callable[..., Any], args: tuple) -> Any:
+    if is_async_callable(fn):
+        return await fn(*args)
+    out = await asyncio.to_thread(fn, *args)
+    if asyncio.iscoroutine(out):
+        out = await out
+    return out
+
+
+def _call_side_sync(fn: Callable[..., Any], args: tuple) -> Any:
+    out = fn(*args)
+    if asyncio.iscoroutine(out):
+        out = asyncio.run(out)
+    return out
+
+
+class LocalBackend:
+    """Experiments as asyncio tasks (sync runners in a pool of ``slots`` threads)."""
+
+    def __init__(self, runner: Callable[[Hypothesis], Any], slots: int, bounded: bool):
+        self.runner = runner
+        self.bounded = bounded
+        self._is_async = is_async_callable(runner)
+        self._executor = (None if self._is_async
+                          else ThreadPoolExecutor(slots, thread_name_prefix="experiment"))
+        self._tasks: set[asyncio.Task] = set()
+
+    def submit(self, h: Hypothesis) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(
+            execute_async(self.runner, h, self.bounded, self._executor, self._is_async))
+        self._tasks.add(task)
+        return task
+
+    async def wait(self, timeout: float | None) -> list[Outcome]:
+        done, _ = await asyncio.wait(self._tasks, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        out = []
+        for task in done:
+            self._tasks.discard(task)
+            out.append((task, task.exception() or task.result()))
+        return out
+
+    def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        return asyncio.ensure_future(_call_side_async(fn, args))
+
+    def ship(self, records: list[dict]) -> None:
+        pass
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class DaskBackend:
+    """Experiments as Dask futures watched by ``distributed.as_completed``.
+
+    Runs on the client's event loop. Event records go to the scheduler's event log under
+    ``topic``, batched: one ``log_event`` call in flight at a time, each message
+    ``{"event": "batch", "run": run_id, "events": [record, ...]}``; each record is shaped like
+    the other capabilities' messages (``{"event": kind, "run": run_id, ...}``).
+    """
+
+    def __init__(self, client: Any, runner: Callable[[Hypothesis], Any], bounded: bool,
+                 topic: str | None, run_id: str):
+        from distributed import as_completed
+
+        self.client = client
+        self.runner = runner
+        self.bounded = bounded
+        self.topic = topic
+        self.run_id = run_id
+        self._ac = as_completed([], loop=client.loop, with_results=True, raise_errors=False)
+        self._next: asyncio.Future | None = None
+        self._outbox: list[dict] = []
+        self._shipper: asyncio.Task | None = None
+        self._futures: set[Any] = set()
+
+    def submit(self, h: Hypothesis) -> Any:
+        fut = self.client.submit(execute_sync, self.runner, h, self.bounded, pure=False,
+                                 key=f"experiment-{h.id}-{uuid.uuid4().hex[:8]}")
+        self._futures.add(fut)
+        self._ac.add(fut)
+        return fut
+
+    def _unpack(self, item: tuple) -> Outcome:
+        fut, value = item
+        self._futures.discard(fut)
+        if fut.status == "error":
+            exc = value[1] if isinstance(value, tuple) and len(value) == 3 else value
+            if not isinstance(exc, BaseException):
+                exc = RuntimeError(repr(exc))
+            return fut, exc
+        if fut.status == "cancelled" or isinstance(value, BaseException):
+            return fut, value if isinstance(value, BaseException) else RuntimeError("cancelled")
+        return fut, value
+
+    async def wait(self, timeout: float | None) -> list[Outcome]:
+        if self._next is None:
+            self._next = asyncio.ensure_future(self._ac.__anext__())
+        done, _ = await asyncio.wait({self._next}, timeout=timeout)
+        if not done:
+            return []
+        first, self._next = self._next.result(), None
+        out = [self._unpack(first)]
+        while self._ac.has_ready():
+            out.append(self._unpack(await self._ac.__anext__()))
+        return out
+
+    def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        fut = self.client.submit(_call_side_sync, fn, args, pure=False,
+                                 key=f"paper-{uuid.uuid4().hex[:12]}")
+
+        async def watch() -> Any:
+            return await fut
+
+        return asyncio.ensure_future(watch())
+
+    # -- event log ----------------------------------------------------------------------
+    def ship(self, records: list[dict]) -> None:
+        if not self.topic or not records:
+            return
+        self._outbox.extend(records)
+        if self._shipper is None or self._shipper.done():
+            self._shipper = asyncio.ensure_future(self._ship_loop())
+
+    async def _ship_loop(self) -> None:
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            await self.client.scheduler.log_event(
+                topic=self.topic, msg={"event": "batch", "run": self.run_id, "events": batch})
+
+    async def close(self) -> None:
+        if self._next is not None and not self._next.done():
+            self._next.cancel()
+        self._futures.clear()       # dropping the futures releases them on the cluster
+        if self._shipper is not None:
+            try:
+                await self._shipper
+            except Exception:  # noqa: BLE001 - the log is best effort; the trace is complete
+                pass

@@ -1,0 +1,257 @@
+"""The decision trace: every choice the scheduler makes is an :class:`Event`.
+
+Kinds (``Event.kind``):
+
+============== ==================================================================
+``add``        hypotheses were queued (``data``: ``ids``)
+``select``     a branch was chosen (``data``: ``score``; ``Event.scores``: every
+               branch's score at that moment, in branch order)
+``dispatch``   a hypothesis started in ``slot``
+``result``     an experiment finished (``data``: ``reward``, ``duration``, ``mean``)
+``failure``    an experiment raised or returned something unusable (``data``: ``error``)
+``prune``      a branch was excluded (``data``: ``reason``, ``mean``, ``dropped`` ids)
+``drop``       hypotheses added to an already pruned branch were not queued
+``paper.trigger``  a branch's mean passed the paper threshold (once per branch)
+``paper.done`` / ``paper.failed``  the paper writer finished for a branch
+``expand``     the expander queued follow-ups (``data``: ``ids``)
+``stop``       dispatching stopped (``data``: ``reason``); in-flight work drains after it
+============== ==================================================================
+
+``Event.t`` is seconds since the run started (``time.perf_counter``); ``Trace.started_at`` is
+the wall-clock (epoch) time of ``t = 0``. Slot occupancy is derived from ``dispatch`` and
+``result``/``failure`` pairs (:meth:`Trace.intervals`, :meth:`Trace.occupancy`).
+
+Examples
+--------
+>>> from dask_research.experiments.events import Trace
+>>> tr = Trace(slots=2)
+>>> _ = tr.emit("dispatch", t=0.0, branch="a", hypothesis="h1", slot=0)
+>>> _ = tr.emit("dispatch", t=0.0, branch="b", hypothesis="h2", slot=1)
+>>> _ = tr.emit("result", t=1.0, branch="a", hypothesis="h1", slot=0, reward=0.5)
+>>> _ = tr.emit("result", t=2.0, branch="b", hypothesis="h2", slot=1, reward=0.1)
+>>> tr.occupancy(0.0, 2.0)          # slot 0 busy 1 s, slot 1 busy 2 s, of 2 x 2 s
+0.75
+>>> tr.occupancy()                  # nothing was ever queued (no ``queued`` recorded)
+nan
+>>> tr.max_concurrency()
+2
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Event", "Trace", "Interval", "EVENT_KINDS"]
+
+EVENT_KINDS = (
+    "add", "select", "dispatch", "result", "failure", "prune", "drop",
+    "paper.trigger", "paper.done", "paper.failed", "expand", "stop",
+)
+
+
+def _jsonable(x: Any) -> Any:
+    """Floats that JSON cannot hold become strings ("inf", "nan"); numpy scalars become Python."""
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    return repr(x)
+
+
+@dataclass(slots=True)
+class Event:
+    """One decision. ``scores`` is set on ``select`` events only (a copy, branch order)."""
+
+    seq: int
+    t: float
+    kind: str
+    branch: str | None = None
+    hypothesis: str | None = None
+    slot: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    scores: np.ndarray | None = None
+
+    def to_dict(self, branches: Sequence[str] | None = None) -> dict[str, Any]:
+        """Plain, JSON-ready dict; ``branches`` names the entries of ``scores``."""
+        d: dict[str, Any] = {"seq": self.seq, "t": round(self.t, 9), "kind": self.kind}
+        for key in ("branch", "hypothesis", "slot"):
+            value = getattr(self, key)
+            if value is not None:
+                d[key] = value
+        if self.data:
+            d.update(_jsonable(self.data))
+        if self.scores is not None:
+            names = branches if branches is not None else range(len(self.scores))
+            d["scores"] = {str(b): _jsonable(s) for b, s in zip(names, self.scores.tolist())}
+        return d
+
+
+class Interval(NamedTuple):
+    """One experiment's stay in a slot, from dispatch to result (or failure)."""
+
+    slot: int
+    start: float
+    end: float
+    hypothesis: str
+    branch: str
+
+
+class Trace(Sequence[Event]):
+    """Ordered list of :class:`Event` with helpers to read it.
+
+    Parameters
+    ----------
+    slots : int
+        Number of experiment slots (for occupancy).
+    branches : list of str, optional
+        Branch names in insertion order; select events' ``scores`` follow this order. The
+        scheduler passes its own (growing) list.
+    """
+
+    def __init__(self, slots: int = 1, branches: list[str] | None = None, started_at: float = 0.0):
+        self.slots = slots
+        self.branches: list[str] = branches if branches is not None else []
+        self.started_at = started_at
+        self._events: list[Event] = []
+
+    # -- recording ----------------------------------------------------------------------
+    def emit(
+        self,
+        kind: str,
+        t: float,
+        branch: str | None = None,
+        hypothesis: str | None = None,
+        slot: int | None = None,
+        scores: np.ndarray | None = None,
+        **data: Any,
+    ) -> Event:
+        """Append an event and return it."""
+        ev = Event(len(self._events), t, kind, branch, hypothesis, slot, data, scores)
+        self._events.append(ev)
+        return ev
+
+    # -- Sequence -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._events[i]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for ev in self._events:
+            counts[ev.kind] = counts.get(ev.kind, 0) + 1
+        inner = ", ".join(f"{k}={v}" for k, v in counts.items())
+        return f"<Trace {len(self)} events: {inner}>"
+
+    # -- reading ------------------------------------------------------------------------
+    def of(self, *kinds: str) -> list[Event]:
+        """Events of the given kinds, in order.
+
+        >>> Trace().of("select")
+        []
+        """
+        return [ev for ev in self._events if ev.kind in kinds]
+
+    def picks(self) -> list[str]:
+        """Branches in the order they were selected."""
+        return [ev.branch for ev in self._events if ev.kind == "select"]  # type: ignore[misc]
+
+    def scores(self, event: Event) -> dict[str, float]:
+        """``{branch: score}`` of a ``select`` event."""
+        if event.scores is None:
+            raise ValueError(f"event {event.seq} ({event.kind}) carries no scores")
+        return dict(zip(self.branches, event.scores.tolist()))
+
+    def intervals(self) -> list[Interval]:
+        """Each experiment's (slot, dispatch time, end time); unfinished ones are left out."""
+        open_: dict[str, Event] = {}
+        out = []
+        for ev in self._events:
+            if ev.kind == "dispatch":
+                open_[ev.hypothesis] = ev  # type: ignore[index]
+            elif ev.kind in ("result", "failure") and ev.hypothesis in open_:
+                d = open_.pop(ev.hypothesis)  # type: ignore[arg-type]
+                out.append(Interval(d.slot, d.t, ev.t,  # type: ignore[arg-type]
+                                    d.hypothesis, d.branch))
+        return out
+
+    def busy_window(self) -> tuple[float, float]:
+        """``(first dispatch, last dispatch)``: the time during which work was queued."""
+        ts = [ev.t for ev in self._events if ev.kind == "dispatch"]
+        return (ts[0], ts[-1]) if ts else (0.0, 0.0)
+
+    def occupancy(self, start: float | None = None, end: float | None = None) -> float:
+        """Fraction of slot-seconds busy.
+
+        Without arguments: **while work was queued**, i.e. integrated over the periods in which
+        at least one hypothesis was waiting (every event records ``queued``, the number waiting
+        after it). An ideal scheduler scores 1.0 there; the gap between a result and the next
+        dispatch is what it loses. With ``start``/``end``: over that window, whatever was queued
+        (``nan`` for an empty window or when nothing was ever queued).
+        """
+        if start is None and end is None:
+            return self._queued_occupancy()
+        s0, e0 = self.busy_window()
+        start = s0 if start is None else start
+        end = e0 if end is None else end
+        if end <= start:
+            return math.nan
+        busy = 0.0
+        for iv in self.intervals():
+            busy += max(0.0, min(iv.end, end) - max(iv.start, start))
+        return busy / (self.slots * (end - start))
+
+    def _queued_occupancy(self) -> float:
+        queued = 0
+        running: set[str | None] = set()
+        last = None
+        num = den = 0.0
+        for ev in self._events:
+            if last is not None and queued > 0:
+                dt = ev.t - last
+                num += min(len(running), self.slots) * dt
+                den += self.slots * dt
+            last = ev.t
+            if ev.kind == "dispatch":
+                running.add(ev.hypothesis)
+            elif ev.kind in ("result", "failure"):
+                running.discard(ev.hypothesis)     # replayed results never had a slot
+            queued = ev.data.get("queued", queued)
+        return num / den if den > 0 else math.nan
+
+    def concurrency(self) -> list[tuple[float, int]]:
+        """Step function ``[(t, experiments in flight after t), ...]``."""
+        steps: list[tuple[float, int]] = []
+        level = 0
+        for ev in self._events:
+            if ev.kind == "dispatch":
+                level += 1
+            elif ev.kind in ("result", "failure"):
+                level -= 1
+            else:
+                continue
+            steps.append((ev.t, level))
+        return steps
+
+    def max_concurrency(self) -> int:
+        """Largest number of experiments in flight at once."""
+        return max((level for _, level in self.concurrency()), default=0)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """All events as plain dicts (scores named by branch)."""
+        return [ev.to_dict(self.branches) for ev in self._events]

@@ -1,0 +1,122 @@
+"""Run one experiment safely: call the runner, time it, turn whatever it returns into a Result.
+
+A runner is ``Hypothesis -> Result``, sync or ``async def``. It may also return a bare number
+(the reward) or a ``(reward, metrics)`` pair; both are wrapped into a :class:`Result`. Nothing
+here raises: an exception in the runner, a non-finite reward, a reward outside [0, 1] when
+rewards are bounded, or a Result for another hypothesis all become a failed result
+(``Result.error``), which the scheduler records and counts against the branch.
+
+Examples
+--------
+>>> from dask_research.experiments import Hypothesis
+>>> from dask_research.experiments.execute import execute_sync
+>>> execute_sync(lambda h: 0.25, Hypothesis("h1", "a"), bounded=True).reward
+0.25
+>>> bad = execute_sync(lambda h: 1.5, Hypothesis("h1", "a"), bounded=True)
+>>> print(bad.error)  # doctest: +ELLIPSIS
+ExperimentError: runner returned reward=1.5 for 'h1'; bounded rewards must lie in [0, 1] ...
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import numbers
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from .types import Hypothesis, Result
+
+__all__ = ["coerce_result", "execute_async", "execute_sync", "is_async_callable"]
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """``async def`` functions, partials of them and objects with an ``async def __call__``."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _problem(hyp: Hypothesis, text: str, duration: float) -> Result:
+    return Result.failure(hyp, f"ExperimentError: {text}", duration)
+
+
+def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool) -> Result:
+    """Turn a runner's return value into a checked :class:`Result` (failed if unusable)."""
+    if isinstance(out, Result):
+        if out.hypothesis.id != hyp.id or out.hypothesis.branch != hyp.branch:
+            return _problem(
+                hyp,
+                f"runner returned a Result for hypothesis {out.hypothesis.id!r} on branch "
+                f"{out.hypothesis.branch!r} while running {hyp.id!r} on branch {hyp.branch!r}; "
+                "return Result(hypothesis, ...) with the hypothesis it was given",
+                duration,
+            )
+        if out.error is not None:
+            return out.with_duration(duration)
+        result = out.with_duration(duration)
+    elif isinstance(out, numbers.Real) and not isinstance(out, bool):
+        result = Result(hyp, float(out), {}, duration)
+    elif (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], numbers.Real)
+          and isinstance(out[1], dict)):
+        result = Result(hyp, float(out[0]), dict(out[1]), duration)
+    else:
+        return _problem(
+            hyp,
+            f"runner returned {type(out).__name__} {out!r:.80} for {hyp.id!r}; expected a "
+            "Result, a number (the reward) or a (reward, metrics-dict) pair",
+            duration,
+        )
+    reward = result.reward
+    if (not isinstance(reward, numbers.Real) or isinstance(reward, bool)
+            or not math.isfinite(reward)):
+        return _problem(hyp, f"runner returned reward={reward!r} for {hyp.id!r}; expected a "
+                        "finite number", duration)
+    if bounded and not 0.0 <= reward <= 1.0:
+        return _problem(hyp, f"runner returned reward={reward!r} for {hyp.id!r}; bounded "
+                        "rewards must lie in [0, 1] (pass bounded=False for other scales)",
+                        duration)
+    return result
+
+
+async def execute_async(
+    runner: Callable[[Hypothesis], Any],
+    hyp: Hypothesis,
+    bounded: bool,
+    executor: Executor | None = None,
+    is_async: bool | None = None,
+) -> Result:
+    """Run ``runner(hyp)`` on the current event loop (sync runners in ``executor``)."""
+    t0 = time.perf_counter()
+    if is_async is None:
+        is_async = is_async_callable(runner)
+    try:
+        if is_async:
+            out = await runner(hyp)
+        else:
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(executor, runner, hyp)
+            if inspect.isawaitable(out):
+                out = await out
+    except Exception as exc:  # noqa: BLE001 - a failing experiment must not kill the loop
+        return Result.failure(hyp, exc, time.perf_counter() - t0)
+    return coerce_result(out, hyp, time.perf_counter() - t0, bounded)
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+def execute_sync(runner: Callable[[Hypothesis], Any], hyp: Hypothesis, bounded: bool) -> Result:
+    """Run ``runner(hyp)`` in this thread (a Dask worker); coroutines get their own loop."""
+    t0 = time.perf_counter()
+    try:
+        out = runner(hyp)
+        if inspect.isawaitable(out):
+            out = asyncio.run(_await(out))
+    except Exception as exc:  # noqa: BLE001
+        return Result.failure(hyp, exc, time.perf_counter() - t0)
+    return coerce_result(out, hyp, time.perf_counter() - t0, bounded)

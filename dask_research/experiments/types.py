@@ -1,0 +1,162 @@
+"""Plain value types of the experiment scheduler: what runs, what comes back, per-branch state.
+
+A :class:`Hypothesis` is one experiment to run; several hypotheses share a ``branch``, and the
+branch is the key of the UCB statistics. A runner turns a hypothesis into a :class:`Result`.
+:class:`BranchStats` is the read-only summary of one branch that reports and callbacks see.
+
+Examples
+--------
+>>> from dask_research.experiments import Hypothesis, Result
+>>> h = Hypothesis(id="h1", branch="attention", payload={"lr": 3e-4})
+>>> r = Result(h, reward=0.8, metrics={"loss": 0.2}, duration=1.5)
+>>> r.ok, r.hypothesis.branch
+(True, 'attention')
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Hypothesis", "Result", "BranchStats"]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One experiment to run.
+
+    Parameters
+    ----------
+    id : str
+        Unique over the whole scheduler run (duplicates raise :class:`ExperimentError`).
+    branch : str
+        Research branch; the key of the UCB statistics. Branches are ordered by the first time
+        a hypothesis of theirs was added, and ties between equal scores go to the earlier one.
+    payload : Any
+        Whatever the runner needs (a config dict, a prompt, a path). Must pickle when a Dask
+        client runs the experiments.
+    features : tuple of float, optional
+        Numeric description of the hypothesis (for feature-aware policies; unused by UCB1).
+    parent : str, optional
+        Id of the hypothesis whose result produced this one (set by expanders).
+    generation : int
+        0 for hypotheses you add; ``parent.generation + 1`` for follow-ups.
+
+    Examples
+    --------
+    >>> Hypothesis("h1", "attention", {"heads": 8})  # doctest: +NORMALIZE_WHITESPACE
+    Hypothesis(id='h1', branch='attention', payload={'heads': 8}, features=None,
+               parent=None, generation=0)
+    """
+
+    id: str
+    branch: str
+    payload: Any = None
+    features: tuple[float, ...] | None = None
+    parent: str | None = None
+    generation: int = 0
+
+    def followup(self, suffix: str, payload: Any = None) -> Hypothesis:
+        """A follow-up on the same branch with id ``f"{self.id}{suffix}"``.
+
+        >>> Hypothesis("h1", "a").followup(".1").id
+        'h1.1'
+        """
+        return Hypothesis(
+            id=f"{self.id}{suffix}",
+            branch=self.branch,
+            payload=self.payload if payload is None else payload,
+            features=self.features,
+            parent=self.id,
+            generation=self.generation + 1,
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one experiment produced.
+
+    Parameters
+    ----------
+    hypothesis : Hypothesis
+        The hypothesis that was run.
+    reward : float
+        The number UCB maximises. With bounded rewards (``research.experiments.bounded-rewards``,
+        the default) it must lie in [0, 1]. ``nan`` for failed experiments.
+    metrics : dict
+        Anything else worth keeping (losses, paths, seeds).
+    duration : float, optional
+        Seconds the runner took; filled in by the scheduler when the runner leaves it ``None``.
+    error : str, optional
+        ``"TypeName: message"`` when the experiment failed; then ``reward`` is ``nan``.
+
+    Examples
+    --------
+    >>> Result(Hypothesis("h1", "a"), 0.5).ok
+    True
+    >>> Result.failure(Hypothesis("h1", "a"), ValueError("diverged")).error
+    'ValueError: diverged'
+    """
+
+    hypothesis: Hypothesis
+    reward: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    duration: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """``True`` unless the experiment failed."""
+        return self.error is None
+
+    @classmethod
+    def failure(
+        cls, hypothesis: Hypothesis, error: BaseException | str, duration: float | None = None
+    ) -> Result:
+        """A failed result carrying ``error`` (an exception or a sentence)."""
+        if isinstance(error, BaseException):
+            text = f"{type(error).__name__}: {error}"
+        else:
+            text = str(error)
+        return cls(hypothesis, math.nan, {}, duration, text)
+
+    def with_duration(self, duration: float) -> Result:
+        """This result with ``duration`` filled in if it was ``None``."""
+        if self.duration is not None:
+            return self
+        return dataclasses.replace(self, duration=duration)
+
+
+@dataclass(frozen=True)
+class BranchStats:
+    """Summary of one research branch at one moment.
+
+    ``runs`` counts completed (successful) experiments, ``reward_sum`` their cumulative reward and
+    ``mean`` their average (``nan`` before the first result); ``pending`` counts experiments in
+    flight, ``queued`` hypotheses still waiting, ``failures`` experiments that raised. ``pruned``
+    is ``None`` or the reason (``"low-mean"``, ``"failures"``); ``paper_emitted`` says whether
+    the branch triggered the paper stage.
+
+    Examples
+    --------
+    >>> BranchStats(runs=2, reward_sum=1.5, mean=0.75, pending=1, pruned=None,
+    ...             paper_emitted=True).mean
+    0.75
+    """
+
+    runs: int
+    reward_sum: float
+    mean: float
+    pending: int
+    pruned: str | None
+    paper_emitted: bool
+    queued: int = 0
+    failures: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (``mean`` is ``None`` before the first result)."""
+        d = dataclasses.asdict(self)
+        if math.isnan(self.mean):
+            d["mean"] = None
+        return d

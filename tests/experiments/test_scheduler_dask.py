@@ -1,0 +1,98 @@
+"""IterationScheduler on Dask futures: the same decisions as without a client."""
+import asyncio
+
+from distributed.utils_test import gen_cluster
+
+from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
+
+from exp_scenarios import HAND_SEQUENCE, gates_scheduler, hand_scheduler, summary
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_async_client_matches_local_decisions(c, s, a, b):
+    report = await hand_scheduler(client=c).run_async()
+    assert [e.hypothesis for e in report.events.of("select")] == HAND_SEQUENCE
+    assert summary(report) == summary(hand_scheduler().run())
+    gates = await gates_scheduler(client=c).run_async()
+    local = gates_scheduler().run()
+    assert summary(gates) == summary(local)
+    assert gates.branches["broken"].pruned == "failures"
+    assert all("RuntimeError: deterministic failure" in r.error for r in gates.failed)
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_slots_overlap_on_dask_workers(c, s, a, b):
+    # gen_cluster's workers have 1 + 2 threads: three experiments fit at once
+    runner = make_deterministic_runner({"a": 0.5, "b": 0.5, "c": 0.5}, delay_ms=100)
+    sched = IterationScheduler(runner, slots=3, client=c, progress=False)
+    sched.add([Hypothesis(f"{x}{k}", x) for k in range(2) for x in "abc"])
+    report = await sched.run_async()
+    assert report.events.max_concurrency() == 3
+    first = sorted(report.events.intervals(), key=lambda iv: iv.start)[:3]
+    assert min(iv.end for iv in first) - max(iv.start for iv in first) > 0.05
+    assert report.total_runs == 6 and report.wall_seconds < 6 * 0.1
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_events_reach_the_dask_event_log(c, s, a, b):
+    sched = hand_scheduler(client=c)
+    report = await sched.run_async()
+    msgs = [msg for _, msg in await c.get_events("research.experiments")]
+    assert {m["event"] for m in msgs} == {"batch"} and {m["run"] for m in msgs} == {report.run_id}
+    logged = [ev for m in msgs for ev in m["events"]]
+    assert len(logged) == len(report.events)
+    assert [e["event"] for e in logged] == [e.kind for e in report.events]
+    assert {e["run"] for e in logged} == {report.run_id}
+    sel = next(e for e in logged if e["event"] == "select")
+    assert set(sel["scores"]) == {"a", "b", "c"}
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_paper_writer_runs_as_a_future_and_budgets_apply(c, s, a, b):
+    def writer(branch, stats, best):
+        return f"{branch}:{stats.runs}"
+
+    runner = make_deterministic_runner({"x": 0.9, "y": 0.3}, delay_ms=5)
+    sched = IterationScheduler(runner, slots=2, client=c, progress=False, paper_writer=writer,
+                               max_experiments=6)
+    sched.add([Hypothesis(f"{b}{k}", b) for k in range(10) for b in "xy"])
+    report = await sched.run_async()
+    assert report.stop_reason == "max_experiments" and report.total_runs == 6
+    assert report.papers == {"x": "x:1"}
+
+
+def test_blocking_client_run_and_run_async(client):
+    report = hand_scheduler(client=client).run()
+    assert [e.hypothesis for e in report.events.of("select")] == HAND_SEQUENCE
+    gates = gates_scheduler(client=client, slots=1).run()
+    assert summary(gates) == summary(gates_scheduler().run())
+    # the coroutine API with a blocking client, from a foreign event loop
+    again = asyncio.run(hand_scheduler(client=client).run_async())
+    assert summary(again) == summary(report)
+    logged = client.get_events("research.experiments")
+    assert sum(len(m["events"]) for _, m in logged) >= len(report.events) + len(gates.events)
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_run_with_an_asynchronous_client_points_to_run_async(c, s, a, b):
+    import pytest
+
+    from dask_research.exceptions import ExperimentError
+
+    with pytest.raises(ExperimentError, match=r"client is asynchronous; use `report = await "
+                                              r"sched.run_async\(\)`"):
+        hand_scheduler(client=c).run()
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_many_branches_log_only_the_best_scores(c, s, a, b):
+    runner = make_deterministic_runner(lambda h: int(h.branch[1:]) / 40, delay_ms=0)
+    sched = IterationScheduler(runner, slots=2, client=c, progress=False, prune_floor=0.0)
+    sched.add([Hypothesis(f"h{k}", f"b{k}") for k in range(40)] + [Hypothesis("again", "b39")])
+    report = await sched.run_async()
+    logged = [ev for _, msg in await c.get_events("research.experiments") for ev in msg["events"]]
+    last = [e for e in logged if e["event"] == "select"][-1]
+    assert last["scores_truncated"] == 40 and len(last["scores"]) == 32
+    full = report.events.scores(report.events.of("select")[-1])
+    best32 = sorted(full, key=lambda b: -full[b])[:32]
+    assert set(last["scores"]) == set(best32)
