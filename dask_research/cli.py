@@ -260,6 +260,22 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler):
             click.echo(str(p.plan(target_stderr, client=client)))
 
 
+@main.command("demo")
+@click.option("--out", default="dask-research-report.html", show_default=True, help="Where to write the HTML report.")
+@click.option("--quick", is_flag=True, help="A smaller run (about 15 s).")
+@click.option("--scheduler", metavar="ADDRESS", help="Run on this cluster instead of an embedded one.")
+def demo(out, quick, scheduler):
+    """Run all three capabilities on an embedded cluster and write an HTML report."""
+    from .demo import run_demo
+
+    try:
+        import bokeh  # noqa: F401
+    except ImportError:
+        raise click.ClickException("the demo's report needs bokeh: pip install 'dask-research[dashboard]'") from None
+    with _client(scheduler) as client:
+        run_demo(out=out, quick=quick, client=client)
+
+
 def _add_worker_command() -> None:
     from .montecarlo.power import worker_command
 

@@ -44,10 +44,13 @@ def montecarlo_figure(result, level: float = 0.95):
     mean = fig.line([result.mean, result.mean], [0, float(density.max()) * 1.05], line_color="black")
     items.append((f"sampled mean {result.mean:.4g} ± {result.stderr:.2g}", [mean]))
     fig.add_layout(Legend(items=items, location="top_left"))
-    fig.title.text += (f" | {int(level * 100)}% percentile interval (band) "
-                       f"[{iv.percentile[0]:.4g}, {iv.percentile[1]:.4g}], normal (dashed) "
-                       f"[{iv.normal[0]:.4g}, {iv.normal[1]:.4g}]")
-    return fig
+    from bokeh.layouts import column
+    from bokeh.models import Div
+
+    note = Div(text=(f"{int(level * 100)} % intervals of the output: sampled percentiles (green band) "
+                     f"[{iv.percentile[0]:.4g}, {iv.percentile[1]:.4g}]; normal approximation mean ± z·sd "
+                     f"(dashed) [{iv.normal[0]:.4g}, {iv.normal[1]:.4g}]"))
+    return column(fig, note)
 
 
 def write_report(path: str, title: str, sections: list[Any]) -> str:

@@ -19,9 +19,9 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert test_cmd.strip() in [line.strip() for line in ci]
 
 
-def test_readme_run_command_names_an_existing_example():
+def test_readme_run_command_is_the_demo_and_examples_exist():
     readme = (ROOT / "README.md").read_text()
     run_cmd = _bash_blocks(readme)[0]
-    for token in run_cmd.split():
-        if token.endswith(".py"):
-            assert (ROOT / token).exists(), token
+    assert run_cmd.strip().endswith("dask-research demo")
+    for path in re.findall(r"examples/[\w/.-]+\.py", readme):
+        assert (ROOT / path).exists(), path
