@@ -45,6 +45,7 @@ from .placement import Placement, PlacementReport, TierPlacement
 from .rate_limiter import RateLimiter
 from .samplers import PrioritizedSampler, RecentSampler, Sampler, UniformSampler
 from .spec import ExperienceSpec
+from .stats import PlaneStats
 from .storages import HostStorage, Tier, TieredStorage
 
 FORMAT = "dask-research-replay"
@@ -381,7 +382,7 @@ class ExperiencePlane:
         self._migrator.start()
 
     # --- statistics ----------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> PlaneStats:
         """Counters, rates, tier occupancy and delivery figures (exposed latency, stages)."""
         with self._lock:
             cnt = dict(self._counters)
@@ -417,7 +418,7 @@ class ExperiencePlane:
                                    "waited_sample_s": rl.waited["sample"]}
         if self._deliveries:
             out["delivery"] = self._deliveries[-1].stats.summary()
-        return out
+        return PlaneStats(out)
 
     # --- snapshots and checkpoints -------------------------------------------------------
     def snapshot(self, chunk: int = 16_384) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
