@@ -1,5 +1,4 @@
 import pytest
-from distributed import Client, LocalCluster
 
 pytest.importorskip("bokeh")
 
@@ -7,15 +6,10 @@ from dask_research.dashboard.components import BranchBoard, branch_view  # noqa:
 from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner  # noqa: E402
 
 
-@pytest.fixture
-def cluster(loop):
-    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=3, processes=False,
-                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
-        yield cl, c
 
 
-def test_branch_board_on_a_real_run(cluster):
-    cl, c = cluster
+def test_branch_board_on_a_real_run(small_cluster):
+    cl, c = small_cluster
     board = BranchBoard(cl.scheduler)
     board.update()
     assert "No experiments" in board.summary.text

@@ -2,7 +2,6 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 
 pytest.importorskip("bokeh")
 
@@ -18,15 +17,10 @@ def _batch(n, rng):
             "reward": rng.random(n, dtype=np.float32)}
 
 
-@pytest.fixture
-def cluster(loop):
-    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
-        yield cl, c
 
 
-def test_experience_panel_on_a_real_plane(cluster):
-    cl, c = cluster
+def test_experience_panel_on_a_real_plane(small_cluster):
+    cl, c = small_cluster
     rng = np.random.default_rng(0)
     plane = replay.ExperiencePlane(SPEC, capacity=4096)
     panel = ExperiencePanel(cl.scheduler)
