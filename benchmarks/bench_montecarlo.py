@@ -135,6 +135,10 @@ def scale(client, shards, reps=1):
             "max_futures_in_flight": res.max_in_flight}
 
 
+def _noop(i):
+    return i
+
+
 def timed(fn, reps, cold=False):
     if cold:
         fn()
@@ -176,11 +180,19 @@ def main(argv=None):
         "processes, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=True),
     }
     best_b, best_c = 0.0, 0.0
+    figures["why_processes"] = {}
     figures["b_ours"], figures["c_dask_array"] = {}, {}
     for label, kw in shapes.items():
         with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+            cpu0 = time.process_time()
             t_b, ts, res, load = timed(lambda: mc.run(job, client=client, progress=False), reps, cold=True)
+            main_cpu = (time.process_time() - cpu0) / (reps + 1)
             thr_b = total / t_b
+            # Why processes differ: the per-task round trip, and the CPU the main process (client +
+            # scheduler, + the workers when they are threads) spends per run.
+            noop = timed(lambda: client.gather(client.map(_noop, range(200), pure=False)), 3)[0] / 200
+            figures["why_processes"][label] = {"noop_task_ms": noop * 1e3, "main_process_cpu_s_per_run": main_cpu,
+                                               "tasks_per_run": -(-shards // res.shards_per_task)}
             best_b = max(best_b, thr_b) if "default" in label else best_b
             figures["b_ours"][label] = {"seconds": t_b, "reps": ts, "samples_per_s": thr_b,
                                         "ratio_vs_ideal": thr_b / ideal, "mean": res.mean, "var": res.var,
@@ -226,6 +238,9 @@ def main(argv=None):
     print_table(rows, ("variant", "median s", "M samples/s", "vs cores x (a)", "note"))
     print(f"\nours (embedded default) / (cores x single-process numpy) = {best_b / ideal:.2f}  (goal >= 0.90)")
     print(f"ours (embedded default) / best dask.array                = {best_b / best_c:.2f}  (goal >= 1.25)")
+    for label, w in figures["why_processes"].items():
+        print(f"  {label}: no-op task round trip {w['noop_task_ms']:.2f} ms; main-process CPU "
+              f"{w['main_process_cpu_s_per_run']:.2f} s per run of {w['tasks_per_run']} tasks")
     print(f"verification overhead at k=4                             = {figures['verification']['overhead_pct']:+.1f} %  (goal < 2 %)")
     print(f"resume after a kill at 50 %: recomputed                  = {100 * kill['resumed_fraction']:.1f} %  (goal <= 52 %)")
     path = write_results("bench_montecarlo", figures,
