@@ -545,8 +545,23 @@ class ExperiencePlane:
                 sampler: Sampler | None = None, rate_limiter: RateLimiter | None = None,
                 **kwargs: Any) -> "ExperiencePlane":
         """Rebuild a plane from :meth:`checkpoint`. Tiers are chosen anew (default: one host
-        tier); the sampler is rebuilt from the checkpoint unless given."""
-        path = pathlib.Path(path)
+        tier); the sampler is rebuilt from the checkpoint unless given.
+
+        Any malformed checkpoint (truncated, bit-flipped, re-typed, a pickled array) is refused
+        with a :class:`~dask_research.exceptions.CheckpointError` naming it; nothing is unpickled.
+        """
+        import zipfile
+
+        try:
+            return cls._restore(pathlib.Path(path), tiers, sampler, rate_limiter, **kwargs)
+        except CheckpointError:
+            raise
+        except (ResearchError, KeyError, TypeError, ValueError, AttributeError, IndexError,
+                OverflowError, EOFError, OSError, zipfile.BadZipFile, RecursionError) as e:
+            raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _restore(cls, path: pathlib.Path, tiers, sampler, rate_limiter, **kwargs: Any) -> "ExperiencePlane":
         try:
             meta = json.loads((path / "meta.json").read_text())
         except FileNotFoundError:
@@ -572,15 +587,17 @@ class ExperiencePlane:
         capacity = int(meta["capacity"]) if tiers is None else kwargs.pop("capacity", None)
         plane = cls(spec, capacity, tiers=tiers, sampler=sampler, rate_limiter=rate_limiter, **kwargs)
         try:
-            with np.load(path / "data.npz", allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except FileNotFoundError:
+            try:
+                with np.load(path / "data.npz", allow_pickle=False) as z:
+                    arrays = {k: z[k] for k in z.files}
+            except FileNotFoundError:
+                raise CheckpointError(str(path), "data.npz is missing") from None
+            except (ValueError, OSError, EOFError) as e:
+                raise CheckpointError(str(path), f"data.npz is unreadable ({e})") from None
+            plane.load_snapshot(meta, arrays, where=str(path))
+        except BaseException:
             plane.close()
-            raise CheckpointError(str(path), "data.npz is missing")
-        except (ValueError, OSError) as e:
-            plane.close()
-            raise CheckpointError(str(path), f"data.npz is unreadable ({e})")
-        plane.load_snapshot(meta, arrays, where=str(path))
+            raise
         return plane
 
     def contents(self) -> dict[str, np.ndarray]:

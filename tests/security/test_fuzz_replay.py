@@ -1,0 +1,90 @@
+"""Fuzzed replay checkpoints: a correct restore or a CheckpointError naming the checkpoint."""
+import io
+import json
+import pathlib
+import random
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dask_research import replay
+from dask_research.exceptions import ResearchError
+
+SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
+CASES = {"count": 0}
+
+
+@pytest.fixture(scope="module")
+def pristine():
+    root = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-replay-"))
+    plane = replay.ExperiencePlane(SPEC, capacity=256, sampler=replay.PrioritizedSampler(alpha=0.6, beta=0.4))
+    rng = np.random.default_rng(0)
+    plane.ingest({"obs": rng.random((300, 4), dtype=np.float32), "action": rng.integers(0, 2, 300),
+                  "reward": rng.random(300, dtype=np.float32)})
+    plane.checkpoint(root / "ckpt")
+    plane.close()
+    yield root / "ckpt"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _pickle_npz(path: pathlib.Path) -> None:
+    class Boom:
+        def __reduce__(self):
+            return (pathlib.Path.write_text, (path.parent / "pwned", "x"))
+
+    buf = io.BytesIO()
+    np.savez(buf, obs=np.array([Boom()], dtype=object))
+    path.write_bytes(buf.getvalue())
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats() | st.text(max_size=10),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                           max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["meta.json", "data.npz"]),
+       st.sampled_from(["truncate", "bitflip", "replace", "retype", "pickle", "delete"]),
+       st.randoms(use_true_random=False), json_values)
+def test_fuzzed_replay_checkpoint(pristine, target, how, rnd, value):
+    work = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-replay-case-")) / "ckpt"
+    try:
+        shutil.copytree(pristine, work)
+        path = work / target
+        raw = path.read_bytes()
+        if how == "truncate":
+            path.write_bytes(raw[: rnd.randrange(len(raw))])
+        elif how == "bitflip":
+            i = rnd.randrange(len(raw))
+            path.write_bytes(raw[:i] + bytes([raw[i] ^ (1 << rnd.randrange(8))]) + raw[i + 1:])
+        elif how == "replace":
+            path.write_text(json.dumps(value))
+        elif how == "retype" and target == "meta.json":
+            doc = json.loads(raw)
+            key = rnd.choice(sorted(doc))
+            doc[key] = value
+            path.write_text(json.dumps(doc))
+        elif how == "pickle":
+            _pickle_npz(work / "data.npz")
+        elif how == "delete":
+            path.unlink()
+        try:
+            plane = replay.ExperiencePlane.restore(work)
+        except ResearchError as e:
+            assert "ckpt" in str(e), str(e)
+        else:
+            assert len(plane) <= plane.capacity
+            plane.close()
+        assert not (work.parent / "pwned").exists()
+        CASES["count"] += 1
+    finally:
+        shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def test_fuzz_case_count_is_reported():
+    print(f"\nfuzzed replay checkpoint cases: {CASES['count']}")
+    assert CASES["count"] in (0, 200)
