@@ -42,3 +42,32 @@ def test_a_client_without_the_certificate_cannot_connect(tls_cluster):
     other = Security.temporary()  # a certificate from another authority
     with pytest.raises(OSError):
         Client(cl.scheduler_address, security=other, timeout="2s", set_as_default=False, loop=loop)
+
+
+def test_experiments_on_tls(tls_cluster):
+    from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
+
+    cl, c, _, _ = tls_cluster
+    runner = make_deterministic_runner({"a": 0.9, "b": 0.1}, delay_ms=1)
+    sched = IterationScheduler(runner, slots=2, client=c, progress=False)
+    sched.add([Hypothesis(f"{b}{k}", b) for k in range(4) for b in "ab"])
+    report = sched.run()
+    assert report.paper_triggers == ["a"] and report.total_runs >= 4
+    kinds = {r["event"] for _, m in c.get_events("research.experiments") for r in m["events"]}
+    assert {"select", "dispatch", "result", "paper.trigger"} <= kinds
+
+
+def test_replay_stats_on_tls(tls_cluster):
+    from dask_research import replay
+    from dask_research.dashboard.components import ExperiencePanel
+    from dask_research.dashboard.publish import publish_plane
+
+    cl, c, _, _ = tls_cluster
+    plane = replay.ExperiencePlane({"x": ((2,), "float32")}, capacity=1024)
+    plane.ingest({"x": np.ones((100, 2), np.float32)})
+    pub = publish_plane(plane, c, interval=0.05, name="tls-plane")
+    plane.sample(32)
+    pub.stop()
+    panel = ExperiencePanel(cl.scheduler)
+    panel.update()
+    assert "tls-plane" in panel.summary.text and "100 transitions" in panel.summary.text
