@@ -161,16 +161,19 @@ class ExperiencePlane:
         """
         t0 = time.perf_counter()
         fields, n = self.spec.validate(batch)
+        cap = self.capacity
+        if n > cap:
+            from ..exceptions import CapacityError
+
+            raise CapacityError(f"a batch of {n:,} transitions (the plane holds {cap:,}; ingest in smaller "
+                                "batches or give the plane more capacity)", n * self.spec.itemsize,
+                                cap * self.spec.itemsize)
         if self.rate_limiter is not None:
             self.rate_limiter.await_insert(n, timeout)
-        cap = self.capacity
         with self._lock:
             total = self.total + n
-            skip = max(0, n - cap)          # older than the newest `cap` of this very batch
-            if skip:
-                fields = {k: v[skip:] for k, v in fields.items()}
-            m = n - skip
-            c = (self.total + skip) % cap
+            m = n
+            c = self.total % cap
             first = min(m, cap - c)
             if first == m:
                 self.storage.write_fields(c, fields)

@@ -30,6 +30,8 @@ from hypothesis import note, strategies as st
 from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ..exceptions import CapacityError
+
 __all__ = ["DTYPES", "specs", "batches", "make_plane_machine", "MACHINE_SPEC"]
 
 #: dtypes the strategies draw field dtypes from
@@ -121,6 +123,12 @@ def make_plane_machine(storage: str = "host", sampler: str = "uniform",
             obs = r.standard_normal((n, 3)).astype(np.float32)
             done = r.random(n) < 0.3
             note(f"ingest {n} (keys {ids[0]}..{ids[-1]})")
+            if n > capacity:                    # refused up front; nothing written
+                try:
+                    self.plane.ingest({"id": ids, "obs": obs, "done": done})
+                except CapacityError:
+                    return
+                raise AssertionError(f"a batch of {n} > capacity {capacity} was accepted")
             assert self.plane.ingest({"id": ids, "obs": obs, "done": done}) == n
             for i in range(n):
                 self.model.append((int(ids[i]), tuple(obs[i].tolist()), bool(done[i])))

@@ -1,6 +1,8 @@
 """ExperienceSpec: construction, validation errors naming the field, no partial writes."""
 import numpy as np
 import pytest
+
+from dask_research.exceptions import CapacityError
 from hypothesis import given, settings, strategies as st
 
 from dask_research.exceptions import SpecError
@@ -95,8 +97,15 @@ def test_ingested_batches_come_back_exactly(data):
     sent = []
     for _ in range(data.draw(st.integers(1, 4))):
         b = data.draw(batches(spec, max_size=30))
+        n = len(next(iter(b.values()))) if b else 0
+        if n > cap:                               # a batch larger than the plane is refused
+            with pytest.raises(CapacityError, match=f"a batch of {n:,} transitions"):
+                plane.ingest(b)
+            continue
         plane.ingest(b)
         sent.append(b)
+    if not sent:
+        return
     got = plane.contents()
     for name, f in spec.fields.items():
         want = np.concatenate([b[name] for b in sent])[-cap:].astype(f.dtype)

@@ -24,6 +24,20 @@ from ..spec import ExperienceSpec
 from .base import Storage
 
 
+def _check_host_memory(needed: int, what: str) -> None:
+    """Refuse up front an allocation larger than the memory this machine has available."""
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except Exception:  # pragma: no cover - psutil comes with distributed
+        return
+    if needed > available:
+        from ...exceptions import CapacityError
+
+        raise CapacityError(what, needed, available)
+
+
 class HostStorage(Storage):
     """Records in a numpy structured array in host memory.
 
@@ -43,6 +57,7 @@ class HostStorage(Storage):
     def __init__(self, spec: ExperienceSpec, rows: int, name: str | None = None,
                  prefault: bool = True):
         super().__init__(spec, rows, name)
+        _check_host_memory(self.rows * self.spec.itemsize, f"a host tier of {self.rows:,} transitions")
         data = np.zeros(self.rows, dtype=self.spec.record_dtype)
         if prefault and self.rows:
             data.view(np.uint8).fill(0)

@@ -1,0 +1,20 @@
+"""Work that cannot fit is refused up front, with the figure it would need."""
+import numpy as np
+import pytest
+
+from dask_research import replay
+from dask_research.exceptions import CapacityError
+
+
+def test_a_plane_larger_than_memory_is_refused_before_allocating():
+    with pytest.raises(CapacityError, match=r"a host tier of 1,000,000,000,000 transitions needs 8,000,000,000,000 bytes"):
+        replay.ExperiencePlane({"x": ((2,), "float32")}, capacity=10**12)
+
+
+def test_a_batch_larger_than_the_plane_is_refused_and_nothing_is_written():
+    plane = replay.ExperiencePlane({"x": ((2,), "float32")}, capacity=100)
+    plane.ingest({"x": np.zeros((10, 2), np.float32)})
+    with pytest.raises(CapacityError, match=r"a batch of 150 transitions .* needs 1,200 bytes but only 800"):
+        plane.ingest({"x": np.ones((150, 2), np.float32)})
+    assert len(plane) == 10 and plane.stats()["inserted"] == 10
+    assert (plane.contents()["x"] == 0).all()
