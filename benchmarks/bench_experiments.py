@@ -21,16 +21,33 @@ Figures (written to ``benchmarks/results/bench_experiments.json``):
    default), round-robin, greedy and Optuna TPE ask/tell (if ``optuna`` is importable), plus
    UCB1 with 3 pending pulls per decision batch (how the scheduler decides with 3 slots), and
    a horizon-3000 extension without Optuna (too slow there: its cost grows with history).
+4. **The research-problem suite of issue 6**: 20 branches; Bernoulli, Beta and clipped-Gaussian
+   rewards with branch means drawn per seed, and a scenario whose branches improve as they are
+   refined; 3 slots with exponential experiment durations on a simulated clock (so completion
+   order varies, without real sleeps); horizons 300 and 3000; 30 seeds (``--seeds``). Every
+   strategy sees the same coins (common random numbers per seed). Strategies: FIFO,
+   round-robin, greedy, naive UCB1 (ignores experiments in flight), the scheduler's policies
+   (pending-aware UCB1, UCB1-Tuned, KL-UCB, Thompson, discounted UCB: the real ``Policy``
+   objects) and Optuna TPE by ask/tell when importable, on fewer seeds (its cost grows with
+   history: ``--optuna-seeds-300``, ``--optuna-seeds-3000``). Cumulative pseudo-regret (mean,
+   95 % interval, worst seed), first paper trigger, best branch found (the most-pulled one),
+   decision overhead; regret curves to ``docs/_static/regret_curves.html`` (bokeh).
+5. **Costs** of ``apply_order="dispatch"`` (occupancy and the delay before a result is counted,
+   real asyncio runs with random durations) and of the checkpoint journal (loop time per
+   experiment, bytes per experiment, time to resume).
 """
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +67,7 @@ from dask_research.experiments.policies import (  # noqa: E402
     select,
     ucb1_scores,
 )
+from dask_research.experiments.scoring import make_policy  # noqa: E402
 
 N_BRANCHES, N_QUEUED = 1_000, 10_000
 
@@ -263,6 +281,446 @@ def bandit(seeds: range, horizon: int, reps: int, with_optuna: bool) -> dict:
     return out
 
 
+# -- 4. the synthetic research-problem suite (issue 6) ----------------------------------------
+SUITE_K, SUITE_SLOTS, SUITE_H = 20, 3, 3000
+SUITE_CHECKS = (300, 3000)
+SCENARIOS = ("bernoulli", "beta", "clipped-gaussian", "improving")
+
+
+def _norm_cdf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import ndtr
+
+    return ndtr(x)
+
+
+class Problem:
+    """One seed of one scenario: common random numbers for every strategy.
+
+    ``reward(i, k)`` is what the k-th pull of branch i pays and ``mean(i, k)`` its expectation;
+    ``duration[t]`` is how long the t-th dispatched experiment takes (exponential, mean 1, on a
+    simulated clock), so completion order differs from dispatch order.
+    """
+
+    def __init__(self, scenario: str, seed: int, horizon: int = SUITE_H, k: int = SUITE_K):
+        rng = np.random.default_rng([seed, SCENARIOS.index(scenario)])
+        self.scenario, self.k, self.horizon = scenario, k, horizon
+        self.duration = rng.exponential(1.0, horizon)
+        u = rng.random((k, horizon))
+        self.improving = scenario == "improving"
+        if scenario == "bernoulli":
+            self.p = rng.beta(2, 5, k)
+            self.table = (u < self.p[:, None]).astype(float)
+        elif scenario == "beta":
+            self.p = rng.beta(2, 5, k)
+            kappa = 8.0
+            self.table = rng.beta(self.p[:, None] * kappa, (1 - self.p[:, None]) * kappa,
+                                  (k, horizon))
+        elif scenario == "clipped-gaussian":
+            mu, sd = rng.uniform(0.1, 0.7, k), 0.25
+            self.table = np.clip(rng.normal(mu[:, None], sd, (k, horizon)), 0.0, 1.0)
+            a, b = (0 - mu) / sd, (1 - mu) / sd
+            phi = lambda x: np.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+            self.p = (mu * (_norm_cdf(b) - _norm_cdf(a)) + sd * (phi(a) - phi(b))
+                      + (1 - _norm_cdf(b)))
+        else:
+            # branches improve as follow-ups refine them: p_i(k) = a + (c - a)(1 - e^{-k/tau})
+            start = rng.beta(2, 5, k) * 0.7
+            gain = rng.uniform(0.0, 0.45, k) * (rng.random(k) < 0.5)
+            tau = rng.uniform(20, 120, k)
+            kk = np.arange(horizon)[None, :]
+            self.curve = start[:, None] + gain[:, None] * (1 - np.exp(-kk / tau[:, None]))
+            self.table = (u < self.curve).astype(float)
+            self.p = self.curve[:, -1]
+        if not self.improving:
+            self.curve = None
+
+    def mean(self, i: int, k: int) -> float:
+        return float(self.curve[i, k]) if self.improving else float(self.p[i])
+
+    def oracle(self, horizon: int) -> tuple[int, np.ndarray]:
+        """Best fixed branch for ``horizon`` pulls and its cumulative expected reward."""
+        if not self.improving:
+            i = int(np.argmax(self.p))
+            return i, self.p[i] * np.arange(1, horizon + 1)
+        cum = np.cumsum(self.curve[:, :horizon], axis=1)
+        i = int(np.argmax(cum[:, -1]))
+        return i, cum[i]
+
+
+class _Arrays:
+    """The subset of BranchLedger that the scheduler's policies read (for the simulation)."""
+
+    def __init__(self, k: int):
+        self.branches = [f"b{j}" for j in range(k)]
+        self.runs = np.zeros(k, np.int64)
+        self.pending = np.zeros(k, np.int64)
+        self.n = np.zeros(k)
+        self.reward_sum = np.zeros(k)
+        self.sq_sum = np.zeros(k)
+        self.mean = np.zeros(k)
+        self.eligible = np.ones(k, bool)
+        self.total_n = 0
+
+
+class PolicyAgent:
+    """Runs one of the scheduler's policies (``make_policy``) on simulated branches."""
+
+    def __init__(self, name: str, k: int, seed: int, **kw):
+        self.policy = make_policy(name, seed=seed, **kw)
+        self.led = _Arrays(k)
+        self.naive = False
+
+    def select(self) -> int:
+        led = self.led
+        scores = self.policy.scores(led)
+        return self.policy.choose(led, scores, led.eligible)  # type: ignore[return-value]
+
+    def dispatch(self, i: int) -> None:
+        led = self.led
+        led.pending[i] += 1
+        led.n[i] += 1
+        led.total_n += 1
+
+    def update(self, i: int, reward: float) -> None:
+        led = self.led
+        led.pending[i] -= 1
+        led.runs[i] += 1
+        led.reward_sum[i] += reward
+        led.sq_sum[i] += reward * reward
+        led.mean[i] = led.reward_sum[i] / led.runs[i]
+        self.policy.on_result(led, i, None, reward)  # type: ignore[arg-type]
+
+
+class NaiveUCB1(PolicyAgent):
+    """UCB1 that ignores experiments in flight (n = completed runs only)."""
+
+    def __init__(self, k: int, seed: int):
+        super().__init__("ucb1", k, seed)
+
+    def select(self) -> int:
+        led = self.led
+        runs = led.runs.astype(float)
+        return select(ucb1_scores(led.mean, runs, 2 ** 0.5, float(runs.sum())), led.eligible)
+
+
+class RoundRobin(PolicyAgent):
+    def __init__(self, k: int, seed: int):
+        super().__init__("ucb1", k, seed)
+
+    def select(self) -> int:
+        return select(round_robin_scores(self.led.n), self.led.eligible)
+
+
+class Greedy(PolicyAgent):
+    def __init__(self, k: int, seed: int):
+        super().__init__("ucb1", k, seed)
+
+    def select(self) -> int:
+        return select(greedy_scores(self.led.mean, self.led.n), self.led.eligible)
+
+
+class FIFO(PolicyAgent):
+    """The queue in the order it was filled: every branch equally often, shuffled."""
+
+    def __init__(self, k: int, seed: int, horizon: int = SUITE_H):
+        super().__init__("ucb1", k, seed)
+        order = np.repeat(np.arange(k), horizon // k + 1)
+        np.random.default_rng(seed + 77).shuffle(order)
+        self.order, self.t = order.tolist(), 0
+
+    def select(self) -> int:
+        self.t += 1
+        return self.order[self.t - 1]
+
+
+class OptunaTPE:
+    """Optuna's default TPESampler choosing a branch by ask/tell (constant liar in 5.0)."""
+
+    def __init__(self, k: int, seed: int):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(direction="maximize",
+                                         sampler=optuna.samplers.TPESampler(seed=seed))
+        self.choices = list(range(k))
+        self.trials: dict[int, list] = {}
+
+    def select(self) -> int:
+        trial = self.study.ask()
+        i = trial.suggest_categorical("branch", self.choices)
+        self.trials.setdefault(i, []).append(trial)
+        return i
+
+    def dispatch(self, i: int) -> None:
+        pass
+
+    def update(self, i: int, reward: float) -> None:
+        self.study.tell(self.trials[i].pop(0), reward)
+
+
+SUITE_STRATEGIES: dict[str, Any] = {
+    "FIFO": FIFO,
+    "round-robin": RoundRobin,
+    "greedy": Greedy,
+    "naive UCB1 (no pending)": NaiveUCB1,
+    "UCB1 (pending-aware, default)": lambda k, s: PolicyAgent("ucb1", k, s),
+    "UCB1-Tuned": lambda k, s: PolicyAgent("ucb1-tuned", k, s),
+    "KL-UCB": lambda k, s: PolicyAgent("kl-ucb", k, s),
+    "Thompson": lambda k, s: PolicyAgent("thompson", k, s),
+    "Thompson (Gaussian posterior)": lambda k, s: PolicyAgent("thompson-gaussian", k, s),
+    "discounted UCB (gamma 0.99)": lambda k, s: PolicyAgent("discounted-ucb", k, s,
+                                                            gamma=0.99),
+    "discounted UCB (gamma 0.999)": lambda k, s: PolicyAgent("discounted-ucb", k, s,
+                                                             gamma=0.999),
+}
+OURS = ["UCB1 (pending-aware, default)", "UCB1-Tuned", "KL-UCB", "Thompson",
+        "Thompson (Gaussian posterior)", "discounted UCB (gamma 0.99)",
+        "discounted UCB (gamma 0.999)"]
+
+
+def simulate(agent: Any, prob: Problem, horizon: int) -> dict:
+    """Run ``horizon`` experiments with 3 slots on the simulated clock.
+
+    Returns the cumulative pseudo-regret after each dispatch (against the best fixed branch
+    for ``SUITE_H`` pulls), the regret at each check horizon (against the best branch for that
+    horizon), the decision time, the first paper trigger and the most-pulled branch.
+    """
+    k = prob.k
+    pulls = np.zeros(k, np.int64)
+    runs = np.zeros(k, np.int64)
+    sums = np.zeros(k)
+    got = np.zeros(horizon)            # expected reward of each dispatch
+    running: list[tuple[float, int, int, float]] = []
+    now, t, spent = 0.0, 0, 0
+    best_final = float(prob.p.max())
+    threshold = 0.9 * best_final
+    trigger: tuple[int, int] | None = None
+    done = 0
+    while t < horizon or running:
+        while t < horizon and len(running) < SUITE_SLOTS:
+            t0 = time.perf_counter_ns()
+            i = agent.select()
+            agent.dispatch(i)
+            spent += time.perf_counter_ns() - t0
+            kk = int(pulls[i])
+            pulls[i] += 1
+            got[t] = prob.mean(i, kk)
+            heapq.heappush(running, (now + prob.duration[t], t, i, float(prob.table[i, kk])))
+            t += 1
+        now, _, i, reward = heapq.heappop(running)
+        t0 = time.perf_counter_ns()
+        agent.update(i, reward)
+        spent += time.perf_counter_ns() - t0
+        done += 1
+        runs[i] += 1
+        sums[i] += reward
+        if trigger is None and runs[i] >= 5 and sums[i] / runs[i] >= threshold:
+            trigger = (done, i)
+    best_i, best_cum = prob.oracle(SUITE_H)
+    curve = best_cum[:horizon] - np.cumsum(got)
+    at = {}
+    for h in SUITE_CHECKS:
+        if h <= horizon:
+            _, cum_h = prob.oracle(h)
+            at[h] = float(cum_h[h - 1] - got[:h].sum())
+    return {"curve": curve, "regret": at, "us_per_decision": spent / 1e3 / horizon,
+            "trigger_step": None if trigger is None else trigger[0],
+            "trigger_on_best": None if trigger is None else trigger[1] == best_i,
+            "found_best": int(np.argmax(pulls)) == best_i}
+
+
+def _interval(x: list[float]) -> tuple[float, float]:
+    m = statistics.mean(x)
+    half = 1.96 * statistics.stdev(x) / math.sqrt(len(x)) if len(x) > 1 else math.nan
+    return m - half, m + half
+
+
+def _summary(runs: list[dict], horizon: int) -> dict:
+    r = [x["regret"][horizon] for x in runs if horizon in x["regret"]]
+    trig = [x["trigger_step"] for x in runs if x["trigger_step"] is not None]
+    lo, hi = _interval(r)
+    return {"seeds": len(r), "regret_mean": statistics.mean(r), "regret_ci95": [lo, hi],
+            "regret_worst": max(r), "regret_per_seed": [round(v, 2) for v in r],
+            "first_trigger_median": statistics.median(trig) if trig else None,
+            "trigger_rate": len(trig) / len(runs),
+            "trigger_on_best": (sum(bool(x["trigger_on_best"]) for x in runs
+                                    if x["trigger_step"] is not None) / len(trig)
+                                if trig else None),
+            "found_best": sum(x["found_best"] for x in runs if horizon in x["regret"])
+            / len(r),
+            "us_per_decision": statistics.median(x["us_per_decision"] for x in runs)}
+
+
+def suite(seeds: int, optuna_seeds_300: int, optuna_seeds_3000: int, with_optuna: bool,
+          curve_points: int = 120) -> dict:
+    """Every strategy on every scenario; returns figures and mean regret curves."""
+    out: dict = {"setup": {
+        "branches": SUITE_K, "slots": SUITE_SLOTS, "horizons": list(SUITE_CHECKS),
+        "seeds": seeds, "durations": "exponential, mean 1, simulated clock",
+        "optuna_seeds": {"300": optuna_seeds_300, "3000": optuna_seeds_3000},
+        "paper_trigger": "first time a branch with >= 5 results has mean >= 0.9 x the best "
+                         "true mean; step = results applied so far"}}
+    grid = np.unique(np.geomspace(1, SUITE_H, curve_points).astype(int)) - 1
+    curves: dict = {}
+    for scenario in SCENARIOS:
+        probs = [Problem(scenario, s) for s in range(seeds)]
+        res: dict = {}
+        for name, make in SUITE_STRATEGIES.items():
+            t0 = time.perf_counter()
+            runs = [simulate(make(SUITE_K, s), probs[s], SUITE_H) for s in range(seeds)]
+            res[name] = {str(h): _summary(runs, h) for h in SUITE_CHECKS}
+            res[name]["seconds"] = time.perf_counter() - t0
+            curves.setdefault(scenario, {})[name] = np.mean([r["curve"] for r in runs],
+                                                            axis=0)[grid].tolist()
+        if with_optuna:
+            n_all = max(optuna_seeds_300, optuna_seeds_3000)
+            runs = []
+            t0 = time.perf_counter()
+            for s in range(n_all):
+                h = SUITE_H if s < optuna_seeds_3000 else 300
+                runs.append(simulate(OptunaTPE(SUITE_K, s), probs[s], h))
+            res["Optuna TPE (ask/tell)"] = {
+                "300": _summary(runs[:optuna_seeds_300], 300),
+                "3000": _summary(runs[:optuna_seeds_3000], 3000) if optuna_seeds_3000 else None,
+                "seconds": time.perf_counter() - t0}
+            if optuna_seeds_3000:
+                curves[scenario]["Optuna TPE (ask/tell)"] = np.mean(
+                    [r["curve"] for r in runs[:optuna_seeds_3000]], axis=0)[grid].tolist()
+            # our policies on exactly the Optuna seeds, for a paired comparison at 3000
+            paired = {}
+            for name in OURS:
+                sub = [simulate(SUITE_STRATEGIES[name](SUITE_K, s), probs[s], SUITE_H)
+                       for s in range(optuna_seeds_3000)]
+                paired[name] = statistics.mean(x["regret"][3000] for x in sub) if sub else None
+            res["paired_with_optuna_3000"] = paired
+        out[scenario] = res
+        print(f"   {scenario}: done")
+    out["curve_steps"] = (grid + 1).tolist()
+    return out, curves
+
+
+def suite_goals(figs: dict) -> dict:
+    goals: dict = {}
+    for scenario in SCENARIOS:
+        res = figs[scenario]
+        naive = res["naive UCB1 (no pending)"]["3000"]["regret_mean"]
+        pend = res["UCB1 (pending-aware, default)"]["3000"]["regret_mean"]
+        naive3 = res["naive UCB1 (no pending)"]["300"]["regret_mean"]
+        pend3 = res["UCB1 (pending-aware, default)"]["300"]["regret_mean"]
+        ours = {n: res[n]["3000"]["regret_mean"] for n in OURS}
+        best = min(ours, key=ours.get)
+        others = {n: v["3000"]["regret_mean"] for n, v in res.items()
+                  if isinstance(v, dict) and n not in OURS and "3000" in v
+                  and isinstance(v["3000"], dict) and not n.startswith("Optuna")}
+        worst_best = res[best]["3000"]["regret_worst"]
+        goals[scenario] = {
+            "pending_beats_naive_300": pend3 < naive3, "pending_beats_naive_3000": pend < naive,
+            "best_of_ours": best, "best_regret": ours[best],
+            "lowest_of_all": all(ours[best] <= v for v in others.values()),
+            "runner_up": min(others, key=others.get) if others else None,
+            "worst_seed_of_best": worst_best,
+            "worst_seed_over_mean": worst_best / ours[best] if ours[best] > 0 else None,
+        }
+        paired = res.get("paired_with_optuna_3000")
+        opt = res.get("Optuna TPE (ask/tell)", {}).get("3000")
+        if paired and opt:
+            goals[scenario]["optuna_3000_paired"] = {"optuna": opt["regret_mean"],
+                                                     "best_of_ours_same_seeds": paired[best]}
+            goals[scenario]["lowest_of_all"] = (goals[scenario]["lowest_of_all"]
+                                                and paired[best] <= opt["regret_mean"])
+    return goals
+
+
+def plot_curves(curves: dict, steps: list[int], path: pathlib.Path, figs: dict) -> None:
+    """Mean cumulative regret against the number of experiments, one panel per scenario."""
+    from bokeh.io import save
+    from bokeh.layouts import gridplot
+    from bokeh.models import Legend
+    from bokeh.palettes import Category10_10
+    from bokeh.plotting import figure
+    from bokeh.resources import CDN
+
+    panels = []
+    for scenario in SCENARIOS:
+        p = figure(title=f"{scenario}: mean cumulative regret, {figs['setup']['seeds']} seeds, "
+                         f"{SUITE_K} branches, {SUITE_SLOTS} slots", x_axis_type="log",
+                   width=620, height=380, x_axis_label="experiments",
+                   y_axis_label="pseudo-regret")
+        items = []
+        for j, (name, ys) in enumerate(curves[scenario].items()):
+            dash = "solid" if name in OURS else "dashed"
+            r = p.line(steps[:len(ys)], ys, color=Category10_10[j % 10], line_width=2,
+                       line_dash=dash)
+            label = name
+            if name.startswith("Optuna"):
+                label += f" ({figs['setup']['optuna_seeds']['3000']} seeds)"
+            items.append((label, [r]))
+        p.add_layout(Legend(items=items, label_text_font_size="8pt"), "right")
+        panels.append(p)
+    grid = gridplot(panels, ncols=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(grid, filename=str(path), resources=CDN, title="dask-research: regret curves")
+
+
+# -- 5. cost of apply_order="dispatch" and of the checkpoint journal --------------------------
+def _random_runner(seed: int, mean_ms: float):
+    import asyncio
+
+    rng = np.random.default_rng(seed)
+    rewards = np.random.default_rng(seed + 1).beta(2, 5, 20)
+
+    async def runner(h: Hypothesis) -> float:
+        await asyncio.sleep(float(rng.exponential(mean_ms / 1000)))
+        return float(rewards[int(h.branch[1:])])
+
+    return runner
+
+
+def apply_order_cost(n: int, reps: int, mean_ms: float = 5.0) -> dict:
+    out = {}
+    for order in ("completion", "dispatch"):
+        rows = []
+        for rep in range(reps):
+            sched = IterationScheduler(_random_runner(rep, mean_ms), slots=3, progress=False,
+                                       prune_floor=0.0, apply_order=order)
+            sched.add(_hypotheses(n, 20))
+            report = sched.run()
+            lat = []
+            done = {e.hypothesis: e.t for e in report.events.of("finish")}
+            for e in report.events.of("result"):
+                if e.hypothesis in done:
+                    lat.append(e.t - done[e.hypothesis])
+            rows.append({"occupancy": report.occupancy,
+                         "wall_s": report.wall_seconds,
+                         "apply_latency_ms_mean": 1e3 * statistics.mean(lat) if lat else 0.0,
+                         "apply_latency_ms_p90": 1e3 * sorted(lat)[int(0.9 * len(lat))]
+                         if lat else 0.0})
+        out[order] = _median_of(rows)
+    out["setup"] = {"experiments": n, "slots": 3, "durations_ms": f"exponential, mean {mean_ms}"}
+    return out
+
+
+def checkpoint_cost(n: int, tmp: pathlib.Path) -> dict:
+    out = {}
+    for label, path in (("no checkpoint", None), ("checkpoint (local journal)",
+                                                  tmp / "bench-loop.jsonl")):
+        if path is not None and path.exists():
+            path.unlink()
+        sched = IterationScheduler(_instant, slots=3, progress=False, prune_floor=0.0,
+                                   checkpoint=path)
+        sched.add(_hypotheses(n, 100))
+        report = sched.run()
+        out[label] = {"loop_us_per_experiment": 1e6 * report.wall_seconds / report.dispatched}
+        if path is not None:
+            out[label]["journal_bytes_per_experiment"] = path.stat().st_size / n
+            t0 = time.perf_counter()
+            IterationScheduler.resume(path, _instant, progress=False)
+            out[label]["resume_seconds"] = time.perf_counter() - t0
+            path.unlink()
+    out["setup"] = {"experiments": n, "branches": 100, "runner": "instant"}
+    return out
+
+
 def _optuna_available() -> bool:
     try:
         import optuna  # noqa: F401
@@ -278,7 +736,14 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Port .* is already in use")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer reps and experiments")
+    ap.add_argument("--seeds", type=int, default=30, help="seeds of the research suite")
+    ap.add_argument("--optuna-seeds-300", type=int, default=10,
+                    help="seeds on which Optuna runs to horizon 300")
+    ap.add_argument("--optuna-seeds-3000", type=int, default=2,
+                    help="seeds on which Optuna runs to horizon 3000 (about 15 s each)")
     args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.optuna_seeds_300, args.optuna_seeds_3000 = 5, 3, 1
     reps = 1 if args.quick else 3
     figures: dict = {}
     with LoadMonitor() as load:
@@ -331,6 +796,87 @@ def main() -> None:
         print_table([(n, f"{f['regret_mean']:.1f}", f"{f['regret_sd']:.1f}",
                       f"{f['us_per_decision']:.1f}") for n, f in b3.items()],
                     ("strategy", "regret", "sd", "us/decision"))
+        print(f"\n4. research-problem suite: {SUITE_K} branches, {SUITE_SLOTS} slots, random "
+              f"durations (simulated clock), horizons {SUITE_CHECKS}, {args.seeds} seeds")
+        opt300 = min(args.seeds, args.optuna_seeds_300)
+        opt3000 = min(args.seeds, args.optuna_seeds_3000)
+        if with_optuna:
+            print(f"   (Optuna TPE is slow at long horizons: {opt300} seeds at 300, "
+                  f"{opt3000} at 3000; ours are also run on those seeds for a paired figure)")
+        figures["suite"], curves = suite(args.seeds, opt300, opt3000, with_optuna)
+        figures["suite_goals"] = goals = suite_goals(figures["suite"])
+        for scenario in SCENARIOS:
+            res = figures["suite"][scenario]
+            rows = []
+            for name, f in res.items():
+                if not isinstance(f, dict) or "300" not in f:
+                    continue
+                cells = [name]
+                for h in ("300", "3000"):
+                    x = f.get(h)
+                    if not x:
+                        cells += ["-", "-"]
+                        continue
+                    lo, hi = x["regret_ci95"]
+                    ci = f" [{lo:.1f}, {hi:.1f}]" if x["seeds"] > 1 else f" ({x['seeds']} seed)"
+                    cells += [f"{x['regret_mean']:.1f}{ci}", f"{x['regret_worst']:.1f}"]
+                x = f["3000"] or f["300"]
+                trig = x["first_trigger_median"]
+                cells += [f"{x['found_best']:.0%}", "-" if trig is None else f"{trig:.0f}",
+                          f"{x['us_per_decision']:.1f}"]
+                rows.append(tuple(cells))
+            print(f"\n   {scenario}")
+            print_table(rows, ("strategy", "regret@300 [95% CI]", "worst", "regret@3000 [95% CI]",
+                               "worst", "found best", "1st trigger", "us/decision"))
+            g = goals[scenario]
+            print(f"   best of ours at 3000: {g['best_of_ours']} ({g['best_regret']:.1f}); "
+                  f"lowest of all: {g['lowest_of_all']}; pending-aware < naive UCB1: "
+                  f"{g['pending_beats_naive_300']} at 300, {g['pending_beats_naive_3000']} at "
+                  f"3000; worst seed / mean {g['worst_seed_over_mean']:.2f}")
+            if "optuna_3000_paired" in g:
+                pr = g["optuna_3000_paired"]
+                print(f"   paired on Optuna's {opt3000} seeds at 3000: Optuna "
+                      f"{pr['optuna']:.1f}, {g['best_of_ours']} "
+                      f"{pr['best_of_ours_same_seeds']:.1f}")
+        if with_optuna:
+            opt = {h: statistics.mean(
+                figures["suite"][sc]["Optuna TPE (ask/tell)"][h]["us_per_decision"]
+                for sc in SCENARIOS) for h in ("300", "3000")
+                if figures["suite"][SCENARIOS[0]]["Optuna TPE (ask/tell)"][h]}
+            over = {}
+            rows = []
+            for n in OURS:
+                us = statistics.mean(figures["suite"][sc][n]["3000"]["us_per_decision"]
+                                     for sc in SCENARIOS)
+                over[n] = {"us_per_decision": us,
+                           **{f"optuna_{h}_over_ours": v / us for h, v in opt.items()}}
+                rows.append((n, f"{us:.1f}", *(f"{v / us:.0f}x" for v in opt.values())))
+            figures["suite_overhead"] = {"optuna_us_per_decision": opt, "ours": over}
+            print("\n   decision overhead (mean over scenarios, 3 slots, select + update)")
+            print_table(rows + [("Optuna TPE", *(f"{v:.0f}" for v in opt.values()), "")],
+                        ("policy", "us/decision", *(f"Optuna@{h} / ours" for h in opt)))
+        html = pathlib.Path(__file__).resolve().parents[1] / "docs" / "_static" / \
+            "regret_curves.html"
+        plot_curves(curves, figures["suite"]["curve_steps"], html, figures["suite"])
+        print(f"   regret curves: {html}")
+
+        print("\n5. cost of apply_order='dispatch' (3 slots, exponential durations, mean 5 ms) "
+              "and of the checkpoint journal")
+        figures["apply_order"] = ao = apply_order_cost(150 if args.quick else 600, reps)
+        print_table([(order, f"{100 * ao[order]['occupancy']:.1f} %",
+                      f"{ao[order]['apply_latency_ms_mean']:.2f}",
+                      f"{ao[order]['apply_latency_ms_p90']:.2f}", f"{ao[order]['wall_s']:.2f}")
+                     for order in ("completion", "dispatch")],
+                    ("apply order", "occupancy", "apply latency ms (mean)", "p90", "wall s"))
+        with tempfile.TemporaryDirectory() as tmp:
+            figures["checkpoint"] = ck = checkpoint_cost(2_000 if args.quick else 10_000,
+                                                         pathlib.Path(tmp))
+        print_table([(k, f"{v['loop_us_per_experiment']:.1f}",
+                      f"{v.get('journal_bytes_per_experiment', 0):.0f}",
+                      f"{v.get('resume_seconds', 0):.2f}")
+                     for k, v in ck.items() if k != "setup"],
+                    ("checkpoint", "loop us / experiment", "journal bytes / exp",
+                     "resume s"))
     figures["load"] = {"machine_busy": load.machine_busy, "own_busy": load.own_busy}
     foreign = load.machine_busy - load.own_busy
     print(f"\nmachine busy {100 * load.machine_busy:.0f} %, this process "

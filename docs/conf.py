@@ -34,6 +34,7 @@ intersphinx_timeout = 5
 templates_path = ["_templates"]
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
+html_static_path = ["_static"]
 
 
 def _write_config_reference(app) -> None:

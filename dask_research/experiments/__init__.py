@@ -5,6 +5,11 @@ slots; results flow back and decide what runs next. UCB1 (with experiments in fl
 as pending pulls) picks the branch, a separate gate prunes weak branches, strong branches
 trigger a paper stage once, and an expander can queue follow-ups. Every decision is an event.
 
+Other policies (``policy=``): UCB1-Tuned, KL-UCB, Thompson sampling, discounted UCB for
+drifting rewards, Pareto UCB1 for vector rewards (``objectives=``) and LinUCB over hypothesis
+features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`), and
+``apply_order="dispatch"`` makes it reproducible under parallelism.
+
 Examples
 --------
 >>> from dask_research.experiments import (Hypothesis, IterationScheduler,
@@ -18,12 +23,19 @@ Examples
 """
 from __future__ import annotations
 
+from .discounted import discounted_ucb_scores
 from .events import EVENT_KINDS, Event, Interval, Trace
+from .klucb import kl_ucb_scores
 from .ledger import BranchLedger
+from .linucb import LinUCBModel
 from .loop import IterationScheduler
+from .pareto import pareto_front, pareto_ucb1_indices
 from .policies import select, ucb1_score, ucb1_scores
 from .report import Report
 from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
+from .scoring import POLICY_NAMES, Policy, make_policy
+from .thompson import thompson_scores
+from .tuned import ucb1_tuned_scores
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = [
@@ -43,4 +55,14 @@ __all__ = [
     "ucb1_score",
     "ucb1_scores",
     "select",
+    "Policy",
+    "make_policy",
+    "POLICY_NAMES",
+    "ucb1_tuned_scores",
+    "kl_ucb_scores",
+    "thompson_scores",
+    "discounted_ucb_scores",
+    "pareto_ucb1_indices",
+    "pareto_front",
+    "LinUCBModel",
 ]

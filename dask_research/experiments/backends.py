@@ -50,9 +50,11 @@ def _call_side_sync(fn: Callable[..., Any], args: tuple) -> Any:
 class LocalBackend:
     """Experiments as asyncio tasks (sync runners in a pool of ``slots`` threads)."""
 
-    def __init__(self, runner: Callable[[Hypothesis], Any], slots: int, bounded: bool):
+    def __init__(self, runner: Callable[[Hypothesis], Any], slots: int, bounded: bool,
+                 objectives: tuple[str, ...] | None = None):
         self.runner = runner
         self.bounded = bounded
+        self.objectives = objectives
         self._is_async = is_async_callable(runner)
         self._executor = (None if self._is_async
                           else ThreadPoolExecutor(slots, thread_name_prefix="experiment"))
@@ -60,7 +62,8 @@ class LocalBackend:
 
     def submit(self, h: Hypothesis) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(
-            execute_async(self.runner, h, self.bounded, self._executor, self._is_async))
+            execute_async(self.runner, h, self.bounded, self._executor, self._is_async,
+                          self.objectives))
         self._tasks.add(task)
         return task
 
@@ -96,12 +99,13 @@ class DaskBackend:
     """
 
     def __init__(self, client: Any, runner: Callable[[Hypothesis], Any], bounded: bool,
-                 topic: str | None, run_id: str):
+                 topic: str | None, run_id: str, objectives: tuple[str, ...] | None = None):
         from distributed import as_completed
 
         self.client = client
         self.runner = runner
         self.bounded = bounded
+        self.objectives = objectives
         self.topic = topic
         self.run_id = run_id
         self._ac = as_completed([], loop=client.loop, with_results=True, raise_errors=False)
@@ -111,7 +115,8 @@ class DaskBackend:
         self._futures: set[Any] = set()
 
     def submit(self, h: Hypothesis) -> Any:
-        fut = self.client.submit(execute_sync, self.runner, h, self.bounded, pure=False,
+        fut = self.client.submit(execute_sync, self.runner, h, self.bounded, self.objectives,
+                                 pure=False,
                                  key=f"experiment-{h.id}-{uuid.uuid4().hex[:8]}")
         self._futures.add(fut)
         self._ac.add(fut)

@@ -1,90 +1,174 @@
-"""Crash-safe resume: an append-only journal of finished experiments.
+"""Crash-safe checkpoints: an append-only JSON-lines journal of the whole scheduler state.
 
-With ``IterationScheduler(..., checkpoint="runs/loop.jsonl")`` every finished experiment (and
-every finished paper) is appended to a JSON-lines file and flushed before the loop goes on, so a
-crash of the process loses at most the experiments that were in flight. Running a scheduler
-again with the same checkpoint and the same hypotheses *replays* the journal: whenever the
-policy picks a hypothesis whose result is in the journal, the recorded result is counted at once
-(a ``result`` or ``failure`` event with ``replayed=True``, no slot, no budget) instead of running
-it again; papers already written are not written again. Hypotheses themselves are not stored:
-payloads need not be serialisable, and the expander, being pure, regenerates its follow-ups from
-the replayed results.
+With ``IterationScheduler(..., checkpoint="runs/loop.jsonl")`` the scheduler appends, before it
+goes on:
 
-File format: a header line ``{"format": "dask-research.experiments.journal", "version": 1}``,
-then one JSON object per line (``kind`` = ``"result"``, ``"failure"`` or ``"paper"``). A partial
-last line (the process died while writing it) is ignored; anything else unreadable raises
-:class:`~dask_research.exceptions.CheckpointError`.
+- every batch of hypotheses it queues (yours and the expander's), payloads included;
+- every event of the trace (``select`` without the per-branch ``scores``; ``dispatch`` of each
+  experiment; ``result`` with the reward, metrics and duration; ``failure``; ``prune``;
+  ``paper.trigger``; ...), plus the state of a randomised policy's generator;
+- what each paper writer returned.
+
+Replaying these records in order rebuilds the exact state after the last decision: branch
+statistics, queues, pruned branches, paper flags, the trace, the policy's own statistics, and
+the experiments that were in flight (dispatched, no outcome). See :mod:`.resume`.
+
+Atomicity: a local journal is only ever appended to, one ``write`` of a whole line followed by
+a flush, so a crash can at worst leave a torn *last* line, which is ignored when reading and cut
+off before the next append; every earlier record is untouched. An fsspec URL that is not a local
+file (``memory://``, ``s3://``, ...) is rewritten whole at each record, to a temporary object
+that then replaces the journal (write-then-rename). ``close()`` fsyncs a local journal.
+
+The format is JSON only, never pickle: payloads must be JSON values (dicts, lists, strings,
+numbers, booleans, ``None``; tuples come back as lists). A file that is not UTF-8 JSON lines
+(a pickle, say) is refused with :class:`~dask_research.exceptions.CheckpointError` and nothing
+in it is executed.
+
+File format: a header ``{"format": "dask-research.experiments.journal", "version": 2,
+"settings": {...}}``, then records ``{"kind": "hyps", "hyps": [...]}``, ``{"kind": "event",
+"e": {...}}`` and ``{"kind": "output", "branch": ..., "output": ...}``.
 
 Examples
 --------
 >>> import os, tempfile
->>> from dask_research.experiments import Hypothesis, Result
->>> from dask_research.experiments.checkpoint import Journal
+>>> from dask_research.experiments import Hypothesis
+>>> from dask_research.experiments.checkpoint import Journal, hypothesis_to_json
 >>> path = os.path.join(tempfile.mkdtemp(), "loop.jsonl")
->>> with Journal(path) as j:
-...     j.record(Result(Hypothesis("h1", "a"), 0.5, {"loss": 1.0}, 0.01))
->>> Journal(path).load().results["h1"]["reward"]
-0.5
+>>> j = Journal(path)
+>>> j.open({"slots": 1})
+>>> j.append({"kind": "hyps", "hyps": [hypothesis_to_json(Hypothesis("h1", "a", {"lr": 0.1}))]})
+>>> j.close()
+>>> state = Journal(path).load()
+>>> state.settings, state.records[0]["hyps"][0]["payload"]
+({'slots': 1}, {'lr': 0.1})
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..exceptions import CheckpointError
-from .events import _jsonable
-from .types import Hypothesis, Result
+from ..exceptions import CheckpointError, ExperimentError
+from .types import Hypothesis
 
-__all__ = ["Journal", "JournalState"]
+__all__ = ["Journal", "JournalState", "hypothesis_to_json", "hypothesis_from_json"]
 
 FORMAT = "dask-research.experiments.journal"
-VERSION = 1
+VERSION = 2
+RECORD_KINDS = ("hyps", "event", "output")
+
+
+def _strict(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ExperimentError(
+            f"{what} is not a JSON value ({exc}); checkpoints store JSON only (never pickle), "
+            "so payloads must be dicts, lists, strings, numbers, booleans or None",
+            value=value) from None
+
+
+def hypothesis_to_json(h: Hypothesis) -> dict[str, Any]:
+    """A hypothesis as a JSON-ready dict; :class:`ExperimentError` if its payload is not JSON.
+
+    >>> hypothesis_to_json(Hypothesis("h1", "a", features=(1.0, 2.0)))["features"]
+    [1.0, 2.0]
+    """
+    _strict(h.payload, f"the payload of hypothesis {h.id!r}")
+    d: dict[str, Any] = {"id": h.id, "branch": h.branch, "payload": h.payload}
+    if h.features is not None:
+        d["features"] = [float(x) for x in h.features]
+    if h.parent is not None:
+        d["parent"] = h.parent
+    if h.generation:
+        d["generation"] = h.generation
+    return d
+
+
+def hypothesis_from_json(d: Any) -> Hypothesis:
+    """Inverse of :func:`hypothesis_to_json` (``ValueError`` for malformed dicts)."""
+    if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not isinstance(
+            d.get("branch"), str):
+        raise ValueError(f"not a hypothesis: {str(d)[:60]!r}")
+    f = d.get("features")
+    if f is not None and (not isinstance(f, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in f)):
+        raise ValueError(f"bad features of hypothesis {d['id']!r}: {f!r}")
+    gen = d.get("generation", 0)
+    if not isinstance(gen, int) or isinstance(gen, bool):
+        raise ValueError(f"bad generation of hypothesis {d['id']!r}: {gen!r}")
+    return Hypothesis(d["id"], d["branch"], d.get("payload"),
+                      None if f is None else tuple(float(x) for x in f), d.get("parent"), gen)
 
 
 @dataclass
 class JournalState:
-    """What a journal holds: ``results`` and ``papers`` keyed by hypothesis id / branch."""
+    """What a journal holds: the header's ``settings`` and the records after it, in order."""
 
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
-    papers: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
 
-    def outcome(self, h: Hypothesis) -> Result | None:
-        """The recorded outcome of ``h`` (``None`` if not recorded or recorded for another
-        branch)."""
-        rec = self.results.get(h.id)
-        if rec is None or rec.get("branch") != h.branch:
-            return None
-        if rec["kind"] == "failure":
-            return Result.failure(h, rec["error"], rec.get("duration"))
-        return Result(h, float(rec["reward"]), dict(rec.get("metrics") or {}),
-                      rec.get("duration"))
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
 
 
 class Journal:
-    """Append-only JSON-lines journal at ``path`` (a local file; its folder is created)."""
+    """Append-only JSON-lines journal at a local path or an fsspec URL (its folder is created).
+    """
 
     def __init__(self, path: str | os.PathLike[str]):
-        self.path = os.fspath(path)
+        text = os.fspath(path)
+        self.url = text
+        self.local = _is_local(text)
+        self.path = text[len("file://"):] if text.startswith("file://") else text
         self._fh: Any = None
+        self._lines: list[str] | None = None      # remote: the whole journal, rewritten
+        self._fs: Any = None
 
     def __repr__(self) -> str:
-        return f"Journal({self.path!r})"
+        return f"Journal({self.url!r})"
+
+    def _remote(self) -> Any:
+        if self._fs is None:
+            from fsspec.core import url_to_fs
+
+            self._fs, self.path = url_to_fs(self.url)
+        return self._fs
 
     # -- reading ------------------------------------------------------------------------
-    def load(self) -> JournalState:
-        """Read the journal (an absent or empty file is an empty journal)."""
-        state = JournalState()
-        if not os.path.exists(self.path):
-            return state
-        with open(self.path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
+    def _read(self) -> bytes | None:
+        if self.local:
+            if not os.path.exists(self.path):
+                return None
+            with open(self.path, "rb") as f:
+                return f.read()
+        fs = self._remote()
+        return fs.cat_file(self.path) if fs.exists(self.path) else None
+
+    def load(self) -> JournalState | None:
+        """Read the journal; ``None`` if it does not exist or is empty.
+
+        Raises :class:`CheckpointError` (naming the file) for anything that is not a complete
+        journal of this format, except a torn last line, which is ignored.
+        """
+        data = self._read()
+        if not data:
+            return None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CheckpointError(
+                self.url, "is not a UTF-8 JSON-lines journal (binary content, e.g. a pickle); "
+                "checkpoints are JSON only and are never unpickled") from None
+        lines = text.split("\n")
         complete_last = lines[-1] == ""          # every complete record ends with "\n"
         if complete_last:
             lines.pop()
-        if not lines:
-            return state
+        state = JournalState()
         for n, line in enumerate(lines, start=1):
             last = n == len(lines)
             try:
@@ -93,41 +177,53 @@ class Journal:
                     raise ValueError("not an object")
             except ValueError:
                 if last and not complete_last:
+                    if n == 1:
+                        return None              # died while writing the header
                     break                        # torn write at a crash: ignore
-                raise CheckpointError(self.path, f"line {n} is not a JSON object: "
-                                                 f"{line[:60]!r}") from None
+                raise CheckpointError(self.url, f"line {n} is not a JSON object: "
+                                                f"{line[:60]!r}") from None
             if n == 1:
                 if rec.get("format") != FORMAT:
-                    raise CheckpointError(self.path, "not an experiments journal (the first "
-                                                     f"line must carry format={FORMAT!r})")
+                    raise CheckpointError(self.url, "not an experiments journal (the first "
+                                                    f"line must carry format={FORMAT!r})")
                 if rec.get("version") != VERSION:
-                    raise CheckpointError(self.path, f"journal version {rec.get('version')!r} "
-                                                     f"is not supported (expected {VERSION})")
+                    raise CheckpointError(self.url, f"journal version {rec.get('version')!r} "
+                                                    f"is not supported (expected {VERSION})")
+                settings = rec.get("settings", {})
+                state.settings = settings if isinstance(settings, dict) else {}
                 continue
-            kind = rec.get("kind")
-            if kind in ("result", "failure") and isinstance(rec.get("id"), str):
-                state.results[rec["id"]] = rec
-            elif kind == "paper" and isinstance(rec.get("branch"), str):
-                state.papers[rec["branch"]] = rec.get("output")
-            else:
-                raise CheckpointError(self.path, f"line {n} is not a journal record: "
-                                                 f"{line[:60]!r}")
+            if rec.get("kind") not in RECORD_KINDS:
+                raise CheckpointError(self.url, f"line {n} is not a journal record: "
+                                                f"{line[:60]!r}")
+            state.records.append(rec)
         return state
 
     # -- writing ------------------------------------------------------------------------
-    def open(self) -> Journal:
-        """Open for appending (writing the header into a new file)."""
-        if self._fh is None:
-            folder = os.path.dirname(self.path)
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-            fresh = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
-            if not fresh:
-                self._repair_torn_tail()
-            self._fh = open(self.path, "a", encoding="utf-8")
-            if fresh:
-                self._write({"format": FORMAT, "version": VERSION})
-        return self
+    def open(self, settings: dict[str, Any] | None = None) -> None:
+        """Open for appending; a new journal gets its header (with ``settings``)."""
+        if self._fh is not None or self._lines is not None:
+            return
+        header = {"format": FORMAT, "version": VERSION, "settings": settings or {}}
+        if not self.local:
+            data = self._read()
+            self._lines = []
+            if data:
+                text = data.decode("utf-8")
+                keep = text[: text.rfind("\n") + 1]        # drop a torn tail
+                self._lines = [ln + "\n" for ln in keep.split("\n") if ln]
+            else:
+                self._lines = [json.dumps(_clean(header)) + "\n"]
+                self._flush_remote()
+            return
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        fresh = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        if not fresh:
+            self._repair_torn_tail()
+        self._fh = open(self.path, "a", encoding="utf-8")
+        if fresh:
+            self._write(header)
 
     def _repair_torn_tail(self) -> None:
         with open(self.path, "rb+") as f:
@@ -135,27 +231,29 @@ class Journal:
             if data and not data.endswith(b"\n"):
                 f.truncate(data.rfind(b"\n") + 1)
 
+    def _flush_remote(self) -> None:
+        fs = self._remote()
+        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+        parent = os.path.dirname(self.path)
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        fs.pipe_file(tmp, "".join(self._lines or []).encode("utf-8"))
+        fs.mv(tmp, self.path)
+
     def _write(self, rec: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(rec) + "\n")
+        line = json.dumps(_clean(rec)) + "\n"
+        if self._lines is not None:
+            self._lines.append(line)
+            self._flush_remote()
+            return
+        self._fh.write(line)              # one write of the whole line
         self._fh.flush()                  # in the OS before the loop goes on
 
-    def record(self, result: Result) -> None:
-        """Append a finished experiment."""
-        self.open()
-        h = result.hypothesis
-        if result.ok:
-            rec = {"kind": "result", "id": h.id, "branch": h.branch,
-                   "reward": result.reward, "metrics": _jsonable(result.metrics),
-                   "duration": result.duration}
-        else:
-            rec = {"kind": "failure", "id": h.id, "branch": h.branch, "error": result.error,
-                   "duration": result.duration}
+    def append(self, rec: dict[str, Any]) -> None:
+        """Append one record (opening the journal if needed)."""
+        if self._fh is None and self._lines is None:
+            self.open()
         self._write(rec)
-
-    def record_paper(self, branch: str, output: Any) -> None:
-        """Append a finished paper (its output as JSON, or its repr)."""
-        self.open()
-        self._write({"kind": "paper", "branch": branch, "output": _jsonable(output)})
 
     def close(self) -> None:
         """Flush to disk (``fsync``) and close."""
@@ -164,9 +262,19 @@ class Journal:
             os.fsync(self._fh.fileno())
             self._fh.close()
             self._fh = None
+        self._lines = None
 
-    def __enter__(self) -> Journal:
-        return self.open()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+def _clean(x: Any) -> Any:
+    """Non-finite floats as strings (JSON has none); numpy scalars as Python numbers."""
+    from .events import _jsonable
+
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (str, int, bool, float)) or x is None:
+        return x
+    return _jsonable(x)

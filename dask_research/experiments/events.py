@@ -15,7 +15,11 @@ Kinds (``Event.kind``):
 ``paper.done`` / ``paper.failed``  the paper writer finished for a branch
 ``expand``     the expander queued follow-ups (``data``: ``ids``)
 ``stop``       dispatching stopped (``data``: ``reason``); in-flight work drains after it
+``finish``     with ``apply_order="dispatch"`` only: an experiment left its slot; its
+               ``result``/``failure`` follows when every earlier dispatch is applied
 ============== ==================================================================
+
+Events restored from a checkpoint carry ``data["restored"] = True`` (and no ``scores``).
 
 ``Event.t`` is seconds since the run started (``time.perf_counter``); ``Trace.started_at`` is
 the wall-clock (epoch) time of ``t = 0``. Slot occupancy is derived from ``dispatch`` and
@@ -49,7 +53,7 @@ __all__ = ["Event", "Trace", "Interval", "EVENT_KINDS"]
 
 EVENT_KINDS = (
     "add", "select", "dispatch", "result", "failure", "prune", "drop",
-    "paper.trigger", "paper.done", "paper.failed", "expand", "stop",
+    "paper.trigger", "paper.done", "paper.failed", "expand", "stop", "finish",
 )
 
 
@@ -184,7 +188,7 @@ class Trace(Sequence[Event]):
         for ev in self._events:
             if ev.kind == "dispatch":
                 open_[ev.hypothesis] = ev  # type: ignore[index]
-            elif ev.kind in ("result", "failure") and ev.hypothesis in open_:
+            elif ev.kind in ("result", "failure", "finish") and ev.hypothesis in open_:
                 d = open_.pop(ev.hypothesis)  # type: ignore[arg-type]
                 out.append(Interval(d.slot, d.t, ev.t,  # type: ignore[arg-type]
                                     d.hypothesis, d.branch))
@@ -229,23 +233,23 @@ class Trace(Sequence[Event]):
             last = ev.t
             if ev.kind == "dispatch":
                 running.add(ev.hypothesis)
-            elif ev.kind in ("result", "failure"):
-                running.discard(ev.hypothesis)     # replayed results never had a slot
+            elif ev.kind in ("result", "failure", "finish"):
+                running.discard(ev.hypothesis)     # restored results never had a slot here
             queued = ev.data.get("queued", queued)
         return num / den if den > 0 else math.nan
 
     def concurrency(self) -> list[tuple[float, int]]:
         """Step function ``[(t, experiments in flight after t), ...]``."""
         steps: list[tuple[float, int]] = []
-        level = 0
+        running: set[str | None] = set()
         for ev in self._events:
             if ev.kind == "dispatch":
-                level += 1
-            elif ev.kind in ("result", "failure"):
-                level -= 1
+                running.add(ev.hypothesis)      # a re-dispatch after a crash is not a second one
+            elif ev.kind in ("result", "failure", "finish"):
+                running.discard(ev.hypothesis)
             else:
                 continue
-            steps.append((ev.t, level))
+            steps.append((ev.t, len(running)))
         return steps
 
     def max_concurrency(self) -> int:

@@ -19,6 +19,7 @@ ExperimentError: runner returned reward=1.5 for 'h1'; bounded rewards must lie i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import math
 import numbers
@@ -44,8 +45,57 @@ def _problem(hyp: Hypothesis, text: str, duration: float) -> Result:
     return Result.failure(hyp, f"ExperimentError: {text}", duration)
 
 
-def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool) -> Result:
-    """Turn a runner's return value into a checked :class:`Result` (failed if unusable)."""
+def _vector(reward: Any, hyp: Hypothesis, objectives: tuple[str, ...], bounded: bool,
+            duration: float) -> tuple[float, ...] | Result:
+    names = ", ".join(objectives)
+    if isinstance(reward, dict):
+        if set(reward) != set(objectives):
+            return _problem(hyp, f"runner returned reward keys {sorted(reward)} for {hyp.id!r}; "
+                            f"expected exactly the objectives {names}", duration)
+        values = [reward[o] for o in objectives]
+    elif isinstance(reward, (list, tuple)) or hasattr(reward, "__array__"):
+        values = list(reward.tolist() if hasattr(reward, "tolist") else reward)
+    else:
+        return _problem(hyp, f"runner returned reward={reward!r:.80} for {hyp.id!r}; expected "
+                        f"a vector of {len(objectives)} numbers ({names}) or a dict of them",
+                        duration)
+    if len(values) != len(objectives) or not all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values):
+        return _problem(hyp, f"runner returned reward={values!r:.80} for {hyp.id!r}; expected "
+                        f"{len(objectives)} finite numbers ({names})", duration)
+    if bounded and not all(0.0 <= v <= 1.0 for v in values):
+        return _problem(hyp, f"runner returned reward={values!r} for {hyp.id!r}; bounded "
+                        "rewards must lie in [0, 1] (pass bounded=False for other scales)",
+                        duration)
+    return tuple(float(v) for v in values)
+
+
+def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool,
+                  objectives: tuple[str, ...] | None = None) -> Result:
+    """Turn a runner's return value into a checked :class:`Result` (failed if unusable).
+
+    With ``objectives`` the reward must be a vector of that length (or a dict keyed by them);
+    it comes back as a tuple of floats in objective order.
+    """
+    if objectives:
+        if isinstance(out, Result):
+            if out.hypothesis.id != hyp.id or out.hypothesis.branch != hyp.branch:
+                return coerce_result(out, hyp, duration, bounded)   # the same complaint
+            if out.error is not None:
+                return out.with_duration(duration)
+            reward, metrics = out.reward, out.metrics
+        elif isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) and not (
+                isinstance(out[1], dict) and set(out[1]) == set(objectives)):
+            reward, metrics = out
+        else:
+            reward, metrics = out, {}
+        vec = _vector(reward, hyp, objectives, bounded, duration)
+        if isinstance(vec, Result):
+            return vec
+        if isinstance(out, Result):
+            return dataclasses.replace(out, reward=vec).with_duration(duration)
+        return Result(hyp, vec, dict(metrics), duration)
     if isinstance(out, Result):
         if out.hypothesis.id != hyp.id or out.hypothesis.branch != hyp.branch:
             return _problem(
@@ -88,6 +138,7 @@ async def execute_async(
     bounded: bool,
     executor: Executor | None = None,
     is_async: bool | None = None,
+    objectives: tuple[str, ...] | None = None,
 ) -> Result:
     """Run ``runner(hyp)`` on the current event loop (sync runners in ``executor``)."""
     t0 = time.perf_counter()
@@ -103,14 +154,15 @@ async def execute_async(
                 out = await out
     except Exception as exc:  # noqa: BLE001 - a failing experiment must not kill the loop
         return Result.failure(hyp, exc, time.perf_counter() - t0)
-    return coerce_result(out, hyp, time.perf_counter() - t0, bounded)
+    return coerce_result(out, hyp, time.perf_counter() - t0, bounded, objectives)
 
 
 async def _await(aw: Any) -> Any:
     return await aw
 
 
-def execute_sync(runner: Callable[[Hypothesis], Any], hyp: Hypothesis, bounded: bool) -> Result:
+def execute_sync(runner: Callable[[Hypothesis], Any], hyp: Hypothesis, bounded: bool,
+                 objectives: tuple[str, ...] | None = None) -> Result:
     """Run ``runner(hyp)`` in this thread (a Dask worker); coroutines get their own loop."""
     t0 = time.perf_counter()
     try:
@@ -119,4 +171,4 @@ def execute_sync(runner: Callable[[Hypothesis], Any], hyp: Hypothesis, bounded: 
             out = asyncio.run(_await(out))
     except Exception as exc:  # noqa: BLE001
         return Result.failure(hyp, exc, time.perf_counter() - t0)
-    return coerce_result(out, hyp, time.perf_counter() - t0, bounded)
+    return coerce_result(out, hyp, time.perf_counter() - t0, bounded, objectives)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,10 +38,6 @@ __all__ = ["BranchLedger"]
 ScoreFn = Callable[[np.ndarray, np.ndarray, float, float], np.ndarray]
 
 
-def _ucb1(mean: np.ndarray, n: np.ndarray, c: float, total: float) -> np.ndarray:
-    return policies.ucb1_scores(mean, n, c, total)
-
-
 class BranchLedger:
     """Queues and statistics of every branch, in insertion order.
 
@@ -48,15 +45,46 @@ class BranchLedger:
     ----------
     c : float
         UCB1 exploration constant.
-    policy : callable, optional
-        ``policy(mean, n, c, total) -> scores`` (numpy arrays in branch order); default
-        :func:`.policies.ucb1_scores`.
+    policy : Policy, str or callable, optional
+        A :class:`~.scoring.Policy`, a policy name (:func:`~.scoring.make_policy`) or a legacy
+        ``policy(mean, n, c, total) -> scores`` function; default UCB1 with ``c``.
+    objectives : sequence of (name, "max" | "min"), optional
+        Declared objectives of vector rewards; ``Result.reward`` is then a vector (or a
+        ``{name: value}`` dict) and the scalar statistics use ``weights``.
+    weights : sequence of float, optional
+        Weights of the objectives in the scalar mean (default equal); normalised to sum 1.
+    bounded : bool
+        Rewards in [0, 1]: a ``"min"`` objective ``x`` counts as ``1 - x`` (else ``-x``).
     """
 
-    def __init__(self, c: float, policy: ScoreFn | None = None, capacity: int = 16):
+    def __init__(self, c: float, policy: Any = None, capacity: int = 16,
+                 objectives: Sequence[tuple[str, str]] | None = None,
+                 weights: Sequence[float] | None = None, bounded: bool = True):
+        from .scoring import Policy, UCB1Policy, make_policy
+
         self.c = float(c)
-        self.policy: ScoreFn = policy or _ucb1
-        self._fast = policy is None
+        if policy is None:
+            self.policy: Policy = UCB1Policy(self.c)
+        elif isinstance(policy, str) or callable(policy) and not isinstance(policy, Policy):
+            self.policy = make_policy(policy, c=self.c, bounded=bounded)
+        else:
+            self.policy = policy
+        self._fast = self.policy.fast_ucb1
+        self.bounded = bool(bounded)
+        self.objectives: tuple[str, ...] = tuple(o[0] for o in objectives or ())
+        self.directions: tuple[str, ...] = tuple(o[1] for o in objectives or ())
+        self.dims = len(self.objectives)
+        if self.dims:
+            w = np.ones(self.dims) if weights is None else np.asarray(weights, dtype=float)
+            self.weights = w / w.sum()
+            self._sign = np.array([1.0 if d == "max" else -1.0 for d in self.directions])
+            self._offset = np.array([0.0 if d == "max" else (1.0 if self.bounded else 0.0)
+                                     for d in self.directions])
+        if self.policy.needs_vector and not self.dims:
+            raise ExperimentError(
+                f"policy {self.policy.name!r} needs vector rewards; declare them, e.g. "
+                "objectives={'accuracy': 'max', 'cost': 'min'}", policy=self.policy.name)
+        self.feature_dim: int | None = None
         self.branches: list[str] = []
         self.index: dict[str, int] = {}
         self.queues: list[deque[Hypothesis]] = []
@@ -82,6 +110,7 @@ class BranchLedger:
         self.n = grow("n", np.float64)            # runs + pending, float for the policy
         self.inv_n = grow("inv_n", np.float64)    # 1 / n, +inf where n == 0 (UCB1 fast path)
         self.reward_sum = grow("reward_sum", np.float64)
+        self.sq_sum = grow("sq_sum", np.float64)    # sum of squared (scalar) rewards
         self.mean = grow("mean", np.float64)      # 0 until the first result
         self.queued = grow("queued", np.int64)
         self.failures = grow("failures", np.int64)
@@ -89,6 +118,12 @@ class BranchLedger:
         self.pruned = grow("pruned", np.bool_)
         self.paper = grow("paper", np.bool_)
         self.prune_reasons: dict[int, str] = getattr(self, "prune_reasons", {})
+        if self.dims:
+            new = np.zeros((capacity, self.dims))
+            old = getattr(self, "vsum", None)
+            if old is not None:
+                new[:k] = old[:k]
+            self.vsum = new                         # raw (as reported) reward vectors summed
 
     def _branch(self, name: str) -> int:
         i = self.index.get(name)
@@ -142,9 +177,33 @@ class BranchLedger:
             new.add(h.id)
         return batch
 
+    def _check_features(self, batch: list[Hypothesis]) -> None:
+        dim = self.feature_dim
+        for h in batch:
+            f = h.features
+            if f is None:
+                if self.policy.picks_hypothesis:
+                    raise ExperimentError(
+                        f"policy {self.policy.name!r} needs Hypothesis.features, but "
+                        f"{h.id!r} has none; e.g. Hypothesis('h1', 'b', features=(0.3, 1.0))",
+                        id=h.id)
+                continue
+            if dim is None:
+                dim = len(f)
+            if len(f) != dim or not all(isinstance(v, (int, float)) and math.isfinite(v)
+                                        for v in f):
+                raise ExperimentError(
+                    f"features of {h.id!r} are {f!r}; expected {dim} finite numbers like "
+                    "the other hypotheses", id=h.id)
+        if self.policy.picks_hypothesis and dim is not None:
+            self.feature_dim = dim
+        elif dim is not None:
+            self.feature_dim = dim
+
     def add(self, hypotheses: Iterable[Hypothesis]) -> list[Hypothesis]:
         """Queue hypotheses (all or none). Returns those dropped because their branch is pruned."""
         batch = self.check(hypotheses, self.ids)
+        self._check_features(batch)
         dropped = []
         for h in batch:
             self.ids.add(h.id)
@@ -161,43 +220,66 @@ class BranchLedger:
     # -- decisions ----------------------------------------------------------------------
     def scores(self) -> np.ndarray:
         """Current policy score of every branch (branch order)."""
-        k = len(self.branches)
         total = self.total_n
-        if self._fast and total > 1 and self.c > 0:
+        c = getattr(self.policy, "c", self.c)
+        if self._fast and total > 1 and c > 0:
+            k = len(self.branches)
             # UCB1 from the maintained 1/n: three vectorised operations; +inf stays +inf where
             # n == 0 (equal to policies.ucb1_scores, which the tests check against a model)
-            scores = self.inv_n[:k] * (self.c * self.c * math.log(total))
+            scores = self.inv_n[:k] * (c * c * math.log(total))
             np.sqrt(scores, out=scores)
             scores += self.mean[:k]
             return scores
-        scores = np.array(self.policy(self.mean[:k], self.n[:k], self.c, float(total)),
-                          dtype=float)      # a copy: select events keep it
-        if scores.shape != (k,):
-            raise ExperimentError(
-                f"policy returned scores of shape {scores.shape}; expected one score per "
-                f"branch, shape ({k},)", shape=scores.shape)
-        return scores
+        return np.array(self.policy.scores(self), dtype=float)   # a copy: events keep it
 
     def has_work(self) -> bool:
         """Whether any unpruned branch has queued hypotheses."""
         return self.n_queued > 0
 
     def select(self) -> tuple[int, np.ndarray] | None:
-        """``(branch index, scores)`` of the next pick, or ``None`` when nothing is eligible."""
+        """``(branch index, scores)`` of the next pick, or ``None`` when nothing is eligible.
+
+        For policies that pick a hypothesis (LinUCB), ``policy.position`` is then the index of
+        the chosen hypothesis in the branch's queue; :meth:`pop` takes that one.
+        """
         if self.n_queued == 0:
             return None
         k = len(self.branches)
         scores = self.scores()
         eligible = self.eligible[:k]
-        i = int(np.where(eligible, scores, -math.inf).argmax())   # first maximum: ties
-        if not eligible[i]:                                        # go to insertion order
-            j = policies.select(scores, eligible)
-            return None if j is None else (j, scores)
-        return i, scores
+        if self._fast:
+            i = int(np.where(eligible, scores, -math.inf).argmax())  # first maximum: ties
+            if not eligible[i]:                                       # to insertion order
+                j = policies.select(scores, eligible)
+                return None if j is None else (j, scores)
+            return i, scores
+        j = self.policy.choose(self, scores, eligible)
+        return None if j is None else (j, scores)
 
-    def pop(self, i: int) -> Hypothesis:
-        """Take the oldest queued hypothesis of branch ``i``; it counts as pending."""
-        h = self.queues[i].popleft()
+    def pop(self, i: int, position: int | None = None) -> Hypothesis:
+        """Take a queued hypothesis of branch ``i`` (the oldest, or the one the policy chose);
+        it counts as pending."""
+        if position is None:
+            position = self.policy.position if self.policy.picks_hypothesis else 0
+        q = self.queues[i]
+        if position == 0:
+            h = q.popleft()
+        else:
+            h = q[position]
+            del q[position]
+        self._started(i, h)
+        return h
+
+    def take(self, branch: str, hid: str) -> Hypothesis:
+        """Take hypothesis ``hid`` out of ``branch``'s queue (restoring a checkpoint)."""
+        i = self.branch_index(branch)
+        for pos, h in enumerate(self.queues[i]):
+            if h.id == hid:
+                return self.pop(i, pos)
+        raise ExperimentError(f"hypothesis {hid!r} is not queued on branch {branch!r}",
+                              id=hid, branch=branch)
+
+    def _started(self, i: int, h: Hypothesis) -> None:
         self.queued[i] -= 1
         self.n_queued -= 1
         if self.queued[i] == 0:
@@ -205,7 +287,7 @@ class BranchLedger:
         self.pending[i] += 1
         self._count(i, 1.0)
         self.total_n += 1
-        return h
+        self.policy.on_dispatch(self, i, h)
 
     def _count(self, i: int, delta: float) -> None:
         n = float(self.n[i]) + delta
@@ -225,21 +307,52 @@ class BranchLedger:
         self.total_n -= 1
         return i
 
+    def scalar(self, reward: Any) -> tuple[float, np.ndarray | None]:
+        """``(scalar reward, raw vector or None)`` of a (possibly vector) reward."""
+        if not self.dims:
+            return float(reward), None
+        v = np.asarray(reward, dtype=float)
+        oriented = self._offset + self._sign * v
+        return float(self.weights @ oriented), v
+
+    def vector_means(self) -> np.ndarray:
+        """Oriented (maximised) mean reward vectors, shape ``(branches, objectives)``; 0 rows
+        for branches without results."""
+        k = len(self.branches)
+        runs = self.runs[:k].astype(float)[:, None]
+        raw = np.divide(self.vsum[:k], runs, out=np.zeros((k, self.dims)), where=runs > 0)
+        return np.where(runs > 0, self._offset + self._sign * raw, 0.0)
+
+    def raw_means(self, i: int) -> dict[str, float] | None:
+        """``{objective: mean as reported}`` of branch ``i`` (``None`` for scalar rewards)."""
+        if not self.dims:
+            return None
+        r = int(self.runs[i])
+        return {o: (float(self.vsum[i, d]) / r if r else math.nan)
+                for d, o in enumerate(self.objectives)}
+
     def record(self, result: Result) -> int:
         """Count a successful result; returns the branch index (see :meth:`stats`)."""
-        i = self._settle(result.hypothesis)
+        h = result.hypothesis
+        i = self._settle(h)
+        reward, vec = self.scalar(result.reward)
         self.runs[i] += 1
         self._count(i, 1.0)
         self.total_n += 1
         self.total_runs += 1
-        self.reward_sum[i] += result.reward
+        self.reward_sum[i] += reward
+        self.sq_sum[i] += reward * reward
+        if vec is not None:
+            self.vsum[i] += vec
         self.mean[i] = self.reward_sum[i] / self.runs[i]
+        self.policy.on_result(self, i, h, reward)
         return i
 
     def record_failure(self, h: Hypothesis) -> int:
         """Count a failed experiment (no reward; it frees its pending pull); returns the index."""
         i = self._settle(h)
         self.failures[i] += 1
+        self.policy.on_failure(self, i, h)
         return i
 
     def prune(self, i: int, reason: str) -> list[Hypothesis]:
@@ -266,6 +379,7 @@ class BranchLedger:
             paper_emitted=bool(self.paper[i]),
             queued=int(self.queued[i]),
             failures=int(self.failures[i]),
+            means=self.raw_means(i),
         )
 
     def snapshot(self) -> dict[str, BranchStats]:

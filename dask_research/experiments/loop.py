@@ -10,36 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import inspect
 import math
 import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from .. import config
-from ..exceptions import ExperimentError, InputError
+from ..exceptions import CheckpointError, ExperimentError, InputError
 from . import policies
 from .backends import DaskBackend, LocalBackend
-from .checkpoint import Journal, JournalState
+from .checkpoint import Journal, hypothesis_to_json
 from .events import Event, Trace, _jsonable
 from .execute import is_async_callable
 from .ledger import BranchLedger, ScoreFn
+from .options import number as _number
+from .options import parse_objectives, parse_threshold, parse_weights
+from .pareto import pareto_front
 from .report import Report
+from .resume import Restored, restore
+from .scoring import Policy, make_policy
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = ["IterationScheduler"]
 
 _LOG_TOP_SCORES = 32   # select events in the Dask event log carry the best 32 scores
-
-
-def _number(name: str, value: Any, expected: str, ok: Callable[[float], bool]) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise InputError(name, value, expected, where="IterationScheduler")
-    return value
 
 
 class IterationScheduler:
@@ -96,10 +97,34 @@ class IterationScheduler:
     log_events : bool, optional
         With a client, forward events to the Dask event log under
         ``research.experiments.event-topic`` (``research.experiments.log-events``).
-    checkpoint : str or path, optional
-        A journal file (JSON lines) of finished experiments for crash-safe resume: a later run
-        with the same checkpoint and hypotheses counts the recorded results instead of running
-        them again (see :mod:`dask_research.experiments.checkpoint`).
+    policy : str, Policy or callable, optional
+        ``"ucb1"`` (default, ``research.experiments.policy``), ``"ucb1-tuned"``, ``"kl-ucb"``,
+        ``"thompson"``, ``"discounted-ucb"``, ``"pareto-ucb1"`` (vector rewards),
+        ``"linucb"`` / ``"linucb-hybrid"`` (hypothesis features), a
+        :class:`~.scoring.Policy`, or ``policy(mean, n, c, total) -> scores`` over numpy
+        arrays in branch order (for baselines and experiments with policies).
+    gamma : float, optional
+        Discount of ``"discounted-ucb"`` per applied result (``research.experiments.gamma``).
+    alpha : float, optional
+        LinUCB confidence width (``research.experiments.alpha``).
+    seed : int, optional
+        Seed of randomised policies: Thompson, Pareto UCB1 (``research.experiments.seed``).
+    objectives : dict or list, optional
+        Vector rewards: ``{"accuracy": "max", "cost": "min"}``. The runner then returns a
+        vector (or a dict keyed by objective); ``prune_floor`` and ``paper_threshold`` may be
+        dicts of per-objective thresholds, or numbers applied to the weighted mean.
+    weights : dict or sequence of float, optional
+        Weights of the objectives in the scalar mean (default equal).
+    apply_order : {"completion", "dispatch"}, optional
+        ``"completion"`` (default, ``research.experiments.apply-order``) counts each result
+        when it arrives; ``"dispatch"`` buffers early finishers and counts results in dispatch
+        order, and decision ``k`` waits for the result of decision ``k - slots``, so a run with
+        deterministic rewards makes the same decisions whatever the completion order (at a
+        cost in occupancy: see the docs).
+    checkpoint : str, path or fsspec URL, optional
+        A journal (JSON lines) of the scheduler's state, appended after every decision; a
+        scheduler created with an existing journal continues from it (see
+        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`).
 
     Examples
     --------
@@ -130,9 +155,15 @@ class IterationScheduler:
         failure_limit: int | None = None,
         bounded: bool | None = None,
         progress: bool | None = None,
-        policy: ScoreFn | None = None,
+        policy: str | Policy | ScoreFn | None = None,
         log_events: bool | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
+        gamma: float | None = None,
+        alpha: float | None = None,
+        seed: int | None = None,
+        objectives: Any = None,
+        weights: Any = None,
+        apply_order: str | None = None,
     ):
         if not callable(runner):
             raise ExperimentError(
@@ -157,15 +188,18 @@ class IterationScheduler:
             "prune_after_runs", config.get("experiments.prune-after-runs", prune_after_runs),
             "an integer >= 1", lambda v: v >= 1 and v == int(v)))
         self.bounded = bool(config.get("experiments.bounded-rewards", bounded))
+        pairs = parse_objectives(objectives)
+        self.objectives: dict[str, str] | None = dict(pairs) if pairs else None
+        self.weights = parse_weights(weights, self.objectives)
         in_range = (lambda v: 0.0 <= v <= 1.0) if self.bounded else math.isfinite
         expected = ("a number in [0, 1] (rewards are bounded; pass bounded=False for other "
                     "reward scales)") if self.bounded else "a finite number"
-        self.prune_floor = float(_number(
-            "prune_floor", config.get("experiments.prune-floor", prune_floor), expected,
-            in_range))
-        self.paper_threshold = float(_number(
+        self.prune_floor = parse_threshold(
+            "prune_floor", config.get("experiments.prune-floor", prune_floor), self.objectives,
+            expected, in_range)
+        self.paper_threshold = parse_threshold(
             "paper_threshold", config.get("experiments.paper-threshold", paper_threshold),
-            expected, in_range))
+            self.objectives, expected, in_range)
         limit = config.get("experiments.failure-limit", failure_limit)
         self.failure_limit = int(_number("failure_limit", limit, "an integer >= 0 (0: no limit)",
                                          lambda v: v >= 0 and v == int(v))) or None
@@ -182,17 +216,101 @@ class IterationScheduler:
         self.progress = bool(config.get("experiments.progress", progress))
         self.log_events = bool(config.get("experiments.log-events", log_events))
         self.topic: str = config.get("experiments.event-topic")
-        if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
-            raise InputError("checkpoint", checkpoint, "a file path (str or os.PathLike) or None",
+        order = config.get("experiments.apply-order", apply_order)
+        if order not in ("completion", "dispatch"):
+            raise InputError("apply_order", order, '"completion" or "dispatch"',
                              where="IterationScheduler")
+        self.apply_order: str = order
+        self.gamma = float(_number("gamma", config.get("experiments.gamma", gamma),
+                                   "a number in (0, 1]", lambda v: 0 < v <= 1))
+        self.alpha = float(_number("alpha", config.get("experiments.alpha", alpha),
+                                   "a finite number >= 0",
+                                   lambda v: math.isfinite(v) and v >= 0))
+        self.seed = int(_number("seed", config.get("experiments.seed", seed), "an integer",
+                                lambda v: v == int(v)))
+        self._policy_arg = config.get("experiments.policy", policy)
+        if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+            raise InputError("checkpoint", checkpoint, "a file path (str or os.PathLike), an "
+                             "fsspec URL, or None", where="IterationScheduler")
         self.checkpoint = checkpoint
-        self.ledger = BranchLedger(self.c, policy)
+        self.ledger = self._new_ledger()
+        self.policy: Policy = self.ledger.policy
         self._journal: Journal | None = None
-        self._past = JournalState()
+        self._restored: Restored | None = None
+        self._known: dict[str, str] = {}          # ids restored from the checkpoint -> branch
         self._running = False
         self._dropped: list[str] = []
         self._trace: Trace | None = None
         self._t0 = 0.0
+        if checkpoint is not None:                # a bad checkpoint raises before anything runs
+            self._journal = Journal(checkpoint)
+            state = self._journal.load()
+            if state is not None:
+                self._restored = restore(state, self.ledger, self._journal.url)
+                self._known = self._restored.ids
+
+    # -- construction helpers -----------------------------------------------------------
+    def _new_ledger(self) -> BranchLedger:
+        arg = self._policy_arg
+        if isinstance(arg, Policy):
+            pol = arg
+        else:
+            pol = make_policy(arg, c=self.c, gamma=self.gamma, alpha=self.alpha,
+                              seed=self.seed, bounded=self.bounded)
+        pairs = list(self.objectives.items()) if self.objectives else None
+        if self.objectives is not None and isinstance(arg, str) and arg == "ucb1":
+            pass               # scalarised UCB1 over the weighted mean is allowed
+        return BranchLedger(self.c, pol, objectives=pairs, weights=self.weights,
+                            bounded=self.bounded)
+
+    def _settings(self) -> dict[str, Any]:
+        """Constructor settings recorded in the checkpoint header (for :meth:`resume`)."""
+        arg = self._policy_arg
+        return {
+            "slots": self.slots, "c": self.c, "prune_after_runs": self.prune_after_runs,
+            "prune_floor": self.prune_floor, "paper_threshold": self.paper_threshold,
+            "failure_limit": self.failure_limit or 0, "bounded": self.bounded,
+            "max_experiments": self.max_experiments, "max_seconds": self.max_seconds,
+            "policy": arg if isinstance(arg, str) else "custom",
+            "gamma": self.gamma, "alpha": self.alpha, "seed": self.seed,
+            "objectives": list(map(list, self.objectives.items())) if self.objectives else None,
+            "weights": self.weights, "apply_order": self.apply_order,
+        }
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike[str], runner: Callable[[Hypothesis], Any],
+               **kwargs: Any) -> IterationScheduler:
+        """A scheduler continuing the run journaled at ``path`` (call ``.run()`` on it).
+
+        Settings come from the checkpoint's header; keywords override them (pass the
+        ``expander``, ``paper_writer`` or ``client`` again: functions are not journaled).
+        Statistics, queues, prunes, paper flags and the trace are as at the last decision;
+        experiments in flight at the crash run again first, once each; ``max_experiments``
+        and ``max_seconds`` count what was already spent.
+
+        Examples
+        --------
+        >>> sched = IterationScheduler.resume("runs/loop.jsonl", runner)   # doctest: +SKIP
+        >>> report = sched.run()                                          # doctest: +SKIP
+        """
+        state = Journal(path).load()
+        where = os.fspath(path)
+        if state is None:
+            raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
+                                         "a run with IterationScheduler(..., checkpoint=path))")
+        settings = {k: v for k, v in state.settings.items() if v is not None or k in (
+            "max_experiments", "max_seconds")}
+        if settings.get("policy") == "custom" and "policy" not in kwargs:
+            raise CheckpointError(where, "was written with a custom policy object or function; "
+                                         "pass it again: IterationScheduler.resume(path, runner, "
+                                         "policy=my_policy)")
+        settings.update(kwargs)
+        known = set(inspect.signature(cls.__init__).parameters)
+        extra = sorted(set(settings) - known)
+        if extra:
+            raise CheckpointError(where, f"its settings name unknown parameters {extra}; it "
+                                         "was written by another version")
+        return cls(runner, checkpoint=path, **settings)
 
     def __repr__(self) -> str:
         mode = "dask" if self.client is not None else "asyncio"
@@ -206,15 +324,45 @@ class IterationScheduler:
         Raises :class:`ExperimentError` for duplicate ids (within the batch or with anything
         added before) and for objects that are not :class:`Hypothesis`; then nothing is queued.
         Hypotheses for an already pruned branch are dropped and recorded (``drop`` event).
+        With a checkpoint, payloads must be JSON values, and hypotheses already in the
+        checkpoint (same id and branch) are skipped, so re-adding the same list resumes.
         """
         if isinstance(hypotheses, Hypothesis):
             hypotheses = [hypotheses]
-        dropped = self.ledger.add(hypotheses)
+        batch = list(hypotheses)
+        if self._known:
+            fresh = []
+            for h in batch:
+                branch = self._known.get(getattr(h, "id", None))  # type: ignore[arg-type]
+                if branch is None:
+                    fresh.append(h)
+                elif branch != h.branch:
+                    raise CheckpointError(
+                        self._journal.url if self._journal else "?",
+                        f"hypothesis {h.id!r} is on branch {branch!r} in the checkpoint but on "
+                        f"{h.branch!r} here; the checkpoint belongs to another run")
+            batch = fresh
+        self._queue(batch)
+
+    def _queue(self, batch: list[Hypothesis]) -> list[Hypothesis]:
+        """Validate, journal, then queue ``batch``; returns the hypotheses dropped."""
+        BranchLedger.check(batch, self.ledger.ids)
+        self.ledger._check_features(batch)
+        if self._journal is not None and batch:
+            self._journal_write({"kind": "hyps", "hyps": [hypothesis_to_json(h) for h in batch]})
+        dropped = self.ledger.add(batch)
         if dropped:
             self._dropped.extend(h.id for h in dropped)
             if self._running:
                 for h in dropped:
                     self._emit("drop", branch=h.branch, hypothesis=h.id, reason="pruned")
+        return dropped
+
+    def _journal_write(self, rec: dict[str, Any]) -> None:
+        journal = self._journal
+        assert journal is not None
+        journal.open(self._settings())
+        journal.append(rec)
 
     @property
     def stats(self) -> dict[str, BranchStats]:
@@ -271,12 +419,23 @@ class IterationScheduler:
         return time.perf_counter() - self._t0
 
     def _emit(self, kind: str, branch: str | None = None, hypothesis: str | None = None,
-              slot: int | None = None, scores: Any = None, **data: Any) -> None:
+              slot: int | None = None, scores: Any = None, journal: dict | None = None,
+              **data: Any) -> None:
         trace = self._trace
         assert trace is not None
         data["queued"] = self.ledger.n_queued
-        trace._events.append(Event(len(trace._events), time.perf_counter() - self._t0, kind,
-                                   branch, hypothesis, slot, data, scores))
+        ev = Event(len(trace._events), time.perf_counter() - self._t0, kind, branch,
+                   hypothesis, slot, data, scores)
+        trace._events.append(ev)
+        if self._journal is not None:
+            rec: dict[str, Any] = {"seq": ev.seq, "t": ev.t, "kind": kind}
+            for key, value in (("branch", branch), ("hypothesis", hypothesis), ("slot", slot)):
+                if value is not None:
+                    rec[key] = value
+            rec.update(data)
+            if journal:
+                rec.update(journal)
+            self._journal_write({"kind": "event", "e": rec})
 
     def _budget_reason(self, dispatched: int) -> str | None:
         if self.max_experiments is not None and dispatched >= self.max_experiments:
@@ -285,65 +444,97 @@ class IterationScheduler:
             return "max_seconds"
         return None
 
-    async def _drive(self) -> Report:
+    async def _drive(self) -> Report:  # noqa: C901 - the loop reads best in one piece
         if self._running:
             raise ExperimentError("this scheduler is already running; one run at a time")
-        if self.checkpoint is not None:       # a bad checkpoint raises before anything runs
-            self._journal = Journal(self.checkpoint)
-            self._past = self._journal.load()     # opened for appending at the first record
         self._running = True
+        restored, self._restored = self._restored, None
         run_id = uuid.uuid4().hex[:12]
         ledger = self.ledger
-        self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter() - (restored.elapsed if restored else 0.0)
         trace = self._trace = Trace(self.slots, ledger.branches, started_at=time.time())
         results: list[Result] = []
         failed: list[Result] = []
         triggers: list[str] = []
         papers: dict[str, Any] = {}
+        retry: deque[Hypothesis] = deque()
+        spent = 0
+        if restored is not None:
+            trace._events.extend(restored.events)
+            results.extend(restored.results)
+            failed.extend(restored.failed)
+            triggers.extend(restored.triggers)
+            papers.update(restored.papers)
+            self._dropped[:0] = restored.dropped
+            retry.extend(restored.retry)
+            spent = restored.spent
         side: list[asyncio.Future] = []
+        objectives = tuple(self.objectives) if self.objectives else None
         if self.client is None:
             backend: LocalBackend | DaskBackend = LocalBackend(self.runner, self.slots,
-                                                               self.bounded)
+                                                               self.bounded, objectives)
         else:
             backend = DaskBackend(self.client, self.runner, self.bounded,
-                                  self.topic if self.log_events else None, run_id)
+                                  self.topic if self.log_events else None, run_id, objectives)
         bar = self._progress_bar()
         free = list(range(self.slots))
-        inflight: dict[Any, tuple[Hypothesis, int]] = {}
+        inflight: dict[Any, tuple[Hypothesis, int, int]] = {}
+        buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
+        by_dispatch = self.apply_order == "dispatch"
+        seq = {"next": 0, "applied": 0}      # dispatch sequence numbers of this run
         stop_reason: str | None = None
         dispatched = 0
-        replayed = 0
         shipped = 0
-        if ledger.total_queued:
-            self._emit("add", n=ledger.total_queued, nbranches=len(ledger.branches))
-        try:
-            while True:
-                # 1. fill every free slot (budgets are checked only when there is work)
-                while free and stop_reason is None:
-                    if not ledger.has_work():
-                        break
-                    reason = self._budget_reason(dispatched)
-                    if reason is not None:
-                        stop_reason = reason
-                        self._emit("stop", reason=reason, in_flight=len(inflight))
-                        break
-                    i, scores = ledger.select()  # type: ignore[misc]
-                    h = ledger.pop(i)
-                    prior = self._past.outcome(h) if self._past.results else None
-                    if prior is not None:     # in the checkpoint: count it, do not run it
-                        self._emit("select", h.branch, h.id, None, scores,
-                                   score=float(scores[i]), replayed=True)
-                        replayed += 1
-                        self._on_outcome(h, None, prior, results, failed, triggers, papers,
-                                         side, backend, replayed=True)
-                        continue
+
+        def fill() -> None:
+            """Fill every free slot (budgets are checked only when there is work)."""
+            nonlocal stop_reason, dispatched
+            while free and stop_reason is None:
+                if by_dispatch and seq["next"] - seq["applied"] >= self.slots:
+                    return                    # decision k waits for result k - slots
+                if retry:                     # in flight at the crash: again, once
+                    h = retry.popleft()
                     slot = heapq.heappop(free)
-                    self._emit("select", h.branch, h.id, None, scores, score=float(scores[i]))
-                    inflight[backend.submit(h)] = (h, slot)
+                    inflight[backend.submit(h)] = (h, slot, seq["next"])
+                    seq["next"] += 1
                     dispatched += 1
-                    self._emit("dispatch", h.branch, h.id, slot)
+                    self._emit("dispatch", h.branch, h.id, slot, requeued=True)
+                    continue
+                if not ledger.has_work():
+                    return
+                reason = self._budget_reason(spent + dispatched)
+                if reason is not None:
+                    stop_reason = reason
+                    self._emit("stop", reason=reason, in_flight=len(inflight))
+                    return
+                i, scores = ledger.select()  # type: ignore[misc]
+                h = ledger.pop(i)
+                slot = heapq.heappop(free)
+                extra = self._select_data(i, h)
+                rng = self.policy.rng_state()
+                self._emit("select", h.branch, h.id, None, scores, score=float(scores[i]),
+                           journal=None if rng is None else {"rng": rng}, **extra)
+                inflight[backend.submit(h)] = (h, slot, seq["next"])
+                seq["next"] += 1
+                dispatched += 1
+                self._emit("dispatch", h.branch, h.id, slot)
+
+        try:
+            if ledger.total_queued or retry:
+                self._emit("add", n=ledger.total_queued, nbranches=len(ledger.branches),
+                           **({"requeued": [h.id for h in retry]} if retry else {}))
+            if restored is not None and self.paper_writer is not None:
+                for b in restored.triggers:        # triggered, but no paper before the crash
+                    if b not in papers and b in restored.trigger_results:
+                        i = ledger.branch_index(b)
+                        side.append(self._start_paper(b, ledger.stats(i),
+                                                      restored.trigger_results[b], papers,
+                                                      backend))
+            while True:
+                # 1. fill every free slot
+                fill()
                 if stop_reason is None and ledger.has_work() and not free:
-                    reason = self._budget_reason(dispatched)
+                    reason = self._budget_reason(spent + dispatched)
                     if reason is not None:
                         stop_reason = reason
                         self._emit("stop", reason=reason, in_flight=len(inflight))
@@ -358,10 +549,20 @@ class IterationScheduler:
                         and ledger.has_work()):
                     timeout = max(0.0, self.max_seconds - self._now())
                 for token, outcome in await backend.wait(timeout):
-                    h, slot = inflight.pop(token)
+                    h, slot, k = inflight.pop(token)
                     heapq.heappush(free, slot)
-                    self._on_outcome(h, slot, outcome, results, failed, triggers, papers,
-                                     side, backend)
+                    if not by_dispatch:
+                        self._on_outcome(h, slot, outcome, results, failed, triggers, papers,
+                                         side, backend)
+                        continue
+                    self._emit("finish", h.branch, h.id, slot)
+                    buffered[k] = (h, slot, outcome)
+                    while seq["applied"] in buffered:   # apply in dispatch order, and make
+                        hh, ss, oo = buffered.pop(seq["applied"])   # decision k right after
+                        seq["applied"] += 1                         # result k - slots
+                        self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side,
+                                         backend)
+                        fill()
                 if bar is not None:         # update() redraws at most every 0.1 s
                     done = len(results) + len(failed)
                     bar.total = done + len(inflight) + ledger.total_queued
@@ -379,7 +580,6 @@ class IterationScheduler:
             await backend.close()
             if self._journal is not None:
                 self._journal.close()
-                self._journal, self._past = None, JournalState()
             self._running = False
         return Report(
             stop_reason=stop_reason,
@@ -396,8 +596,31 @@ class IterationScheduler:
             dropped=self._take_dropped(),
             slots=self.slots,
             run_id=run_id,
-            replayed=replayed,
+            replayed=restored.outcomes if restored is not None else 0,
+            objectives=dict(self.objectives) if self.objectives else None,
+            pareto_front=self._pareto_front(),
+            policy=self.policy.name,
+            apply_order=self.apply_order,
         )
+
+    def _select_data(self, i: int, h: Hypothesis) -> dict[str, Any]:
+        """Extra data of a ``select`` event for policies that pick more than a branch."""
+        pol = self.policy
+        if pol.picks_hypothesis:
+            return {"position": pol.position}
+        front = getattr(pol, "last_front", None)
+        if front is not None and len(front):
+            return {"front": [self.ledger.branches[j] for j in np.flatnonzero(front)]}
+        return {}
+
+    def _pareto_front(self) -> list[str]:
+        """Branches whose mean reward vectors no other branch dominates (vector rewards)."""
+        led = self.ledger
+        if not led.dims:
+            return []
+        k = len(led.branches)
+        mask = pareto_front(led.vector_means(), led.runs[:k] > 0)
+        return [led.branches[j] for j in np.flatnonzero(mask)]
 
     def _take_dropped(self) -> list[str]:
         out, self._dropped = self._dropped, []
@@ -434,18 +657,17 @@ class IterationScheduler:
     def _on_outcome(self, h: Hypothesis, slot: int | None, outcome: Any,  # noqa: C901
                     results: list[Result],
                     failed: list[Result], triggers: list[str], papers: dict[str, Any],
-                    side: list[asyncio.Future], backend: LocalBackend | DaskBackend,
-                    replayed: bool = False) -> None:
+                    side: list[asyncio.Future], backend: LocalBackend | DaskBackend) -> None:
         ledger = self.ledger
         ok = isinstance(outcome, Result) and outcome.ok
-        extra = {"replayed": True} if replayed else {}
         if ok:
             i = ledger.record(outcome)
             runs, mean = int(ledger.runs[i]), float(ledger.mean[i])
             results.append(outcome)
+            vec = {"means": ledger.raw_means(i)} if ledger.dims else {}
             self._emit("result", h.branch, h.id, slot, reward=outcome.reward,
-                       duration=outcome.duration, mean=mean, runs=runs, **extra)
-            res = outcome
+                       duration=outcome.duration, mean=mean, runs=runs,
+                       journal={"metrics": _jsonable(outcome.metrics)}, **vec)
         else:
             res = outcome if isinstance(outcome, Result) else Result.failure(h, outcome)
             i = ledger.record_failure(h)
@@ -453,34 +675,41 @@ class IterationScheduler:
             mean = float(ledger.mean[i]) if runs else math.nan
             failed.append(res)
             self._emit("failure", h.branch, h.id, slot, error=res.error,
-                       failures=int(ledger.failures[i]), **extra)
-        if self._journal is not None and not replayed:
-            self._journal.record(res)
+                       failures=int(ledger.failures[i]), journal={"duration": res.duration})
+        means = ledger.raw_means(i)
+        dirs = self.objectives or {}
         # gate 1: pruning
         if not ledger.pruned[i]:
-            reason = policies.prune_reason(runs, mean, int(ledger.failures[i]),
-                                           self.prune_after_runs, self.prune_floor,
-                                           self.failure_limit)
+            if isinstance(self.prune_floor, dict):
+                reason = policies.prune_reason_vector(
+                    runs, means or {}, int(ledger.failures[i]), self.prune_after_runs,
+                    self.prune_floor, dirs, self.failure_limit)
+            else:
+                reason = policies.prune_reason(runs, mean, int(ledger.failures[i]),
+                                               self.prune_after_runs, self.prune_floor,
+                                               self.failure_limit)
             if reason is not None:
                 dropped = ledger.prune(i, reason)
                 self._dropped.extend(d.id for d in dropped)
                 self._emit("prune", h.branch, reason=reason, mean=mean, runs=runs,
-                           failures=int(ledger.failures[i]), dropped=[d.id for d in dropped])
+                           failures=int(ledger.failures[i]), dropped=[d.id for d in dropped],
+                           **({"means": means} if means else {}))
                 return
         if not ok or ledger.pruned[i]:
             return
         # gate 2: paper trigger, once per branch
-        if policies.should_trigger_paper(runs, mean, self.paper_threshold,
-                                         bool(ledger.paper[i])):
+        if isinstance(self.paper_threshold, dict):
+            trigger = policies.should_trigger_paper_vector(
+                runs, means or {}, self.paper_threshold, dirs, bool(ledger.paper[i]))
+        else:
+            trigger = policies.should_trigger_paper(runs, mean, self.paper_threshold,
+                                                    bool(ledger.paper[i]))
+        if trigger:
             ledger.paper[i] = True
             triggers.append(h.branch)
-            written = h.branch in self._past.papers
             self._emit("paper.trigger", h.branch, h.id, mean=mean, runs=runs,
-                       threshold=self.paper_threshold,
-                       **({"replayed": True} if written else {}))
-            if written:                       # written before the restart: not again
-                papers[h.branch] = self._past.papers[h.branch]
-            elif self.paper_writer is not None:
+                       threshold=self.paper_threshold, **({"means": means} if means else {}))
+            if self.paper_writer is not None:
                 stats = ledger.stats(i)
                 side.append(self._start_paper(h.branch, stats, outcome, papers, backend))
         # gate 3: expansion
@@ -490,14 +719,14 @@ class IterationScheduler:
     def _start_paper(self, branch: str, stats: BranchStats, best: Result,
                      papers: dict[str, Any], backend: LocalBackend | DaskBackend) -> Any:
         fut = backend.side(self.paper_writer, branch, stats, best)  # type: ignore[arg-type]
-        journal = self._journal
 
         async def watch() -> None:
             try:
                 papers[branch] = await fut
+                if self._journal is not None:
+                    self._journal_write({"kind": "output", "branch": branch,
+                                         "output": _jsonable(papers[branch])})
                 self._emit("paper.done", branch=branch)
-                if journal is not None:
-                    journal.record_paper(branch, papers[branch])
             except Exception as exc:  # noqa: BLE001 - a failed paper never stops the loop
                 papers[branch] = f"<{type(exc).__name__}: {exc}>"
                 self._emit("paper.failed", branch=branch, error=f"{type(exc).__name__}: {exc}")
@@ -510,13 +739,16 @@ class IterationScheduler:
             new = list(self.expander(result))  # type: ignore[misc]
             wrong = [x.id for x in new if isinstance(x, Hypothesis) and x.branch != h.branch]
             batch = BranchLedger.check(new, self.ledger.ids)
+            self.ledger._check_features(batch)
+            if self._journal is not None:
+                for x in batch:
+                    hypothesis_to_json(x)
         except Exception as exc:  # noqa: BLE001 - a faulty expander must not kill the loop
             self._emit("expand", branch=h.branch, hypothesis=h.id, ids=[],
                        error=f"{type(exc).__name__}: {exc}")
             return
         if not batch:
             return
-        dropped = self.ledger.add(batch)
-        self._dropped.extend(d.id for d in dropped)
+        self._queue(batch)
         self._emit("expand", branch=h.branch, hypothesis=h.id, ids=[x.id for x in batch],
                    **({"other_branches": wrong} if wrong else {}))

@@ -41,6 +41,8 @@ __all__ = [
     "should_trigger_paper",
     "round_robin_scores",
     "greedy_scores",
+    "prune_reason_vector",
+    "should_trigger_paper_vector",
 ]
 
 _INF = math.inf
@@ -191,3 +193,53 @@ def greedy_scores(mean: ArrayLike, n: ArrayLike) -> np.ndarray:
     """
     mean = np.asarray(mean, dtype=float)
     return np.where(np.asarray(n) == 0, _INF, mean)
+
+
+def _worse(mean: float, bound: float, direction: str) -> bool:
+    return mean < bound if direction == "max" else mean > bound
+
+
+def _better(mean: float, bound: float, direction: str) -> bool:
+    return mean > bound if direction == "max" else mean < bound
+
+
+def prune_reason_vector(
+    runs: int,
+    means: dict[str, float],
+    failures: int,
+    prune_after_runs: int,
+    floors: dict[str, float],
+    directions: dict[str, str],
+    failure_limit: int | None,
+) -> str | None:
+    """Per-objective pruning: ``"low-<objective>"`` once a floor is violated after
+    ``prune_after_runs`` runs (below it for ``"max"`` objectives, above it for ``"min"``).
+
+    A floor is a requirement, so violating any one of them prunes.
+
+    >>> prune_reason_vector(3, {"acc": 0.1, "cost": 0.2}, 0, 3, {"acc": 0.3, "cost": 0.5},
+    ...                     {"acc": "max", "cost": "min"}, None)
+    'low-acc'
+    >>> prune_reason_vector(3, {"acc": 0.5, "cost": 0.8}, 0, 3, {"acc": 0.3, "cost": 0.5},
+    ...                     {"acc": "max", "cost": "min"}, None)
+    'low-cost'
+    """
+    if failure_limit is not None and failures >= failure_limit:
+        return "failures"
+    if runs >= prune_after_runs and runs > 0:
+        for name, floor in floors.items():
+            if _worse(means[name], floor, directions[name]):
+                return f"low-{name}"
+    return None
+
+
+def should_trigger_paper_vector(runs: int, means: dict[str, float], thresholds: dict[str, float],
+                                directions: dict[str, str], emitted: bool) -> bool:
+    """``True`` once: the first time a branch beats *every* per-objective threshold.
+
+    >>> should_trigger_paper_vector(2, {"acc": 0.9, "cost": 0.1}, {"acc": 0.8, "cost": 0.2},
+    ...                             {"acc": "max", "cost": "min"}, emitted=False)
+    True
+    """
+    return (not emitted) and runs > 0 and all(
+        _better(means[name], bound, directions[name]) for name, bound in thresholds.items())

@@ -66,8 +66,18 @@ class Report:
     dropped : list of str
         Ids of queued hypotheses dropped by pruning.
     replayed : int
-        Results taken from the checkpoint instead of being run again (they are in ``results``
-        / ``failed`` and in ``total_runs`` / ``failures``, but not in ``dispatched``).
+        Outcomes restored from the checkpoint instead of being run again (they are in
+        ``results`` / ``failed`` and in ``total_runs`` / ``failures``, but not in
+        ``dispatched``).
+    objectives : dict, optional
+        ``{name: "max" | "min"}`` for vector rewards.
+    pareto_front : list of str
+        With vector rewards: the branches whose mean reward vectors no other branch dominates
+        (in branch order); :meth:`front_table` gives their means.
+    policy : str
+        Name of the selection policy.
+    apply_order : str
+        ``"completion"`` or ``"dispatch"``.
     """
 
     stop_reason: str
@@ -85,6 +95,18 @@ class Report:
     slots: int = 1
     run_id: str = ""
     replayed: int = 0
+    objectives: dict[str, str] | None = None
+    pareto_front: list[str] = field(default_factory=list)
+    policy: str = "ucb1"
+    apply_order: str = "completion"
+
+    def front_table(self) -> list[dict[str, Any]]:
+        """``[{"branch": b, "runs": n, <objective>: mean, ...}, ...]`` of the Pareto front."""
+        out = []
+        for b in self.pareto_front:
+            s = self.branches[b]
+            out.append({"branch": b, "runs": s.runs, **(s.means or {})})
+        return out
 
     @property
     def occupancy(self) -> float:
@@ -107,6 +129,8 @@ class Report:
             "total_runs": self.total_runs,
             "dispatched": self.dispatched,
             "replayed": self.replayed,
+            "policy": self.policy,
+            "apply_order": self.apply_order,
             "failures": self.failures,
             "wall_seconds": self.wall_seconds,
             "occupancy": self.occupancy,
@@ -118,6 +142,9 @@ class Report:
             "failed": [{"id": r.hypothesis.id, "branch": r.hypothesis.branch, "error": r.error}
                        for r in self.failed],
         }
+        if self.objectives:
+            d["objectives"] = dict(self.objectives)
+            d["pareto_front"] = self.front_table()
         if events:
             names = self.events.branches
             d["events"] = [ev.to_dict(names) if scores or ev.scores is None else
@@ -157,6 +184,10 @@ class Report:
             lines.append(f"... {len(rows) - limit} more branches (best {limit} by mean shown)")
         if self.paper_triggers:
             lines.append("paper triggers: " + ", ".join(self.paper_triggers))
+        if self.objectives:
+            lines.append("Pareto front: " + ", ".join(
+                f"{r['branch']} (" + ", ".join(f"{o} {_fmt(r[o])}" for o in self.objectives)
+                + ")" for r in self.front_table()))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -175,5 +206,7 @@ class Report:
             f"<code>{html.escape(self.stop_reason)}</code>, {self.total_runs} runs "
             f"({self.failures} failed), {self.wall_seconds:.3f} s, {self.slots} slots, "
             f"occupancy {_pct(self.occupancy)}"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table></div>"
+            + (f"<br>Pareto front: {html.escape(', '.join(self.pareto_front))}"
+               if self.objectives else "")
+            + f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table></div>"
         )

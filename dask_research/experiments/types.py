@@ -81,9 +81,11 @@ class Result:
     ----------
     hypothesis : Hypothesis
         The hypothesis that was run.
-    reward : float
-        The number UCB maximises. With bounded rewards (``research.experiments.bounded-rewards``,
-        the default) it must lie in [0, 1]. ``nan`` for failed experiments.
+    reward : float or sequence of float
+        The number UCB maximises; a vector (tuple, or a ``{objective: value}`` dict) when the
+        scheduler declares ``objectives``. With bounded rewards
+        (``research.experiments.bounded-rewards``, the default) it must lie in [0, 1]
+        (every component). ``nan`` for failed experiments.
     metrics : dict
         Anything else worth keeping (losses, paths, seeds).
     duration : float, optional
@@ -100,7 +102,7 @@ class Result:
     """
 
     hypothesis: Hypothesis
-    reward: float
+    reward: Any
     metrics: dict[str, Any] = field(default_factory=dict)
     duration: float | None = None
     error: str | None = None
@@ -136,7 +138,9 @@ class BranchStats:
     ``mean`` their average (``nan`` before the first result); ``pending`` counts experiments in
     flight, ``queued`` hypotheses still waiting, ``failures`` experiments that raised. ``pruned``
     is ``None`` or the reason (``"low-mean"``, ``"failures"``); ``paper_emitted`` says whether
-    the branch triggered the paper stage.
+    the branch triggered the paper stage. With vector rewards ``means`` is ``{objective: mean}``
+    as reported, and ``mean``/``reward_sum`` are the weighted scalarisation (``"min"``
+    objectives flipped: ``1 - x`` for bounded rewards, ``-x`` otherwise).
 
     Examples
     --------
@@ -153,10 +157,15 @@ class BranchStats:
     paper_emitted: bool
     queued: int = 0
     failures: int = 0
+    means: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (``mean`` is ``None`` before the first result)."""
         d = dataclasses.asdict(self)
         if math.isnan(self.mean):
             d["mean"] = None
+        if self.means is None:
+            d.pop("means")
+        else:
+            d["means"] = {k: (None if math.isnan(v) else v) for k, v in self.means.items()}
         return d

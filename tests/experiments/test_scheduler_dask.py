@@ -96,3 +96,24 @@ async def test_many_branches_log_only_the_best_scores(c, s, a, b):
     full = report.events.scores(report.events.of("select")[-1])
     best32 = sorted(full, key=lambda b: -full[b])[:32]
     assert set(last["scores"]) == set(best32)
+
+
+def _two_objectives(h):
+    return {"a": (0.9, 0.2), "b": (0.5, 0.1), "c": (0.4, 0.6)}[h.branch]
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_vector_rewards_and_dispatch_order_on_dask_workers(c, s, a, b):
+    def build(client):
+        sched = IterationScheduler(_two_objectives, slots=2, client=client, progress=False,
+                                   policy="pareto-ucb1", objectives=["acc", ("cost", "min")],
+                                   apply_order="dispatch", prune_floor=0.0)
+        sched.add([Hypothesis(f"{x}{k}", x) for k in range(3) for x in "abc"])
+        return sched
+
+    report = await build(c).run_async()
+    local = build(None).run()
+    assert report.pareto_front == local.pareto_front == ["a", "b"]
+    assert [e.hypothesis for e in report.events.of("select")] == [
+        e.hypothesis for e in local.events.of("select")]
+    assert report.results[0].reward in {(0.9, 0.2), (0.5, 0.1), (0.4, 0.6)}
