@@ -30,6 +30,7 @@ from .checkpoint import Journal, hypothesis_to_json
 from .events import Event, Trace, _jsonable
 from .execute import is_async_callable
 from .ledger import BranchLedger, ScoreFn
+from .limits import check_batch_memory
 from .options import number as _number
 from .options import parse_objectives, parse_threshold, parse_weights
 from .pareto import pareto_front
@@ -348,6 +349,7 @@ class IterationScheduler:
         """Validate, journal, then queue ``batch``; returns the hypotheses dropped."""
         BranchLedger.check(batch, self.ledger.ids)
         self.ledger._check_features(batch)
+        check_batch_memory(batch)
         if self._journal is not None and batch:
             self._journal_write({"kind": "hyps", "hyps": [hypothesis_to_json(h) for h in batch]})
         dropped = self.ledger.add(batch)

@@ -18,3 +18,17 @@ def test_a_batch_larger_than_the_plane_is_refused_and_nothing_is_written():
         plane.ingest({"x": np.ones((150, 2), np.float32)})
     assert len(plane) == 10 and plane.stats()["inserted"] == 10
     assert (plane.contents()["x"] == 0).all()
+
+
+def test_a_hypothesis_batch_beyond_the_declared_memory_is_refused():
+    import dask
+
+    from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
+
+    sched = IterationScheduler(make_deterministic_runner({"a": 0.5}, delay_ms=0), progress=False)
+    big = [Hypothesis(f"h{i}", "a", payload={"w": np.zeros(10_000)}) for i in range(20)]
+    with dask.config.set({"research.experiments.max-batch-bytes": "1MiB"}):
+        with pytest.raises(CapacityError, match=r"queueing 20 hypotheses .* needs 1,6\d\d,\d{3} bytes but only 1,048,576"):
+            sched.add(big)
+        sched.add(big[:5])                       # a smaller batch fits
+    assert sched.ledger.ids == {f"h{i}" for i in range(5)} and sched.ledger.total_queued() == 5
