@@ -31,4 +31,4 @@ def test_a_hypothesis_batch_beyond_the_declared_memory_is_refused():
         with pytest.raises(CapacityError, match=r"queueing 20 hypotheses .* needs 1,6\d\d,\d{3} bytes but only 1,048,576"):
             sched.add(big)
         sched.add(big[:5])                       # a smaller batch fits
-    assert sched.ledger.ids == {f"h{i}" for i in range(5)} and sched.ledger.total_queued() == 5
+    assert sched.ledger.ids == {f"h{i}" for i in range(5)} and sched.ledger.total_queued == 5
