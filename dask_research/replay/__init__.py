@@ -43,3 +43,9 @@ __all__ = [
     "RateLimiter", "BatchIterator", "DeliveryStats", "NStepReturn", "Normalize",
     "ReplayBufferAdapter",
 ]
+
+# The plane on a Dask cluster (worker shards, cluster delivery): see replay/cluster/.
+from . import cluster  # noqa: E402
+from .cluster import ClusterPlane, ShardPlugin, local_shard  # noqa: E402
+
+__all__ += ["ClusterPlane", "ShardPlugin", "local_shard", "cluster"]

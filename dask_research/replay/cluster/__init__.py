@@ -1,0 +1,22 @@
+"""The experience plane on a Dask cluster: one shard per worker, cluster-wide delivery.
+
+See :class:`ClusterPlane` (the learner's handle), :class:`ShardPlugin` (the worker plugin),
+:func:`local_shard` (what actors ingest into) and ``docs/replay-cluster.rst``.
+
+Examples
+--------
+>>> from dask_research.replay.cluster import plan_moves
+>>> plan_moves({0: (100, 100), 1: (0, 100)}, max_move=10)
+[(0, 1, 10)]
+"""
+from . import shard_ops
+from .delivery import ClusterBatchIterator, prefetch_depth
+from .indices import decode, encode
+from .placement import plan_moves
+from .plane import ClusterPlane, ShardRef
+from .plugin import ShardPlugin, local_shard, plugin_name
+from .shard import ShardMissingError, WorkerShard
+
+__all__ = ["ClusterPlane", "ShardRef", "ShardPlugin", "WorkerShard", "ShardMissingError",
+           "ClusterBatchIterator", "local_shard", "plugin_name", "plan_moves", "prefetch_depth",
+           "encode", "decode", "shard_ops"]

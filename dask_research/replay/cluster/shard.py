@@ -1,0 +1,220 @@
+"""One worker's shard of a cluster plane: a single-process plane plus identity and moves.
+
+A :class:`WorkerShard` wraps an :class:`~dask_research.replay.ExperiencePlane` (the same
+storages, samplers and non-pickle checkpoint format) and adds what the cluster needs: a random
+``uid`` (a new shard on the same address is a different shard), sampling that returns the raw
+priority leaves so that the learner can weigh samples across shards, updates that check the
+uid and the insertion key, and eviction of the oldest transitions for rebalancing.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research.replay import UniformSampler
+>>> from dask_research.replay.cluster.shard import WorkerShard
+>>> shard = WorkerShard("p", {"x": ((2,), "float32")}, capacity=100, sampler=UniformSampler(),
+...                     seed=0)
+>>> shard.ingest({"x": np.ones((10, 2))})
+10
+>>> out = shard.sample(4)
+>>> out["records"].shape, bool(out["keys"].min() >= 0)
+((4,), True)
+>>> shard.close()
+"""
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...exceptions import InputError, ResearchError
+from ..plane import EmptyPlaneError, ExperiencePlane
+from ..samplers import Sampler
+from ..spec import ExperienceSpec
+from ..storages import Tier
+
+
+class ShardMissingError(ResearchError, LookupError):
+    """A worker holds no shard of the named plane (its plugin is not registered there)."""
+
+    def __init__(self, plane: str, worker: str):
+        self.plane = plane
+        self.worker = worker
+        super().__init__(plane, worker)
+
+    def __str__(self) -> str:
+        return (f"worker {self.worker} holds no shard of plane {self.plane!r}; create the plane "
+                f"with replay.ClusterPlane(client, spec, name={self.plane!r}) first (it "
+                "registers the ShardPlugin on every worker)")
+
+
+class WorkerShard:
+    """The part of a cluster plane that lives on one worker.
+
+    Parameters
+    ----------
+    name : str
+        The plane's name.
+    spec : ExperienceSpec or mapping
+    capacity : int
+        Transitions this shard keeps (ignored when ``tiers`` give a capacity).
+    sampler : Sampler
+        Copied, so one instance can configure many shards.
+    tiers : list of Tier, optional
+    seed : int, optional
+    address : str
+        The worker's address (for reports).
+    """
+
+    def __init__(self, name: str, spec: ExperienceSpec | Mapping[str, Any], capacity: int | None,
+                 sampler: Sampler, tiers: Sequence[Tier] | None = None, seed: int | None = None,
+                 address: str = ""):
+        self.name = name
+        self.uid = uuid.uuid4().hex
+        self.address = address
+        self.plane = ExperiencePlane(spec, capacity, tiers=tiers, sampler=copy.deepcopy(sampler),
+                                     seed=seed)
+        self.spec = self.plane.spec
+        self.created = time.time()
+        self.moved_in = 0
+        self.moved_out = 0
+        self.restored_from: str | None = None
+        self.last_checkpoint: dict[str, Any] | None = None
+
+    # --- ingest --------------------------------------------------------------------------
+    def ingest(self, batch: Mapping[str, Any], priorities: np.ndarray | None = None) -> int:
+        """Add transitions; with ``priorities``, set them instead of the maximum priority."""
+        p = self.plane
+        n = p.ingest(batch)
+        if priorities is not None and p.sampler.prioritized and n:
+            pr = np.asarray(priorities, dtype=np.float64).reshape(-1)[-min(n, p.capacity):]
+            keys = np.arange(p.total - len(pr), p.total, dtype=np.int64)
+            p.update_priorities(keys, pr)
+        return n
+
+    # --- sampling ------------------------------------------------------------------------
+    def mass(self) -> float:
+        """Sampling mass: the sum of priority leaves (prioritized) or the number stored."""
+        s = self.plane.sampler
+        if s.prioritized:
+            return float(s.tree.total) if self.plane.size else 0.0
+        window = getattr(s, "window", None)
+        return float(min(self.plane.size, window) if window else self.plane.size)
+
+    def info(self) -> dict[str, Any]:
+        """Identity, occupancy and sampling mass (small; sent with every sample reply)."""
+        p = self.plane
+        with p._lock:
+            pri = p.sampler.prioritized and p.size > 0
+            return {"uid": self.uid, "address": self.address, "size": p.size,
+                    "capacity": p.capacity, "inserted": p.total, "mass": self.mass(),
+                    "min_leaf": float(p.sampler.tree.min) if pri else float("nan"),
+                    "time": time.time()}
+
+    def sample(self, n: int) -> dict[str, Any]:
+        """``n`` transitions: ``records`` (structured array), ``keys``, ``leaf`` (priority^alpha
+        of each, prioritized only), ``info`` and ``sample_s`` (time spent here)."""
+        p = self.plane
+        t0 = time.perf_counter()
+        with p._lock:
+            if p.size == 0:
+                raise EmptyPlaneError()
+            slots, _ = p.sampler.sample(p.cursor, p.size, int(n), p.rng)
+            tree = p.sampler.tree if p.sampler.prioritized else None
+            leaf = tree.sum[slots + tree.L].copy() if tree is not None else None
+            rec = p.spec.empty(len(slots))
+            p.storage.read_records(slots, rec)
+            keys = p._keys(slots)
+            p._counters["sample_calls"] += 1
+            p._counters["sampled"] += len(slots)
+            p._counters["sample_s"] += time.perf_counter() - t0
+        return {"records": rec, "keys": keys, "leaf": leaf, "info": self.info(),
+                "sample_s": time.perf_counter() - t0}
+
+    def update(self, uid: str, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """Apply priorities if ``uid`` is this shard's; stale keys are dropped by the plane."""
+        if uid != self.uid:
+            return 0
+        return self.plane.update_priorities(keys, priorities)
+
+    def priorities(self, keys: np.ndarray) -> np.ndarray:
+        """Current priority leaves of ``keys`` (NaN for keys no longer stored); for tests."""
+        p = self.plane
+        keys = np.asarray(keys, dtype=np.int64)
+        with p._lock:
+            valid = (keys >= p.total - p.size) & (keys < p.total)
+            if not p.sampler.prioritized:
+                return np.where(valid, 1.0, np.nan)
+            leaf = p.sampler.tree.sum[keys % p.capacity + p.sampler.tree.L]
+            return np.where(valid, leaf, np.nan)
+
+    # --- rebalancing ---------------------------------------------------------------------
+    def evict_oldest(self, n: int) -> dict[str, Any]:
+        """Remove the ``n`` oldest transitions and return them (fields and priorities)."""
+        p = self.plane
+        if n < 0:
+            raise InputError("n", n, "a non-negative count", where="WorkerShard.evict_oldest")
+        with p._lock:
+            n = min(int(n), p.size)
+            keys = np.arange(p.total - p.size, p.total - p.size + n, dtype=np.int64)
+            slots = keys % p.capacity
+            rec = p.spec.empty(n)
+            p.storage.read_records(slots, rec)
+            pr = None
+            if p.sampler.prioritized:
+                leaf = p.sampler.tree.sum[slots + p.sampler.tree.L]
+                s = p.sampler
+                pr = (np.maximum(leaf, 0.0) ** (1.0 / s.alpha) - s.eps) if s.alpha > 0 else None
+                if pr is not None:
+                    pr = np.maximum(pr, 0.0)
+                s.clear(slots)
+            p.size -= n
+            self.moved_out += n
+        return {"fields": {k: np.ascontiguousarray(rec[k]) for k in p.spec.names},
+                "priorities": pr, "n": n}
+
+    def accept(self, moved: Mapping[str, Any]) -> int:
+        """Ingest what :meth:`evict_oldest` of another shard returned."""
+        if not moved["n"]:
+            return 0
+        n = self.ingest(moved["fields"], moved["priorities"])
+        self.moved_in += n
+        return n
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def checkpoint(self, root: str | pathlib.Path) -> dict[str, Any]:
+        """Write this shard to ``root/<uid>/`` (the single-process plane's format)."""
+        path = pathlib.Path(root) / self.uid
+        t0 = time.perf_counter()
+        self.plane.checkpoint(path)
+        meta = {"uid": self.uid, "address": self.address, "path": str(path),
+                "size": self.plane.size, "inserted": self.plane.total, "time": time.time(),
+                "seconds": time.perf_counter() - t0}
+        self.last_checkpoint = meta
+        (path / "shard.json").write_text(json.dumps(meta))
+        return meta
+
+    def restore(self, path: str | pathlib.Path) -> int:
+        """Load a shard checkpoint into this (empty) shard; returns transitions restored."""
+        path = pathlib.Path(path)
+        if self.plane.size:
+            raise InputError("shard", f"{self.plane.size} transitions", "an empty shard to "
+                             "restore into", where="WorkerShard.restore")
+        meta = json.loads((path / "meta.json").read_text())
+        with np.load(path / "data.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        self.plane.load_snapshot(meta, arrays, where=str(path))
+        self.restored_from = str(path)
+        return self.plane.size
+
+    def close(self) -> None:
+        self.plane.close()
+
+    def __repr__(self) -> str:
+        return (f"WorkerShard({self.name!r}, uid={self.uid[:8]}, size={self.plane.size:,}/"
+                f"{self.plane.capacity:,})")

@@ -1,0 +1,109 @@
+"""A real `dask scheduler` and `dask worker --no-nanny` processes; one worker is SIGKILLed.
+
+Delivery goes on from the surviving shard, ``stats()`` and the event log say which shard was
+lost and how much of it was unsaved, and a replacement worker gets the lost shard's last
+checkpoint restored automatically.
+"""
+import signal
+import subprocess
+import sys
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client
+from replay_helpers import CARTPOLE, make_batch
+
+from dask_research import replay
+from dask_research.replay.cluster import decode
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _worker(sfile, name):
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
+         "--nthreads", "2", "--no-nanny", "--no-dashboard", "--name", name],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def real_cluster(tmp_path):
+    sfile = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                               "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
+                               str(sfile)],
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "w"))]
+    try:
+        _wait_for(sfile.exists, 30, "the scheduler file")
+        procs += [_worker(sfile, "w0"), _worker(sfile, "w1")]
+        with Client(scheduler_file=str(sfile), set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=30)
+            yield client, sfile, procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(real_cluster,
+                                                                               tmp_path):
+    client, sfile, procs = real_cluster
+    with dask.config.set({"research.replay.cluster.refresh-interval": 0.2}):
+        plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=10_000,
+                                    sampler=replay.PrioritizedSampler(0.6, 0.4), seed=3,
+                                    checkpoint_dir=tmp_path / "ckpt")
+    addr = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+    for name in ("w0", "w1"):
+        plane.ingest(make_batch(2000), worker=addr[name])
+    metas = plane.checkpoint()
+    assert sorted(m["size"] for m in metas.values()) == [2000, 2000]
+    plane.ingest(make_batch(500, start=2000), worker=addr["w0"])       # never checkpointed
+    plane.refresh()
+    victim_id = next(r.id for r in plane.shards if r.address == addr["w0"])
+    survivor_id = next(r.id for r in plane.shards if r.address == addr["w1"])
+
+    drawn_after = []
+    with plane.batches(batch_size=64, prefetch=2) as it:
+        first = [decode(next(it).indices)[0] for _ in range(20)]
+        assert {victim_id, survivor_id} <= set(np.concatenate(first).tolist())
+        procs[1].send_signal(signal.SIGKILL)                          # w0
+        procs[1].wait(timeout=10)
+        t0 = time.monotonic()
+        _wait_for(lambda: any(r.lost for r in plane.shards), 30, "the loss to be noticed")
+        for _ in range(100):                                          # delivery goes on
+            drawn_after.append(decode(next(it).indices)[0])
+        took = time.monotonic() - t0
+        assert it.summary()["batches"] == 120
+    assert took < 30
+    assert set(np.concatenate(drawn_after[-50:]).tolist()) == {survivor_id}
+
+    s = plane.stats()
+    lost = s["lost_shards"]
+    assert [sh["id"] for sh in lost] == [victim_id]
+    assert lost[0]["lost_size"] == 2500 and lost[0]["checkpoint"]["size"] == 2000
+    assert s["live_shards"] == 1 and s["size"] == 2000
+    events = [m for _, m in client.get_events("research.replay") if m.get("plane") == plane.name]
+    gone = [e for e in events if e["event"] == "shard-lost"]
+    assert len(gone) == 1 and gone[0]["shard"] == victim_id and gone[0]["size"] == 2500
+    assert gone[0]["checkpointed"] == 2000
+
+    procs.append(_worker(sfile, "w2"))                                # a replacement
+    client.wait_for_workers(2, timeout=30)
+    _wait_for(lambda: (plane.refresh() or True) and plane.stats(refresh=False)["restored"], 30,
+              "the lost shard to be restored")
+    s = plane.stats()
+    assert s["restored"] == 2000 and s["live_shards"] == 2 and s["size"] == 4000
+    b = plane.sample(512)
+    assert len(set(decode(b.indices)[0].tolist())) == 2
+    assert any(e["event"] == "shard-restored" for _, e in client.get_events("research.replay"))
+    plane.close(drop=True)
