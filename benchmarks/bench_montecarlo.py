@@ -178,12 +178,20 @@ def main(argv=None):
         "threads, 1 worker per core (embedded default)": dict(n_workers=cores, threads_per_worker=1, processes=False),
         "threads, 1 worker x cores threads": dict(n_workers=1, threads_per_worker=cores, processes=False),
         "processes, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=True),
+        "processes, 1 worker per core, MALLOC_MMAP_THRESHOLD_ pinned": dict(
+            n_workers=cores, threads_per_worker=1, processes=True),
     }
     best_b, best_c = 0.0, 0.0
     figures["why_processes"] = {}
     figures["b_ours"], figures["c_dask_array"] = {}, {}
+    import dask
+
+    from dask_research._cluster import process_worker_environ
+
     for label, kw in shapes.items():
-        with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+        environ = process_worker_environ() if "pinned" in label else {}
+        with dask.config.set(environ), LocalCluster(dashboard_address=":0", **kw) as cluster, \
+                Client(cluster) as client:
             cpu0 = time.process_time()
             t_b, ts, res, load = timed(lambda: mc.run(job, client=client, progress=False), reps, cold=True)
             main_cpu = (time.process_time() - cpu0) / (reps + 1)

@@ -194,3 +194,21 @@ def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
         with pytest.raises(CapacityError, match=r"a shard of 1,048,576 samples .* needs [\d,]+ bytes but only 8,388,608"):
             mc.run(job, client=c, pilot=p, progress=False)
         assert c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+
+
+def test_embedded_process_workers_get_the_malloc_fix():
+    import dask
+
+    from distributed import default_client
+
+    from dask_research._cluster import get_client
+
+    with dask.config.set({"research.cluster.processes": True, "research.cluster.n-workers": 1,
+                          "research.cluster.dashboard-address": None}):
+        with get_client(None) as c:
+            env = c.run(lambda: __import__("os").environ.get("MALLOC_MMAP_THRESHOLD_"))
+            assert list(env.values()) == [str(32 * 2**20)]
+            res = mc.run(_job(shards=8), client=c, progress=False, verify=0)
+            assert res.n == 8 * 2048
+    with pytest.raises(ValueError):
+        default_client()
