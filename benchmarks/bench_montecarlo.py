@@ -175,8 +175,9 @@ def main(argv=None):
 
     job = make_job(shards, n)
     shapes = {
-        "threads, 1 worker per core (embedded default)": dict(n_workers=cores, threads_per_worker=1, processes=False),
-        "threads, 1 worker x cores threads": dict(n_workers=1, threads_per_worker=cores, processes=False),
+        "threads, 1 worker x cores threads (embedded default)": dict(n_workers=1, threads_per_worker=cores,
+                                                                     processes=False),
+        "threads, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=False),
         "processes, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=True),
         "processes, 1 worker per core, MALLOC_MMAP_THRESHOLD_ pinned": dict(
             n_workers=cores, threads_per_worker=1, processes=True),
@@ -208,7 +209,7 @@ def main(argv=None):
                                         "machine_busy": load.machine_busy}
             rows.append((f"(b) mc.run, {label}", f"{t_b:.2f}", f"{thr_b / 1e6:.2f}",
                          f"{thr_b / ideal:.2f}", f"{res.shards_per_task} shards/task"))
-            if "default" not in label and "x cores" not in label:
+            if "processes" in label:
                 continue
             for chunk in (65_536, 1_048_576):
                 t_c, ts, (mean_c, var_c, _), load = timed(lambda: dask_array(client, total, chunk), reps, cold=True)
@@ -220,7 +221,7 @@ def main(argv=None):
                 rows.append((f"(c) dask.array, {label}, chunk {chunk:,}", f"{t_c:.2f}", f"{thr_c / 1e6:.2f}",
                              f"{thr_c / ideal:.2f}", ""))
     # Verification overhead (k=4 of the job's shards) and scale, on the embedded default shape.
-    kw = shapes["threads, 1 worker per core (embedded default)"]
+    kw = shapes["threads, 1 worker x cores threads (embedded default)"]
     with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
         mc.run(job, client=client, progress=False, verify=0)
         t_v0, _, _, _ = timed(lambda: mc.run(job, client=client, progress=False, verify=0), reps)

@@ -224,7 +224,11 @@ class Result:
                          f"{self.shards_per_task} shards per task on {len(self.workers)} workers")
         if self.verification:
             v = self.verification
-            lines.append(f"  verified     {len(v.get('checked', []))} shards re-run elsewhere: "
+            checked = v.get("checked", [])
+            same = sum(1 for c in checked if c.get("same_worker"))
+            where = "on another worker" if not same else (
+                "on the same worker (one worker in the pool)" if same == len(checked) else f"({same} on the same worker)")
+            lines.append(f"  verified     {len(checked)} shards re-run {where}: "
                          f"{'all match' if not v.get('mismatches') else str(len(v['mismatches'])) + ' mismatched'}")
         return "\n".join(lines)
 
