@@ -23,8 +23,9 @@ def pristine():
     root = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-replay-"))
     plane = replay.ExperiencePlane(SPEC, capacity=256, sampler=replay.PrioritizedSampler(alpha=0.6, beta=0.4))
     rng = np.random.default_rng(0)
-    plane.ingest({"obs": rng.random((300, 4), dtype=np.float32), "action": rng.integers(0, 2, 300),
-                  "reward": rng.random(300, dtype=np.float32)})
+    for _ in range(2):                      # wraps the ring once
+        plane.ingest({"obs": rng.random((150, 4), dtype=np.float32), "action": rng.integers(0, 2, 150),
+                      "reward": rng.random(150, dtype=np.float32)})
     plane.checkpoint(root / "ckpt")
     plane.close()
     yield root / "ckpt"
