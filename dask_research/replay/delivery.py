@@ -331,6 +331,16 @@ def make_converter(spec: Any, to: str, device: Any, slots: int, batch_size: int)
     raise InputError("to", to, "'numpy', 'torch' or 'cupy'", where="batches")
 
 
+def drain_and_join(thread: threading.Thread, q: "queue.Queue") -> None:
+    """Join a producer thread, emptying its bounded queue so a blocked ``put`` can finish."""
+    while thread.is_alive():
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            pass
+        thread.join(timeout=0.05)
+
+
 class BatchIterator:
     """Iterator over prefetched batches; see :meth:`ExperiencePlane.batches`.
 
@@ -498,12 +508,7 @@ class BatchIterator:
             self._switch = False
             _release_switch_interval()
         if self._thread is not None:
-            while self._thread.is_alive():
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    pass
-                self._thread.join(timeout=0.05)
+            drain_and_join(self._thread, self._queue)
 
     def __enter__(self) -> "BatchIterator":
         return self

@@ -13,6 +13,7 @@ from distributed import Client, LocalCluster
 
 from dask_research import montecarlo as mc
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
+from dask_research.testing.processes import wait_for
 
 
 def _job(shards=48):
@@ -20,13 +21,7 @@ def _job(shards=48):
                   samples_per_shard=1024, seed=5, bins=32, range=(0.0, 1.0))
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+_wait_for = wait_for
 
 
 def _stored(store: pathlib.Path, job) -> int:

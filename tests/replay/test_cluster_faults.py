@@ -17,15 +17,10 @@ from replay_helpers import CARTPOLE, make_batch
 
 from dask_research import replay
 from dask_research.replay.cluster import decode
+from dask_research.testing.processes import wait_for
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+_wait_for = wait_for
 
 
 def _worker(sfile, name):

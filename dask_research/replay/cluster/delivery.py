@@ -52,7 +52,7 @@ from ... import config
 from ...exceptions import InputError
 from ..batch import Batch
 from ..plane import EmptyPlaneError
-from ..delivery import (DeliveryStats, _acquire_switch_interval, _release_switch_interval,
+from ..delivery import (DeliveryStats, _acquire_switch_interval, _release_switch_interval, drain_and_join,
                         make_converter)
 from .indices import encode
 
@@ -358,12 +358,7 @@ class ClusterBatchIterator:
         if self._switch:
             self._switch = False
             _release_switch_interval()
-        while self._thread.is_alive():
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            self._thread.join(timeout=0.05)
+        drain_and_join(self._thread, self._queue)
 
     def __enter__(self) -> "ClusterBatchIterator":
         return self
