@@ -17,7 +17,6 @@ False
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping

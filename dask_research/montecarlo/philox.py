@@ -51,7 +51,7 @@ def key_hex(key: np.ndarray) -> str:
 def shard_counter(shard: int) -> int:
     """First Philox counter of ``shard``'s range."""
     if not 0 <= shard < MAX_SHARDS:
-        raise InputError("shard", shard, f"an index in [0, 2**64)")
+        raise InputError("shard", shard, "an index in [0, 2**64)")
     return int(shard) << 64
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 __all__ = ["tree_fold", "tree_levels", "block_bounds", "choose_block"]
 

@@ -1,12 +1,10 @@
 """Faults with real processes: a SIGKILLed `dask worker`, a SIGKILLed client."""
-import os
 import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 from distributed import Client, LocalCluster
