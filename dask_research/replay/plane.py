@@ -560,7 +560,7 @@ class ExperiencePlane:
         except CheckpointError:
             raise
         except (ResearchError, KeyError, TypeError, ValueError, AttributeError, IndexError,
-                OverflowError, EOFError, OSError, zipfile.BadZipFile, RecursionError) as e:
+                OverflowError, EOFError, OSError, zipfile.BadZipFile, RecursionError, SyntaxError) as e:
             raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
 
     @classmethod
@@ -595,8 +595,10 @@ class ExperiencePlane:
                     arrays = {k: z[k] for k in z.files}
             except FileNotFoundError:
                 raise CheckpointError(str(path), "data.npz is missing") from None
-            except (ValueError, OSError, EOFError) as e:
-                raise CheckpointError(str(path), f"data.npz is unreadable ({e})") from None
+            except Exception as e:  # noqa: BLE001 - any failure to parse the archive: unreadable
+                # (a flipped bit in an .npy header reaches numpy's literal_eval: SyntaxError,
+                # tokenize.TokenError; a truncated zip: BadZipFile, EOFError)
+                raise CheckpointError(str(path), f"data.npz is unreadable ({type(e).__name__}: {e})") from None
             plane.load_snapshot(meta, arrays, where=str(path))
         except BaseException:
             plane.close()

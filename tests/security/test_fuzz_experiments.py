@@ -80,4 +80,4 @@ def test_fuzzed_journal(pristine, how, rnd, value):
 
 def test_fuzz_case_count_is_reported():
     print(f"\nfuzzed experiment journal cases: {CASES['count']}")
-    assert CASES["count"] in (0, 200)
+    assert CASES["count"] == 0 or CASES["count"] >= 200  # 0 when run alone with -k

@@ -88,4 +88,4 @@ def test_fuzzed_replay_checkpoint(pristine, target, how, rnd, value):
 
 def test_fuzz_case_count_is_reported():
     print(f"\nfuzzed replay checkpoint cases: {CASES['count']}")
-    assert CASES["count"] in (0, 200)
+    assert CASES["count"] == 0 or CASES["count"] >= 200  # 0 when run alone with -k
