@@ -22,7 +22,7 @@ from .. import config
 from .._cluster import get_client
 from .._version import __version__
 from ..exceptions import InputError, StoreError
-from .engine import Execution, merge_nodes  # noqa: F401  (merge_nodes re-exported for pickles)
+from .engine import Execution
 from .events import emit
 from .job import ENGINE, Job
 from .accumulators import Moments
@@ -181,14 +181,15 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     p = pilot if pilot is not None else _pilot(job)
     known: dict[int, Any] = {}
     producers: dict[int, str] = {}
-    if rs is not None and rs.has_run(job.id):
+    resuming = rs is not None and rs.has_run(job.id)
+    if resuming:
         manifest, known, producers = _load_existing(rs, job)
         if manifest["range"] is not None:
             p.range = tuple(manifest["range"])
     reducer = job.make_reducer(p.range)
     if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
         _check_merger(reducer.merge, p.states, identity=reducer.init())
-    if rs is not None and not rs.has_run(job.id):
+    if rs is not None and not resuming:
         rs.write_manifest(job.id, _manifest(job, p, origin))
     with get_client(client) as c:
         check_memory(c, p)

@@ -280,13 +280,9 @@ class ExperiencePlane:
         they were sampled are skipped. Returns how many priorities were applied. A no-op for
         samplers without priorities.
         """
-        from .spec import _as_numpy
+        from .spec import priority_arrays
 
-        keys = _as_numpy("indices", indices).astype(np.int64, copy=False).reshape(-1)
-        pr = _as_numpy("priorities", priorities).astype(np.float64, copy=False).reshape(-1)
-        if len(pr) != len(keys):
-            raise InputError("priorities", f"{len(pr)} values", f"one per index ({len(keys)})",
-                             where="update_priorities")
+        keys, pr = priority_arrays(indices, priorities, where="update_priorities")
         if not self.sampler.prioritized:
             return 0
         with self._lock:

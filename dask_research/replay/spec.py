@@ -83,6 +83,17 @@ def _field(name: Any, desc: Any) -> Field:
     return Field(name, shape, dt.newbyteorder("=") if dt.byteorder == ">" else dt)
 
 
+def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(int64 keys, float64 priorities)``, flat, one priority per index (numpy, torch, CuPy)."""
+    from ..exceptions import InputError
+
+    keys = _as_numpy("indices", indices).astype(np.int64, copy=False).reshape(-1)
+    pr = _as_numpy("priorities", priorities).astype(np.float64, copy=False).reshape(-1)
+    if len(pr) != len(keys):
+        raise InputError("priorities", f"{len(pr)} values", f"one per index ({len(keys)})", where=where)
+    return keys, pr
+
+
 def _as_numpy(name: str, x: Any) -> np.ndarray:
     """Host numpy view of ``x`` (numpy, torch, CuPy, scalars, lists) without copying if possible."""
     if isinstance(x, np.ndarray):

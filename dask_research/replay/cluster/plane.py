@@ -54,7 +54,7 @@ from ...exceptions import InputError
 from ..batch import Batch
 from ..plane import EmptyPlaneError
 from ..samplers import Sampler, UniformSampler
-from ..spec import ExperienceSpec, _as_numpy
+from ..spec import ExperienceSpec, priority_arrays
 from . import shard_ops
 from .delivery import ClusterBatchIterator, assemble, wait_all
 from .indices import MAX_SHARDS, decode
@@ -445,11 +445,7 @@ class ClusterPlane:
         :meth:`flush`); updates for lost shards are dropped and counted. Returns how many
         were queued.
         """
-        idx = _as_numpy("indices", indices).astype(np.int64, copy=False).reshape(-1)
-        pr = _as_numpy("priorities", priorities).astype(np.float64, copy=False).reshape(-1)
-        if len(idx) != len(pr):
-            raise InputError("priorities", f"{len(pr)} values", f"one per index ({len(idx)})",
-                             where="ClusterPlane.update_priorities")
+        idx, pr = priority_arrays(indices, priorities, where="ClusterPlane.update_priorities")
         if not self.sampler.prioritized:
             return 0
         if len(pr) and (not np.isfinite(pr).all() or (pr < 0).any()):
