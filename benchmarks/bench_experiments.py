@@ -10,12 +10,14 @@ Figures (written to ``benchmarks/results/bench_experiments.json``):
    (a) the decision alone, ``BranchLedger.select`` + ``pop`` (UCB1 over every branch,
    vectorised) with results recorded as they would arrive with 3 slots; (b) the live loop: the
    gap between a result and the refill of its slot, read from the trace of a real run with an
-   instant runner (decision + event records + task submission), and the loop's wall time per
+   instant runner (the result's bookkeeping and the decision), and the loop's wall time per
    experiment.
 2. **Slot occupancy while work is queued** (goal >= 99 %) with the deterministic runner at
    5 ms, 3 slots: without a client (asyncio tasks) and with Dask futures (LocalCluster,
    processes=False). Next to it the *runner share*: the fraction of busy slot-time spent inside
-   the runner; the rest is transport (the Dask round trip), which the occupancy counts as busy.
+   the runner; the rest is transport (the hand-off, Dask's ``client.submit``, measured
+   separately, and the Dask round trip), which the occupancy counts as busy: a slot is busy
+   from its dispatch event, stamped as the hand-off begins, to its result event.
 3. **The bandit problem of PEERS.md section 2** (20 Beta(2, 5) arms, horizon 300, common
    random numbers, seeds 0-9): pseudo-regret and decision time of our UCB1 (c = sqrt 2, the
    default), round-robin, greedy and Optuna TPE ask/tell (if ``optuna`` is importable), plus
@@ -39,6 +41,7 @@ Figures (written to ``benchmarks/results/bench_experiments.json``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import math
 import pathlib
@@ -166,13 +169,37 @@ def occupancy(n: int, reps: int, branches: int) -> dict:
     with LocalCluster(n_workers=1, threads_per_worker=3, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         _occupancy_scheduler(client, 30, branches).run()         # untimed warm-up
-        runs = [_occupancy_figures(_occupancy_scheduler(client, n, branches).run())
-                for _ in range(reps)]
+        with _timed_handoff() as handoff:
+            runs = [_occupancy_figures(_occupancy_scheduler(client, n, branches).run())
+                    for _ in range(reps)]
         out["dask_futures"] = _median_of(runs)
+        out["dask_futures"]["handoff_us_median"] = 1e6 * statistics.median(handoff)
         t0 = time.perf_counter()
         client.gather(client.map(lambda x: x, range(500), pure=False))
         out["dask_futures"]["noop_task_ms"] = 1e3 * (time.perf_counter() - t0) / 500
     return out
+
+
+@contextlib.contextmanager
+def _timed_handoff():
+    """Seconds each ``DaskBackend.submit`` (Dask's ``client.submit``) takes: the hand-off,
+    which the trace counts as busy slot-time (the dispatch event is stamped as it begins)."""
+    from dask_research.experiments import backends
+
+    real, spent = backends.DaskBackend.submit, []
+
+    def submit(self, h):
+        t0 = time.perf_counter()
+        try:
+            return real(self, h)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    backends.DaskBackend.submit = submit
+    try:
+        yield spent
+    finally:
+        backends.DaskBackend.submit = real
 
 
 def _median_of(runs: list[dict]) -> dict:
@@ -770,7 +797,8 @@ def main() -> None:
                     ("mode", "occupancy (goal >= 99 %)", "runner share", "refill us",
                      "max in flight", "wall s"))
         print(f"(Dask no-op task round trip on this machine: "
-              f"{occ['dask_futures']['noop_task_ms']:.2f} ms)")
+              f"{occ['dask_futures']['noop_task_ms']:.2f} ms; hand-off, client.submit: "
+              f"{occ['dask_futures']['handoff_us_median']:.0f} us, counted as busy)")
 
         with_optuna = _optuna_available()
         print("\n3. bandit of PEERS.md section 2: 20 Beta(2,5) arms, horizon 300, seeds 0-9")
@@ -882,8 +910,10 @@ def main() -> None:
     print(f"\nmachine busy {100 * load.machine_busy:.0f} %, this process "
           f"{100 * load.own_busy:.0f} % (foreign load ~{100 * max(foreign, 0):.0f} %)")
     notes = ("occupancy = busy slot-time / available slot-time over the periods in which work "
-             "was queued, from the scheduler's own trace; runner_share = time inside the "
-             "runner / busy slot-time (the rest is transport). Regret is pseudo-regret "
+             "was queued, from the scheduler's own trace (a slot is busy from its dispatch "
+             "event, stamped as the hand-off to the backend begins, to its result event); "
+             "runner_share = time inside the runner / busy slot-time (the rest is transport: "
+             "the hand-off and the Dask round trip). Regret is pseudo-regret "
              "sum(max p - p_chosen).")
     if not math.isnan(load.machine_busy) and foreign > 0.05:
         notes += f" Foreign load during the run: {100 * foreign:.0f} % of the machine."

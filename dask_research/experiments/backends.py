@@ -11,7 +11,9 @@ Both backends offer the same small surface to the driver (:mod:`.loop`):
 
 :class:`LocalBackend` runs ``async def`` runners as tasks on the running loop and sync runners
 in a thread pool with one thread per slot; it waits with
-``asyncio.wait(..., return_when=FIRST_COMPLETED)``. :class:`DaskBackend` submits
+``asyncio.wait(..., return_when=FIRST_COMPLETED)``. Its optional ``on_finish(token, result)``
+hook runs in the finished task's last step, so the driver can book a result and refill the
+slot without the two event-loop hops of waking the waiter (``wait`` still reports the task). :class:`DaskBackend` submits
 ``client.submit`` futures and watches them with ``distributed.as_completed``; it must run on
 the client's event loop (the driver arranges that for sync and asynchronous clients).
 """
@@ -40,6 +42,10 @@ async def _call_side_async(fn: Callable[..., Any], args: tuple) -> Any:
     return out
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
 def _call_side_sync(fn: Callable[..., Any], args: tuple) -> Any:
     out = fn(*args)
     if asyncio.iscoroutine(out):
@@ -59,13 +65,20 @@ class LocalBackend:
         self._executor = (None if self._is_async
                           else ThreadPoolExecutor(slots, thread_name_prefix="experiment"))
         self._tasks: set[asyncio.Task] = set()
+        self.on_finish: Callable[[asyncio.Task, Result], None] | None = None
 
     def submit(self, h: Hypothesis) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(
-            execute_async(self.runner, h, self.bounded, self._executor, self._is_async,
-                          self.objectives))
+        task = asyncio.get_running_loop().create_task(self._run(h))
         self._tasks.add(task)
         return task
+
+    async def _run(self, h: Hypothesis) -> Result:
+        out = await execute_async(self.runner, h, self.bounded, self._executor, self._is_async,
+                                  self.objectives)
+        hook = self.on_finish
+        if hook is not None:          # the driver books the result and refills the slot here,
+            hook(asyncio.current_task(), out)   # in this task's last step: no wake-up hops
+        return out
 
     async def wait(self, timeout: float | None) -> list[Outcome]:
         done, _ = await asyncio.wait(self._tasks, timeout=timeout,
@@ -113,9 +126,16 @@ class DaskBackend:
         self._outbox: list[dict] = []
         self._shipper: asyncio.Task | None = None
         self._futures: set[Any] = set()
+        # the runner travels once per run, as the result of a task of its own that every
+        # experiment depends on: a closure over a large model or table is pickled once, not
+        # per dispatch, and a lost worker's copy is recomputed from the task like any result
+        self._runner: Any = None
 
     def submit(self, h: Hypothesis) -> Any:
-        fut = self.client.submit(execute_sync, self.runner, h, self.bounded, self.objectives,
+        if self._runner is None:
+            self._runner = self.client.submit(_identity, self.runner, pure=False,
+                                              key=f"experiment-runner-{self.run_id}")
+        fut = self.client.submit(execute_sync, self._runner, h, self.bounded, self.objectives,
                                  pure=False,
                                  key=f"experiment-{h.id}-{uuid.uuid4().hex[:8]}")
         self._futures.add(fut)
@@ -173,6 +193,8 @@ class DaskBackend:
         if self._next is not None and not self._next.done():
             self._next.cancel()
         self._futures.clear()       # dropping the futures releases them on the cluster
+        if self._runner is not None:
+            self._runner.release()
         if self._shipper is not None:
             try:
                 await self._shipper

@@ -490,17 +490,12 @@ class IterationScheduler:
 
         def fill() -> None:
             """Fill every free slot (budgets are checked only when there is work)."""
-            nonlocal stop_reason, dispatched
+            nonlocal stop_reason
             while free and stop_reason is None:
                 if by_dispatch and seq["next"] - seq["applied"] >= self.slots:
                     return                    # decision k waits for result k - slots
                 if retry:                     # in flight at the crash: again, once
-                    h = retry.popleft()
-                    slot = heapq.heappop(free)
-                    inflight[backend.submit(h)] = (h, slot, seq["next"])
-                    seq["next"] += 1
-                    dispatched += 1
-                    self._emit("dispatch", h.branch, h.id, slot, requeued=True)
+                    start(retry.popleft(), requeued=True)
                     continue
                 if not ledger.has_work():
                     return
@@ -511,15 +506,64 @@ class IterationScheduler:
                     return
                 i, scores = ledger.select()  # type: ignore[misc]
                 h = ledger.pop(i)
-                slot = heapq.heappop(free)
                 extra = self._select_data(i, h)
                 rng = self.policy.rng_state()
                 self._emit("select", h.branch, h.id, None, scores, score=float(scores[i]),
                            journal=None if rng is None else {"rng": rng}, **extra)
-                inflight[backend.submit(h)] = (h, slot, seq["next"])
-                seq["next"] += 1
-                dispatched += 1
-                self._emit("dispatch", h.branch, h.id, slot)
+                start(h)
+
+        def start(h: Hypothesis, **data: Any) -> None:
+            """Hand ``h`` to the backend on the lowest free slot. The dispatch event is stamped
+            as the hand-off begins: from here the slot is committed, and the hand-off itself
+            (Dask's ``client.submit`` packs and pickles the task) is transport, like the round
+            trip, not decision time."""
+            nonlocal dispatched
+            slot = heapq.heappop(free)
+            self._emit("dispatch", h.branch, h.id, slot, **data)
+            try:
+                token = backend.submit(h)
+            except Exception as exc:
+                raise ExperimentError(
+                    f"could not start hypothesis {h.id!r} on branch {h.branch!r}: "
+                    f"{type(exc).__name__}: {exc}" + ("; with a client the runner and every "
+                    "payload must pickle" if self.client is not None else ""),
+                    id=h.id, branch=h.branch) from exc
+            inflight[token] = (h, slot, seq["next"])
+            seq["next"] += 1
+            dispatched += 1
+
+        def settle(token: Any, outcome: Any) -> None:
+            """Book one finished experiment and refill its slot at once, before the books
+            of any other finished experiment (so a slot waits for its own bookkeeping only)."""
+            h, slot, k = inflight.pop(token)
+            heapq.heappush(free, slot)
+            if not by_dispatch:
+                self._on_outcome(h, slot, outcome, results, failed, triggers, papers, side,
+                                 backend)
+                fill()
+                return
+            self._emit("finish", h.branch, h.id, slot)
+            buffered[k] = (h, slot, outcome)
+            while seq["applied"] in buffered:   # apply in dispatch order, and make decision
+                hh, ss, oo = buffered.pop(seq["applied"])   # k right after result k - slots
+                seq["applied"] += 1
+                self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side, backend)
+                fill()
+
+        crashed: list[BaseException] = []
+
+        def on_finish(token: Any, outcome: Any) -> None:
+            """Completion hook of the local backend: runs inside the finished experiment's own
+            task, so the slot is refilled without waiting for the driver to wake up."""
+            if crashed or token not in inflight:
+                return
+            try:
+                settle(token, outcome)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the driver
+                crashed.append(exc)
+
+        if isinstance(backend, LocalBackend):
+            backend.on_finish = on_finish
 
         try:
             if ledger.total_queued or retry:
@@ -551,20 +595,10 @@ class IterationScheduler:
                         and ledger.has_work()):
                     timeout = max(0.0, self.max_seconds - self._now())
                 for token, outcome in await backend.wait(timeout):
-                    h, slot, k = inflight.pop(token)
-                    heapq.heappush(free, slot)
-                    if not by_dispatch:
-                        self._on_outcome(h, slot, outcome, results, failed, triggers, papers,
-                                         side, backend)
-                        continue
-                    self._emit("finish", h.branch, h.id, slot)
-                    buffered[k] = (h, slot, outcome)
-                    while seq["applied"] in buffered:   # apply in dispatch order, and make
-                        hh, ss, oo = buffered.pop(seq["applied"])   # decision k right after
-                        seq["applied"] += 1                         # result k - slots
-                        self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side,
-                                         backend)
-                        fill()
+                    if token in inflight:       # not yet settled by the completion hook
+                        settle(token, outcome)
+                if crashed:
+                    raise crashed[0]
                 if bar is not None:         # update() redraws at most every 0.1 s
                     done = len(results) + len(failed)
                     bar.total = done + len(inflight) + ledger.total_queued

@@ -117,3 +117,54 @@ async def test_vector_rewards_and_dispatch_order_on_dask_workers(c, s, a, b):
     assert [e.hypothesis for e in report.events.of("select")] == [
         e.hypothesis for e in local.events.of("select")]
     assert report.results[0].reward in {(0.9, 0.2), (0.5, 0.1), (0.4, 0.6)}
+
+
+PICKLED = []
+
+
+class _CountingRunner:
+    """A runner standing in for a closure over a large model: counts how often it pickles."""
+
+    def __init__(self, reward):
+        self.reward = reward
+
+    def __reduce__(self):
+        PICKLED.append(1)
+        return (_CountingRunner, (self.reward,))
+
+    def __call__(self, h):
+        return self.reward
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_the_runner_travels_once_per_run_not_per_experiment(c, s, a, b):
+    counts = []
+    for n in (4, 16):
+        PICKLED.clear()
+        sched = IterationScheduler(_CountingRunner(0.5), slots=3, client=c, progress=False,
+                                   prune_floor=0.0)
+        sched.add([Hypothesis(f"n{n}-{k}", f"b{k % 3}") for k in range(n)])
+        report = await sched.run_async()
+        assert report.total_runs == n
+        counts.append(len(PICKLED))
+    # client -> scheduler -> worker, and at most one copy to the other worker: not once per
+    # experiment (which would be 4 and 16 at the least)
+    assert max(counts) <= 3, counts
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this payload holds a lock")
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_a_payload_that_does_not_pickle_names_the_hypothesis(c, s, a, b):
+    import pytest
+
+    from dask_research.exceptions import ExperimentError
+
+    sched = IterationScheduler(lambda h: 0.5, slots=2, client=c, progress=False)
+    sched.add([Hypothesis("fine", "a"), Hypothesis("locked", "b", payload=_Unpicklable())])
+    with pytest.raises(ExperimentError, match=r"could not start hypothesis 'locked' on branch "
+                                              r"'b'.*runner and every payload must pickle"):
+        await sched.run_async()

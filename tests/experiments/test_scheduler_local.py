@@ -441,3 +441,82 @@ def test_shipped_helpers_refuse_bad_arguments():
         make_deterministic_runner({}, delay_ms=-1)
     with pytest.raises(ExperimentError, match=r"fanout=-1, max_generation=1 are invalid"):
         make_followup_expander(fanout=-1)
+
+
+def test_each_freed_slot_is_refilled_before_the_next_result_is_booked():
+    # three experiments that end on the same timer tick: each result is followed by the
+    # decision and dispatch for its own slot before the next result is booked, so a slot
+    # never waits for the bookkeeping of the others
+    runner = make_deterministic_runner({"a": 0.5, "b": 0.5, "c": 0.5}, delay_ms=5)
+    sched = IterationScheduler(runner, slots=3, progress=False, prune_floor=0.0)
+    sched.add(_hyps("abc", 6))
+    report = sched.run()
+    kinds = [(e.kind, e.slot) for e in report.events
+             if e.kind in ("result", "select", "dispatch")]
+    checked = 0
+    for k, (kind, slot) in enumerate(kinds):
+        if kind == "result" and k + 2 < len(kinds) and kinds[k + 2][0] == "dispatch":
+            assert kinds[k + 1][0] == "select" and kinds[k + 2] == ("dispatch", slot)
+            checked += 1
+    assert checked == 18 - 3            # every result while work was queued
+
+
+def test_an_error_in_the_bookkeeping_ends_the_run_and_frees_the_scheduler(monkeypatch):
+    # results are booked inside the finished experiment's task (the completion hook); an
+    # error there (here: a failing journal write, simulated) must surface from run(), not be
+    # swallowed as a task exception, and the scheduler must be usable afterwards
+    sched = IterationScheduler(make_deterministic_runner({"a": 0.5}, delay_ms=1), slots=2,
+                               progress=False)
+    sched.add(_hyps("a", 6))
+    booked = []
+    real = IterationScheduler._on_outcome
+
+    def flaky(self, *args, **kwargs):
+        booked.append(args[0].id)
+        if len(booked) == 2:
+            raise OSError("disk full (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(IterationScheduler, "_on_outcome", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        sched.run()
+    assert len(booked) == 2              # nothing was booked after the failure
+    monkeypatch.setattr(IterationScheduler, "_on_outcome", real)
+    report = sched.run()                 # not stuck in "already running"
+    assert report.stop_reason == "queue_empty"
+
+
+def test_async_runners_on_worker_threads_reuse_one_loop_and_leave_nothing_behind():
+    # execute_sync (what a Dask worker thread runs) keeps one event loop per thread instead of
+    # asyncio.run per experiment; tasks a runner leaves behind are cancelled after each call,
+    # and the loop is closed when its thread ends
+    from dask_research.experiments.execute import execute_sync
+
+    seen = {"loops": [], "stragglers": []}
+
+    async def runner(h):
+        loop = asyncio.get_running_loop()
+        seen["loops"].append(loop)
+
+        async def straggler():
+            await asyncio.sleep(10)
+
+        seen["stragglers"].append(loop.create_task(straggler()))
+        await asyncio.sleep(0)
+        return 0.5
+
+    def worker_thread():
+        for k in range(3):
+            assert execute_sync(runner, Hypothesis(f"t{k}", "a"), bounded=True).reward == 0.5
+            assert seen["stragglers"][-1].cancelled()
+        with pytest.raises(RuntimeError):          # no loop is left set on the thread
+            asyncio.get_event_loop_policy().get_event_loop()
+
+    t = threading.Thread(target=worker_thread)
+    t.start()
+    t.join()
+    assert len({id(lp) for lp in seen["loops"]}) == 1
+    import gc
+
+    gc.collect()
+    assert seen["loops"][0].is_closed()
