@@ -42,8 +42,49 @@ async def _call_side_async(fn: Callable[..., Any], args: tuple) -> Any:
     return out
 
 
-def _identity(x: Any) -> Any:
-    return x
+class PickledRunner:
+    """A runner pickled once on the client, and unpickled once per worker process.
+
+    Pickling this object copies bytes (no cloudpickle walk of the closure), wherever it
+    happens: on the client for every dispatch, and on the scheduler, which unpacks each task
+    and packs it again for the worker. The worker unpickles the runner on the first call and
+    keeps the last few by digest.
+    """
+
+    def __init__(self, runner: Callable[[Hypothesis], Any] | None = None, *,
+                 digest: str = "", blob: bytes = b""):
+        if runner is not None:
+            import hashlib
+
+            import cloudpickle
+
+            blob = cloudpickle.dumps(runner)
+            digest = hashlib.sha256(blob).hexdigest()
+        self.digest, self.blob = digest, blob
+
+    def __reduce__(self) -> tuple:
+        return _pickled_runner, (self.digest, self.blob)
+
+    def load(self) -> Callable[[Hypothesis], Any]:
+        runner = _loaded.get(self.digest)
+        if runner is None:
+            import pickle
+
+            runner = pickle.loads(self.blob)
+            while len(_loaded) >= 8:                  # a few runs' runners, not every run's
+                _loaded.pop(next(iter(_loaded)))
+            _loaded[self.digest] = runner
+        return runner
+
+    def __call__(self, h: Hypothesis) -> Any:
+        return self.load()(h)
+
+
+_loaded: dict[str, Callable[[Hypothesis], Any]] = {}
+
+
+def _pickled_runner(digest: str, blob: bytes) -> PickledRunner:
+    return PickledRunner(digest=digest, blob=blob)
 
 
 def _call_side_sync(fn: Callable[..., Any], args: tuple) -> Any:
@@ -126,15 +167,15 @@ class DaskBackend:
         self._outbox: list[dict] = []
         self._shipper: asyncio.Task | None = None
         self._futures: set[Any] = set()
-        # the runner travels once per run, as the result of a task of its own that every
-        # experiment depends on: a closure over a large model or table is pickled once, not
-        # per dispatch, and a lost worker's copy is recomputed from the task like any result
-        self._runner: Any = None
+        # the runner is pickled once per run (a closure over a model or a table used to be
+        # pickled again for every dispatch); each task carries the bytes, and a worker
+        # unpickles them once. Not a dependency task: Dask would then send every experiment
+        # to the worker that holds it.
+        self._runner: PickledRunner | None = None
 
     def submit(self, h: Hypothesis) -> Any:
         if self._runner is None:
-            self._runner = self.client.submit(_identity, self.runner, pure=False,
-                                              key=f"experiment-runner-{self.run_id}")
+            self._runner = PickledRunner(self.runner)
         fut = self.client.submit(execute_sync, self._runner, h, self.bounded, self.objectives,
                                  pure=False,
                                  key=f"experiment-{h.id}-{uuid.uuid4().hex[:8]}")
@@ -193,8 +234,6 @@ class DaskBackend:
         if self._next is not None and not self._next.done():
             self._next.cancel()
         self._futures.clear()       # dropping the futures releases them on the cluster
-        if self._runner is not None:
-            self._runner.release()
         if self._shipper is not None:
             try:
                 await self._shipper
