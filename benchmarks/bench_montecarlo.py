@@ -2,11 +2,17 @@
 
 The 7-input saturating pipeline at 640 x 65,536 draws (41.9 M samples):
 
-(a) single-process numpy on one core, the same Philox shard streams (the ideal per core);
+(a) single-process numpy on one core, the same Philox shard streams (the ideal per core), with
+    glibc's default malloc settings and with the ones the embedded cluster applies (the faster
+    of the two is the ideal);
 (b) ``mc.run`` on a LocalCluster using all cores, for several cluster shapes (the embedded
     default is threads, one worker per core);
 (c) the same estimate written the way a Dask user would, with ``dask.array`` (random +
     mean/var/histogram) on the same LocalCluster, at 65,536 and 1,048,576 draws per chunk.
+
+(a) with the tuned malloc and (b) on the embedded default are measured interleaved (a, b, a,
+b, ...; a fresh cluster for each b), so that both see the same state of a machine whose speed
+drifts; so are the runs with and without verification.
 
 Prints throughput (samples/s), b / (cores x a) and b / best(c), and writes
 ``benchmarks/results/bench_montecarlo.json``.
@@ -31,6 +37,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import LoadMonitor, print_table, write_results  # noqa: E402
 from dask_research import montecarlo as mc  # noqa: E402
+from dask_research.malloc import tune_malloc  # noqa: E402
 from dask_research.montecarlo import philox  # noqa: E402
 
 MU = np.array([1.0, 2.0, 0.5, 3.0, 0.8, 0.2, 0.0])
@@ -151,6 +158,30 @@ def timed(fn, reps, cold=False):
     return statistics.median(times), times, out, load
 
 
+def paired_default(job, shards, n, reps, kw):
+    """(a) tuned and (b) on the embedded default shape, interleaved: a, b, a, b, ...
+
+    The machine's speed drifts over minutes; pairs see the same conditions. (a) runs with no
+    cluster alive; each (b) gets a fresh cluster and one untimed cold run first.
+    """
+    from distributed import Client, LocalCluster
+
+    a_times, b_times, cpu = [], [], []
+    res = stats_a = None
+    with LoadMonitor() as load:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            stats_a = numpy_single(shards, n)
+            a_times.append(time.perf_counter() - t0)
+            with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+                mc.run(job, client=client, progress=False)
+                c0, t0 = time.process_time(), time.perf_counter()
+                res = mc.run(job, client=client, progress=False)
+                b_times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+    return a_times, b_times, res, stats_a, statistics.median(cpu), load
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="64 shards, 1 rep: a smoke run")
@@ -165,21 +196,36 @@ def main(argv=None):
     figures: dict = {"shards": shards, "samples_per_shard": n, "total_samples": total, "cores": cores}
     rows = []
 
-    # (a) one core, one process.
+    # (a) one core, one process: first with glibc's defaults, then with the malloc settings the
+    # embedded cluster applies to its process (dask_research.malloc). mallopt is process-wide
+    # and cannot be undone, so everything after runs with them, dask.array (c) included. The
+    # ideal is the faster of the two (a) figures.
+    default = "threads, 1 worker x cores threads (embedded default)"
+    default_kw = dict(n_workers=1, threads_per_worker=cores, processes=False)
+    job = make_job(shards, n)
+    figures["a_numpy_single"] = {}
     t_a, ts, (mean_a, var_a, _), load = timed(lambda: numpy_single(shards, n), reps, cold=True)
-    thr_a = total / t_a
-    figures["a_numpy_single"] = {"seconds": t_a, "reps": ts, "samples_per_s": thr_a, "mean": mean_a,
-                                 "var": var_a, "machine_busy": load.machine_busy}
-    rows.append(("(a) numpy, 1 process, 1 core", f"{t_a:.2f}", f"{thr_a / 1e6:.2f}", "1.00 (per core)", ""))
+    figures["a_numpy_single"]["glibc defaults"] = {
+        "seconds": t_a, "reps": ts, "samples_per_s": total / t_a, "mean": mean_a, "var": var_a,
+        "machine_busy": load.machine_busy}
+    figures["malloc_tuned"] = tune_malloc()
+    # (a) tuned and (b) on the embedded default, interleaved (see paired_default)
+    a_ts, b_ts, res_b, (mean_a, var_a, _), cpu_b, load = paired_default(job, shards, n, reps, default_kw)
+    t_a = statistics.median(a_ts)
+    figures["a_numpy_single"]["malloc tuned"] = {
+        "seconds": t_a, "reps": a_ts, "samples_per_s": total / t_a, "mean": mean_a, "var": var_a,
+        "machine_busy": load.machine_busy, "interleaved_with_b": True}
+    for variant, f in figures["a_numpy_single"].items():
+        rows.append((f"(a) numpy, 1 process, 1 core, {variant}", f"{f['seconds']:.2f}",
+                     f"{f['samples_per_s'] / 1e6:.2f}", "", ""))
+    thr_a = max(f["samples_per_s"] for f in figures["a_numpy_single"].values())
     ideal = cores * thr_a
 
-    job = make_job(shards, n)
     shapes = {
-        "threads, 1 worker x cores threads (embedded default)": dict(n_workers=1, threads_per_worker=cores,
-                                                                     processes=False),
+        default: default_kw,
         "threads, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=False),
         "processes, 1 worker per core": dict(n_workers=cores, threads_per_worker=1, processes=True),
-        "processes, 1 worker per core, MALLOC_MMAP_THRESHOLD_ pinned": dict(
+        "processes, 1 worker per core, malloc thresholds pinned": dict(
             n_workers=cores, threads_per_worker=1, processes=True),
     }
     best_b, best_c = 0.0, 0.0
@@ -187,22 +233,26 @@ def main(argv=None):
     figures["b_ours"], figures["c_dask_array"] = {}, {}
     import dask
 
-    from dask_research._cluster import process_worker_environ
+    from dask_research.malloc import process_worker_environ
 
     for label, kw in shapes.items():
         environ = process_worker_environ() if "pinned" in label else {}
         with dask.config.set(environ), LocalCluster(dashboard_address=":0", **kw) as cluster, \
                 Client(cluster) as client:
-            cpu0 = time.process_time()
-            t_b, ts, res, load = timed(lambda: mc.run(job, client=client, progress=False), reps, cold=True)
-            main_cpu = (time.process_time() - cpu0) / (reps + 1)
+            if label == default:        # measured interleaved with (a) above
+                t_b, ts, res, main_cpu = statistics.median(b_ts), b_ts, res_b, cpu_b
+            else:
+                cpu0 = time.process_time()
+                t_b, ts, res, load = timed(lambda: mc.run(job, client=client, progress=False), reps,
+                                           cold=True)
+                main_cpu = (time.process_time() - cpu0) / (reps + 1)
             thr_b = total / t_b
             # Why processes differ: the per-task round trip, and the CPU the main process (client +
             # scheduler, + the workers when they are threads) spends per run.
             noop = timed(lambda: client.gather(client.map(_noop, range(200), pure=False)), 3)[0] / 200
             figures["why_processes"][label] = {"noop_task_ms": noop * 1e3, "main_process_cpu_s_per_run": main_cpu,
                                                "tasks_per_run": -(-shards // res.shards_per_task)}
-            best_b = max(best_b, thr_b) if "default" in label else best_b
+            best_b = max(best_b, thr_b) if label == default else best_b
             figures["b_ours"][label] = {"seconds": t_b, "reps": ts, "samples_per_s": thr_b,
                                         "ratio_vs_ideal": thr_b / ideal, "mean": res.mean, "var": res.var,
                                         "shards_per_task": res.shards_per_task,
@@ -221,11 +271,14 @@ def main(argv=None):
                 rows.append((f"(c) dask.array, {label}, chunk {chunk:,}", f"{t_c:.2f}", f"{thr_c / 1e6:.2f}",
                              f"{thr_c / ideal:.2f}", ""))
     # Verification overhead (k=4 of the job's shards) and scale, on the embedded default shape.
-    kw = shapes["threads, 1 worker x cores threads (embedded default)"]
-    with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+    with LocalCluster(dashboard_address=":0", **default_kw) as cluster, Client(cluster) as client:
         mc.run(job, client=client, progress=False, verify=0)
-        t_v0, _, _, _ = timed(lambda: mc.run(job, client=client, progress=False, verify=0), reps)
-        t_v4, _, res_v, _ = timed(lambda: mc.run(job, client=client, progress=False, verify=4), reps)
+        v0, v4 = [], []
+        for _ in range(reps):                # interleaved, like (a) and (b)
+            v0.append(timed(lambda: mc.run(job, client=client, progress=False, verify=0), 1)[0])
+            t, _, res_v, _ = timed(lambda: mc.run(job, client=client, progress=False, verify=4), 1)
+            v4.append(t)
+        t_v0, t_v4 = statistics.median(v0), statistics.median(v4)
         checked = len(res_v.verification["checked"])
         figures["verification"] = {"seconds_verify0": t_v0, "seconds_verify4": t_v4,
                                    "overhead_pct": 100 * (t_v4 - t_v0) / t_v0, "checked_shards": checked,

@@ -18,15 +18,19 @@ import os
 from collections.abc import Iterator
 
 from . import config
+from .malloc import process_worker_environ, tune_malloc
+
+__all__ = ["embedded_cluster_kwargs", "get_client", "process_worker_environ"]
 
 
 def embedded_cluster_kwargs() -> dict:
     """Keyword arguments for the embedded ``LocalCluster`` from ``research.cluster.*``.
 
     The default is one worker with a thread per core, in this process: NumPy releases the GIL,
-    and on the 2-core benchmark machine it reached 0.99 of two single-process cores where two
-    one-thread workers reached 0.72 (each in-process worker adds its own heartbeats and
-    monitors to the one event loop). Verification then re-runs checked shards on the same
+    and on the 2-core benchmark machine it reached 0.82-0.87 of two single-process cores
+    (median of three runs) where two one-thread workers reached 0.74-0.76 (each in-process
+    worker adds its own heartbeats and monitors to the one event loop). The process gets the
+    malloc settings of :mod:`dask_research.malloc`. Verification then re-runs checked shards on the same
     worker (recorded as such): inside one process a "different worker" is no independent
     witness anyway; on a real cluster checks always go to another worker.
     """
@@ -44,25 +48,6 @@ def embedded_cluster_kwargs() -> dict:
         processes=processes,
         dashboard_address=config.get("cluster.dashboard-address", default=None),
     )
-
-
-def process_worker_environ() -> dict:
-    """Dask config that gives spawned worker processes glibc's fast path for large arrays.
-
-    Dask's nanny sets ``MALLOC_TRIM_THRESHOLD_`` in worker processes; setting any malloc
-    parameter disables glibc's *dynamic* mmap threshold, so every NumPy temporary of 128 KiB or
-    more becomes a fresh ``mmap`` with page faults on first touch. On the benchmark machine that
-    made a Monte-Carlo shard about 50 % slower in worker processes than in threads. Pinning
-    ``MALLOC_MMAP_THRESHOLD_`` (``research.cluster.malloc-mmap-threshold``) restores the speed
-    (9.2 -> 13.5 M samples/s, measured).
-    """
-    from dask.utils import parse_bytes
-
-    threshold = config.get("cluster.malloc-mmap-threshold", default=None)
-    if threshold is None:
-        return {}
-    value = parse_bytes(threshold) if isinstance(threshold, str) else int(threshold)
-    return {"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": str(value)}
 
 
 @contextlib.contextmanager
@@ -86,6 +71,7 @@ def get_client(client=None) -> Iterator:
             with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
                 yield c
         return
+    tune_malloc()       # the workers are threads of this process: see dask_research.malloc
     if kwargs.get("dashboard_address") is not None:
         try:  # the research pages are part of the embedded dashboard (needs bokeh)
             import dask_research.dashboard  # noqa: F401

@@ -578,7 +578,8 @@ _budget_help = ("CPU-seconds (or a duration like '1h') the worker may use before
 @click.option("--battery-floor", type=BATTERY_FLOOR, default=None, help=_floor_help)
 @click.option("--budget", type=CPU_BUDGET, default=None, help=_budget_help)
 async def dask_setup(worker: Any, battery_floor: float | None, budget: float | None) -> None:
-    """``dask worker`` preload: install :class:`PowerPolicy` on this worker.
+    """``dask worker`` preload: install :class:`PowerPolicy` on this worker, and the malloc
+    settings of :class:`dask_research.malloc.MallocTuning`.
 
     .. code-block:: bash
 
@@ -589,10 +590,14 @@ async def dask_setup(worker: Any, battery_floor: float | None, budget: float | N
     if not isinstance(worker, Worker):
         raise TypeError(f"dask_research.montecarlo.power is a worker preload (dask worker "
                         f"--preload ...); it was loaded by a {type(worker).__name__}")
+    from ..malloc import MallocTuning
+
     plugin = PowerPolicy(battery_floor=battery_floor, budget=budget)
     result = await worker.plugin_add(plugin, name=plugin.name, catch_errors=False)
     logger.info("Power policy installed by preload: %r", plugin)
     assert result.get("status") == "OK", result
+    tuning = MallocTuning()                # NumPy temporaries off the page-fault path
+    await worker.plugin_add(tuning, name=tuning.name, catch_errors=False)
 
 
 def build_worker_command(

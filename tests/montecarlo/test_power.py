@@ -358,7 +358,8 @@ def test_preload_and_worker_command_install_the_plugin(tmp_path):
         with Client(address, timeout=20) as client:
             client.wait_for_workers(2, timeout=20)
             plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
-            assert all("research-power" in names for names in plugins.values()), plugins
+            assert all("research-power" in names and "research-malloc-tuning" in names
+                       for names in plugins.values()), plugins
             states = power_state(client)
             by_name = {client.scheduler_info()["workers"][addr]["name"]: st
                        for addr, st in states.items()}

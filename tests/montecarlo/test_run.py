@@ -206,9 +206,11 @@ def test_embedded_process_workers_get_the_malloc_fix():
     with dask.config.set({"research.cluster.processes": True, "research.cluster.n-workers": 1,
                           "research.cluster.dashboard-address": None}):
         with get_client(None) as c:
-            env = c.run(lambda: __import__("os").environ.get("MALLOC_MMAP_THRESHOLD_"))
-            assert list(env.values()) == [str(32 * 2**20)]
+            env = c.run(lambda: [__import__("os").environ.get(k) for k in
+                                 ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")])
+            assert list(env.values()) == [[str(32 * 2**20), str(64 * 2**20)]]
             res = mc.run(_job(shards=8), client=c, progress=False, verify=0)
             assert res.n == 8 * 2048
     with pytest.raises(ValueError):
         default_client()
+
