@@ -311,7 +311,14 @@ class IterationScheduler:
         if extra:
             raise CheckpointError(where, f"its settings name unknown parameters {extra}; it "
                                          "was written by another version")
-        return cls(runner, checkpoint=path, **settings)
+        try:
+            return cls(runner, checkpoint=path, **settings)
+        except (InputError, ExperimentError) as exc:
+            name = getattr(exc, "name", None)
+            if name in kwargs:                  # the caller's own override: their error
+                raise
+            raise CheckpointError(where, f"holds a setting that cannot be used ({exc}); the "
+                                         "file is damaged or was edited") from exc
 
     def __repr__(self) -> str:
         mode = "dask" if self.client is not None else "asyncio"

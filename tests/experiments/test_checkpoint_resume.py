@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dask_research.exceptions import CheckpointError, ExperimentError
+from dask_research.exceptions import CheckpointError, ExperimentError, InputError
 from dask_research.experiments import (
     Hypothesis,
     IterationScheduler,
@@ -100,6 +100,22 @@ def test_budgets_count_what_was_spent_and_settings_come_from_the_header(tmp_path
                                       max_seconds=t_end / 2)
     late = again.run()
     assert late.stop_reason == "max_seconds" and late.dispatched == 0
+
+
+def test_a_damaged_setting_in_the_header_is_a_checkpoint_error(tmp_path):
+    # found by the journal fuzzer: a flipped bit in "completion" made resume() raise a bare
+    # InputError that did not say the checkpoint was at fault
+    path = tmp_path / "loop.jsonl"
+    _scheduler(CountingRunner(), path, max_experiments=3).run()
+    lines = path.read_text().splitlines()
+    assert '"completion"' in lines[0]
+    path.write_text("\n".join([lines[0].replace('"completion"', '"bompletion"')] + lines[1:]) + "\n")
+    with pytest.raises(CheckpointError, match=r"loop.jsonl.*apply_order='bompletion' is "
+                                              r"invalid.*damaged or was edited"):
+        IterationScheduler.resume(path, CountingRunner(), progress=False)
+    # a bad value the caller passes is the caller's error, as without a checkpoint
+    with pytest.raises(InputError, match=r"slots=0 is invalid"):
+        IterationScheduler.resume(path, CountingRunner(), progress=False, slots=0)
 
 
 def test_in_flight_experiments_are_requeued_once(tmp_path):
