@@ -341,7 +341,88 @@ def drain_and_join(thread: threading.Thread, q: "queue.Queue") -> None:
         thread.join(timeout=0.05)
 
 
-class BatchIterator:
+class PrefetchingIterator:
+    """The learner's end of a prefetch queue that a background thread fills.
+
+    What :class:`BatchIterator` and the cluster plane's ``ClusterBatchIterator`` share: taking
+    an item off the queue (the stop marker ends the iteration, a forwarded error is raised),
+    handing a batch over with its delivery figures, putting items until the iterator is
+    closed, and an idempotent :meth:`close`. Subclasses set ``closed``, ``convert``,
+    ``stats``, ``_queue``, ``_thread``, ``_stop``, ``_switch`` and ``_last_return``.
+    """
+
+    closed: bool
+    convert: Any
+    stats: DeliveryStats
+    _queue: "queue.Queue | None"
+    _thread: threading.Thread | None
+    _stop: threading.Event
+    _switch: bool
+    _last_return: float | None
+
+    def __iter__(self) -> "PrefetchingIterator":
+        return self
+
+    def _clock(self) -> tuple[float, float | None]:
+        """``(t_call, step)``: now, and the learner's time since the last batch returned."""
+        t_call = time.perf_counter()
+        return t_call, None if self._last_return is None else t_call - self._last_return
+
+    def _take(self) -> Any:
+        """The next queued item; closes on the stop marker or a forwarded error."""
+        assert self._queue is not None
+        item = self._queue.get()
+        if item is _STOP:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item
+
+    def _hand_over(self, batch: Batch, t_call: float, step: float | None,
+                   info: dict[str, float]) -> Batch:
+        """Mark ``batch`` ready for the learner and record the call's delivery figures."""
+        self.convert.ready(batch)
+        t_ret = time.perf_counter()
+        self.stats.record(t_ret - t_call, step, info)
+        self._last_return = t_ret
+        return batch
+
+    def _on_full(self) -> None:
+        """Called by :meth:`_put` while the queue is full (the learner is behind)."""
+
+    def _put(self, item: Any) -> None:
+        """Queue ``item``, waiting while the queue is full, until the iterator is closed."""
+        assert self._queue is not None
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                self._on_full()
+
+    def close(self) -> None:
+        """Stop the background pipeline (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        if self._switch:
+            self._switch = False
+            _release_switch_interval()
+        if self._thread is not None:
+            assert self._queue is not None
+            drain_and_join(self._thread, self._queue)
+
+    def __enter__(self) -> "PrefetchingIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class BatchIterator(PrefetchingIterator):
     """Iterator over prefetched batches; see :meth:`ExperiencePlane.batches`.
 
     Batches are fresh arrays (the pinned staging buffers of the GPU path are recycled only
@@ -440,7 +521,6 @@ class BatchIterator:
         return batch
 
     def _run(self) -> None:
-        q = self._queue
         try:
             while not self._stop.is_set():
                 if self.max_batches is not None and self._produced >= self.max_batches:
@@ -448,31 +528,17 @@ class BatchIterator:
                 else:
                     item = self._produce()
                     self._produced += 1
-                while not self._stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._put(item)
                 if item is _STOP:
                     return
         except BaseException as e:  # forwarded to the learner's next()
-            while not self._stop.is_set():
-                try:
-                    q.put(e, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
+            self._put(e)
 
     # --- iterator ------------------------------------------------------------------------
-    def __iter__(self) -> "BatchIterator":
-        return self
-
     def __next__(self) -> Batch:
         if self.closed:
             raise StopIteration
-        t_call = time.perf_counter()
-        step = None if self._last_return is None else t_call - self._last_return
+        t_call, step = self._clock()
         if self._queue is None:
             if self.max_batches is not None and self._delivered >= self.max_batches:
                 self.close()
@@ -483,38 +549,9 @@ class BatchIterator:
                 self.close()
                 raise
         else:
-            item = self._queue.get()
-            if item is _STOP:
-                self.close()
-                raise StopIteration
-            if isinstance(item, BaseException):
-                self.close()
-                raise item
-            batch = item
-        self.convert.ready(batch)
-        t_ret = time.perf_counter()
+            batch = self._take()
         self._delivered += 1
-        self.stats.record(t_ret - t_call, step, batch.info)
-        self._last_return = t_ret
-        return batch
-
-    def close(self) -> None:
-        """Stop the background pipeline (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._stop.set()
-        if self._switch:
-            self._switch = False
-            _release_switch_interval()
-        if self._thread is not None:
-            drain_and_join(self._thread, self._queue)
-
-    def __enter__(self) -> "BatchIterator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        return self._hand_over(batch, t_call, step, batch.info)
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:

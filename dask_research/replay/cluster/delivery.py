@@ -52,14 +52,12 @@ from ... import config
 from ...exceptions import InputError
 from ..batch import Batch
 from ..plane import EmptyPlaneError
-from ..delivery import (DeliveryStats, _acquire_switch_interval, _release_switch_interval, drain_and_join,
+from ..delivery import (_STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval,
                         make_converter)
 from .indices import encode
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plane import ClusterPlane
-
-_STOP = object()
 
 
 def prefetch_depth(rtt: float, bytes_per_batch: float, bandwidth: float, step: float,
@@ -124,7 +122,7 @@ class _Request:
         self.t0 = time.perf_counter()
 
 
-class ClusterBatchIterator:
+class ClusterBatchIterator(PrefetchingIterator):
     """Iterator over batches drawn from all shards; see :meth:`ClusterPlane.batches`."""
 
     def __init__(self, plane: "ClusterPlane", batch_size: int | None = None,
@@ -303,42 +301,21 @@ class ClusterBatchIterator:
                     f.release()
             self._pending.clear()
 
-    def _put(self, item: Any) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                plane = self.plane
-                plane._ship_updates(force=False)
-                plane._maybe_refresh()
-                continue
+    def _on_full(self) -> None:
+        """While the learner is behind, priority updates and the shard table still move."""
+        self.plane._ship_updates(force=False)
+        self.plane._maybe_refresh()
 
     # --- iterator ------------------------------------------------------------------------
-    def __iter__(self) -> "ClusterBatchIterator":
-        return self
-
     def __next__(self) -> Batch:
         if self.closed:
             raise StopIteration
-        t_call = time.perf_counter()
-        step = None if self._last_return is None else t_call - self._last_return
+        t_call, step = self._clock()
         if step is not None:
             self._step_ema = step if not math.isfinite(self._step_ema) else (
                 0.9 * self._step_ema + 0.1 * step)
-        item = self._queue.get()
-        if item is _STOP:
-            self.close()
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        batch = self.convert(None, item)
-        self.convert.ready(batch)
-        t_ret = time.perf_counter()
-        self.stats.record(t_ret - t_call, step, item.info)
-        self._last_return = t_ret
-        return batch
+        item = self._take()
+        return self._hand_over(self.convert(None, item), t_call, step, item.info)
 
     def summary(self) -> dict[str, Any]:
         """Delivery figures: the single-process summary plus depth, round trip, discards."""
@@ -349,22 +326,6 @@ class ClusterBatchIterator:
                     "remote_tasks": self.remote_tasks})
         return out
 
-    def close(self) -> None:
-        """Stop the background thread and release in-flight futures (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._stop.set()
-        if self._switch:
-            self._switch = False
-            _release_switch_interval()
-        drain_and_join(self._thread, self._queue)
-
-    def __enter__(self) -> "ClusterBatchIterator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def assemble(spec: Any, parts: list[tuple[int, dict]], beta: float | None,
