@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dask_research.exceptions import ResearchError
 from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
+from dask_research.testing import corruption
 
 CASES = {"count": 0}
 RUNNER = make_deterministic_runner({"a": 0.9, "b": 0.4, "c": 0.1}, delay_ms=0)
@@ -27,18 +28,15 @@ def pristine():
     shutil.rmtree(root, ignore_errors=True)
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats() | st.text(max_size=10),
-                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                           max_leaves=8)
+json_values = corruption.json_values()
 
 
 def _mutate(raw: bytes, how: str, rnd: random.Random, value) -> bytes:
     lines = raw.decode().splitlines()
     if how == "truncate":
-        return raw[: rnd.randrange(len(raw))]
+        return corruption.truncate(raw, rnd)
     if how == "bitflip":
-        i = rnd.randrange(len(raw))
-        return raw[:i] + bytes([raw[i] ^ (1 << rnd.randrange(8))]) + raw[i + 1:]
+        return corruption.flip_bit(raw, rnd)
     if how == "replace-line":
         lines[rnd.randrange(len(lines))] = json.dumps(value)
     elif how == "retype":

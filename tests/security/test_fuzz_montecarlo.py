@@ -15,6 +15,7 @@ from dask_research.exceptions import ResearchError
 from dask_research.montecarlo import store as store_mod
 from dask_research.montecarlo.run import _load_existing, _manifest
 from dask_research.montecarlo.store import RunStore, _checksum
+from dask_research.testing import corruption
 
 CASES = {"count": 0}
 
@@ -41,10 +42,8 @@ def pristine():
     shutil.rmtree(root, ignore_errors=True)
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=12)
+json_values = corruption.json_values(max_int=2**70, allow_nan=False, max_text=20, max_size=4,
+                                     max_key=8, max_leaves=12)
 
 
 def _paths(doc, prefix=()):
@@ -77,10 +76,9 @@ def mutations(draw):
 def _apply(path: pathlib.Path, how: str, rnd: random.Random, value, monkeypatch) -> None:
     raw = path.read_bytes()
     if how == "truncate":
-        path.write_bytes(raw[: rnd.randrange(len(raw))])
+        path.write_bytes(corruption.truncate(raw, rnd))
     elif how == "bitflip":
-        i = rnd.randrange(len(raw))
-        path.write_bytes(raw[:i] + bytes([raw[i] ^ (1 << rnd.randrange(8))]) + raw[i + 1:])
+        path.write_bytes(corruption.flip_bit(raw, rnd))
     elif how == "replace":
         path.write_text(json.dumps(value))
     elif how in ("retype", "retype-signed"):

@@ -2,7 +2,6 @@
 import io
 import json
 import pathlib
-import random
 import shutil
 import tempfile
 
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from dask_research import replay
 from dask_research.exceptions import ResearchError
+from dask_research.testing import corruption
 
 SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
 CASES = {"count": 0}
@@ -42,9 +42,7 @@ def _pickle_npz(path: pathlib.Path) -> None:
     path.write_bytes(buf.getvalue())
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats() | st.text(max_size=10),
-                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                           max_leaves=8)
+json_values = corruption.json_values()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -58,10 +56,9 @@ def test_fuzzed_replay_checkpoint(pristine, target, how, rnd, value):
         path = work / target
         raw = path.read_bytes()
         if how == "truncate":
-            path.write_bytes(raw[: rnd.randrange(len(raw))])
+            path.write_bytes(corruption.truncate(raw, rnd))
         elif how == "bitflip":
-            i = rnd.randrange(len(raw))
-            path.write_bytes(raw[:i] + bytes([raw[i] ^ (1 << rnd.randrange(8))]) + raw[i + 1:])
+            path.write_bytes(corruption.flip_bit(raw, rnd))
         elif how == "replace":
             path.write_text(json.dumps(value))
         elif how == "retype" and target == "meta.json":
