@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .execute import execute_async, execute_sync, is_async_callable
+from .execute import _run_coroutine, execute_async, execute_sync, is_async_callable
 from .types import Hypothesis, Result
 
 __all__ = ["LocalBackend", "DaskBackend"]
@@ -90,7 +90,7 @@ def _pickled_runner(digest: str, blob: bytes) -> PickledRunner:
 def _call_side_sync(fn: Callable[..., Any], args: tuple) -> Any:
     out = fn(*args)
     if asyncio.iscoroutine(out):
-        out = asyncio.run(out)
+        out = _run_coroutine(out)       # the worker thread's loop, as for runners
     return out
 
 

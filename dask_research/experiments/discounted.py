@@ -31,6 +31,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .policies import log_pulls
+
 __all__ = ["discounted_ucb_scores", "discount_update"]
 
 
@@ -51,8 +53,7 @@ def discounted_ucb_scores(disc_n: ArrayLike, disc_sum: ArrayLike, pending: Array
     dn = np.asarray(disc_n, dtype=float)
     ds = np.asarray(disc_sum, dtype=float)
     n = dn + np.asarray(pending, dtype=float)
-    total = float(n.sum())
-    log_total = math.log(total) if total > 1 else 0.0
+    log_total = log_pulls(None, n)
     mean = np.divide(ds, dn, out=np.zeros_like(dn), where=dn > 0)
     scores = mean + c * np.sqrt(log_total / np.where(n > 0, n, 1.0))
     scores[n <= 0] = math.inf

@@ -27,6 +27,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .policies import log_pulls
+
 __all__ = ["kl_ucb_scores", "bernoulli_kl"]
 
 _EPS = 1e-15
@@ -71,9 +73,7 @@ def kl_ucb_scores(mean: ArrayLike, n: ArrayLike, c: float = 0.0, total: float | 
     """
     p = np.clip(np.asarray(mean, dtype=float), 0.0, 1.0)
     n = np.asarray(n, dtype=float)
-    if total is None:
-        total = float(n.sum())
-    log_total = math.log(total) if total > 1 else 0.0
+    log_total = log_pulls(total, n)
     bonus = log_total + (c * math.log(log_total) if log_total > 1 else 0.0)
     level = bonus / np.maximum(n, 1.0)
     inner = p < 1

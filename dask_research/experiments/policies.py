@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 __all__ = [
+    "log_pulls",
     "ucb1_score",
     "ucb1_scores",
     "select",
@@ -46,6 +47,18 @@ __all__ = [
 ]
 
 _INF = math.inf
+
+
+def log_pulls(total: float | None, n: ArrayLike = ()) -> float:
+    """``ln(total)``, the exploration term of the UCB family; ``total = sum(n)`` when not
+    given, and 0 below two pulls (the bonus of the first pulls stays finite).
+
+    >>> log_pulls(None, [1, 0]), round(log_pulls(4), 6)
+    (0.0, 1.386294)
+    """
+    if total is None:
+        total = float(np.sum(n))
+    return math.log(total) if total > 1 else 0.0
 
 
 def ucb1_score(mean: float, runs: int, pending: int, total: int, c: float) -> float:
@@ -104,9 +117,7 @@ def ucb1_scores(
     """
     mean = np.asarray(mean, dtype=float)
     n = np.asarray(n, dtype=float)
-    if total is None:
-        total = float(n.sum())
-    log_total = math.log(total) if total > 1 else 0.0
+    log_total = log_pulls(total, n)
     # n == 0 would divide by zero: divide by 1 there and overwrite with +inf afterwards
     scores = np.maximum(n, 1.0)
     np.divide(log_total, scores, out=scores)

@@ -24,6 +24,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .policies import log_pulls
+
 __all__ = ["ucb1_tuned_scores", "ucb1_tuned_score"]
 
 
@@ -38,7 +40,7 @@ def ucb1_tuned_score(mean: float, sq_sum: float, runs: int, pending: int, total:
         return math.inf
     m = mean if runs else 0.0
     var = max(sq_sum / runs - m * m, 0.0) if runs else 0.0
-    log_total = math.log(total) if total > 1 else 0.0
+    log_total = log_pulls(total)
     v = var + math.sqrt(2.0 * log_total / n)
     return m + math.sqrt(log_total / n * min(0.25, v))
 
@@ -64,9 +66,7 @@ def ucb1_tuned_scores(mean: ArrayLike, sq_sum: ArrayLike, runs: ArrayLike, n: Ar
     sq_sum = np.asarray(sq_sum, dtype=float)
     runs = np.asarray(runs, dtype=float)
     n = np.asarray(n, dtype=float)
-    if total is None:
-        total = float(n.sum())
-    log_total = math.log(total) if total > 1 else 0.0
+    log_total = log_pulls(total, n)
     safe_runs = np.maximum(runs, 1.0)
     var = np.where(runs > 0, np.maximum(sq_sum / safe_runs - mean * mean, 0.0), 0.0)
     safe_n = np.maximum(n, 1.0)
