@@ -541,32 +541,23 @@ def power_state(client: Client | None = None) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-class _FloorType(click.ParamType):
-    name = "FLOOR"
+class _ParsedType(click.ParamType):
+    """A click type from one of this module's parsers, with its message for bad values."""
+
+    def __init__(self, name: str, parse: Callable[..., float | None], what: str):
+        self.name, self.parse, self.what = name, parse, what
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
-            floor = parse_battery_floor(value, where=None)
+            out = self.parse(value, where=None)
         except InputError as e:
-            self.fail(f"{value!r} is not a battery floor; expected {e.expected}", param, ctx)
-        assert floor is not None
-        return floor
+            self.fail(f"{value!r} is not {self.what}; expected {e.expected}", param, ctx)
+        assert out is not None
+        return out
 
 
-class _BudgetType(click.ParamType):
-    name = "CPU_SECONDS"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        try:
-            budget = parse_budget(value, where=None)
-        except InputError as e:
-            self.fail(f"{value!r} is not a compute budget; expected {e.expected}", param, ctx)
-        assert budget is not None
-        return budget
-
-
-BATTERY_FLOOR = _FloorType()
-CPU_BUDGET = _BudgetType()
+BATTERY_FLOOR = _ParsedType("FLOOR", parse_battery_floor, "a battery floor")
+CPU_BUDGET = _ParsedType("CPU_SECONDS", parse_budget, "a compute budget")
 
 _floor_help = ("Pause the worker on battery power below this charge: '30%' or 0.3. "
                "Default: research.power.battery-floor.")
