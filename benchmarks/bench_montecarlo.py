@@ -5,10 +5,12 @@ The 7-input saturating pipeline at 640 x 65,536 draws (41.9 M samples):
 (a) single-process numpy on one core, the same Philox shard streams (the ideal per core), with
     glibc's default malloc settings and with the ones the embedded cluster applies (the faster
     of the two is the ideal);
-(b) ``mc.run`` on a LocalCluster using all cores, for several cluster shapes (the embedded
-    default is threads, one worker per core);
+(b) ``mc.run`` on a LocalCluster using all cores, for several cluster shapes: the embedded
+    default (one worker, a thread per core: exactly the cluster ``mc.run(job)`` starts, with
+    the Dask settings of ``research.cluster.distributed``), and other shapes with the same
+    settings;
 (c) the same estimate written the way a Dask user would, with ``dask.array`` (random +
-    mean/var/histogram) on the same LocalCluster, at 65,536 and 1,048,576 draws per chunk.
+    mean/var/histogram) on the same cluster, at 65,536 and 1,048,576 draws per chunk.
 
 (a) with the tuned malloc and (b) on the embedded default are measured interleaved (a, b, a,
 b, ...; a fresh cluster for each b), so that both see the same state of a machine whose speed
@@ -26,6 +28,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -158,14 +161,30 @@ def timed(fn, reps, cold=False):
     return statistics.median(times), times, out, load
 
 
+@contextlib.contextmanager
+def cluster_client(kw: dict | None):
+    """A client on the embedded default (``kw`` None: exactly what ``mc.run(job)`` starts), or
+    on a LocalCluster of the shape ``kw`` with the same Dask settings."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dask_research._cluster import embedded_cluster, embedded_dask_config
+
+    if kw is None:
+        with embedded_cluster() as client:
+            yield client
+        return
+    with dask.config.set(embedded_dask_config()), LocalCluster(dashboard_address=":0", **kw) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
 def paired_default(job, shards, n, reps, kw):
     """(a) tuned and (b) on the embedded default shape, interleaved: a, b, a, b, ...
 
     The machine's speed drifts over minutes; pairs see the same conditions. (a) runs with no
     cluster alive; each (b) gets a fresh cluster and one untimed cold run first.
     """
-    from distributed import Client, LocalCluster
-
     a_times, b_times, cpu = [], [], []
     res = stats_a = None
     with LoadMonitor() as load:
@@ -173,7 +192,7 @@ def paired_default(job, shards, n, reps, kw):
             t0 = time.perf_counter()
             stats_a = numpy_single(shards, n)
             a_times.append(time.perf_counter() - t0)
-            with LocalCluster(dashboard_address=":0", **kw) as cluster, Client(cluster) as client:
+            with cluster_client(kw) as client:
                 mc.run(job, client=client, progress=False)
                 c0, t0 = time.process_time(), time.perf_counter()
                 res = mc.run(job, client=client, progress=False)
@@ -191,7 +210,6 @@ def main(argv=None):
     reps = 1 if args.quick else args.reps
     total = shards * n
     cores = os.cpu_count() or 1
-    from distributed import Client, LocalCluster
 
     figures: dict = {"shards": shards, "samples_per_shard": n, "total_samples": total, "cores": cores}
     rows = []
@@ -201,7 +219,7 @@ def main(argv=None):
     # and cannot be undone, so everything after runs with them, dask.array (c) included. The
     # ideal is the faster of the two (a) figures.
     default = "threads, 1 worker x cores threads (embedded default)"
-    default_kw = dict(n_workers=1, threads_per_worker=cores, processes=False)
+    default_kw = None   # the embedded cluster itself (research.cluster.*: 1 worker x cores threads)
     job = make_job(shards, n)
     figures["a_numpy_single"] = {}
     t_a, ts, (mean_a, var_a, _), load = timed(lambda: numpy_single(shards, n), reps, cold=True)
@@ -237,8 +255,7 @@ def main(argv=None):
 
     for label, kw in shapes.items():
         environ = process_worker_environ() if "pinned" in label else {}
-        with dask.config.set(environ), LocalCluster(dashboard_address=":0", **kw) as cluster, \
-                Client(cluster) as client:
+        with dask.config.set(environ), cluster_client(kw) as client:
             if label == default:        # measured interleaved with (a) above
                 t_b, ts, res, main_cpu = statistics.median(b_ts), b_ts, res_b, cpu_b
             else:
@@ -271,7 +288,7 @@ def main(argv=None):
                 rows.append((f"(c) dask.array, {label}, chunk {chunk:,}", f"{t_c:.2f}", f"{thr_c / 1e6:.2f}",
                              f"{thr_c / ideal:.2f}", ""))
     # Verification overhead (k=4 of the job's shards) and scale, on the embedded default shape.
-    with LocalCluster(dashboard_address=":0", **default_kw) as cluster, Client(cluster) as client:
+    with cluster_client(default_kw) as client:
         mc.run(job, client=client, progress=False, verify=0)
         v0, v4 = [], []
         for _ in range(reps):                # interleaved, like (a) and (b)
@@ -306,7 +323,8 @@ def main(argv=None):
     print(f"verification overhead at k=4                             = {figures['verification']['overhead_pct']:+.1f} %  (goal < 2 %)")
     print(f"resume after a kill at 50 %: recomputed                  = {100 * kill['resumed_fraction']:.1f} %  (goal <= 52 %)")
     path = write_results("bench_montecarlo", figures,
-                         notes="(a) one process with OPENBLAS_NUM_THREADS=1; (b)/(c) on the same LocalCluster; "
+                         notes="(a) one process with OPENBLAS_NUM_THREADS=1; (b)/(c) on the same cluster (the embedded "
+                               "default is the cluster mc.run starts, research.cluster.* settings); "
                                "median of reps after one cold run; machine_busy is the whole machine's CPU share")
     print(f"wrote {path}")
 

@@ -126,6 +126,7 @@ def main() -> None:
     from distributed import Client, Event, LocalCluster
 
     from dask_research import replay
+    from dask_research._cluster import workers_info
     from dask_research.testing.rl import cartpole_batch, synthetic_actor
 
     out: dict = {}
@@ -133,7 +134,7 @@ def main() -> None:
                       dashboard_address=None) as cluster, Client(cluster) as client:
         plane = replay.ClusterPlane(client, SPEC, capacity_per_worker=200_000, name="bench",
                                     sampler=replay.PrioritizedSampler(0.6, 0.4), seed=0)
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(workers_info(client))
         for w in workers:
             for k in range(10):
                 plane.ingest(cartpole_batch(10_000, seed=k), worker=w)

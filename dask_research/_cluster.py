@@ -4,6 +4,13 @@ Every entry point takes ``client=None``. The rule is the same everywhere: an exp
 wins; else the current default client (``distributed.default_client()``); else an embedded
 ``LocalCluster`` configured by ``research.cluster.*`` is started for the call and closed after.
 
+The embedded cluster runs with a few of Dask's own settings changed for as long as it lives
+(``research.cluster.distributed``): its periodic work shares the cores with the computation
+(in-process, with one event loop and the GIL), and at Dask's defaults it took about 6 % of a
+core on the 2-core benchmark machine. The profiler samples every 100 ms instead of 10 ms, the
+memory monitor reads every 500 ms instead of 100 ms, and the event-loop health tick runs every
+100 ms instead of 20 ms; see ``docs/montecarlo.rst`` for the measurements.
+
 Examples
 --------
 >>> from dask_research._cluster import get_client
@@ -20,7 +27,8 @@ from collections.abc import Iterator
 from . import config
 from .malloc import process_worker_environ, tune_malloc
 
-__all__ = ["embedded_cluster_kwargs", "get_client", "process_worker_environ"]
+__all__ = ["embedded_cluster", "embedded_cluster_kwargs", "embedded_dask_config", "get_client",
+           "process_worker_environ", "workers_info"]
 
 
 def embedded_cluster_kwargs() -> dict:
@@ -50,32 +58,93 @@ def embedded_cluster_kwargs() -> dict:
     )
 
 
+def embedded_dask_config() -> dict:
+    """``research.cluster.distributed`` as flat ``distributed.*`` keys for ``dask.config.set``.
+
+    Keys may be dotted (``worker.profile.interval``) or nested mappings; a mapping that is empty
+    (or null) leaves Dask's settings alone.
+
+    >>> import dask
+    >>> with dask.config.set({"research.cluster.distributed": {"admin": {"tick": {"interval": "1s"}}}}):
+    ...     embedded_dask_config()
+    {'distributed.admin.tick.interval': '1s'}
+    """
+    import dask
+
+    from .exceptions import ConfigError
+
+    raw = config.get("cluster.distributed", default=None) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError("cluster.distributed", raw,
+                          "a mapping of Dask settings under distributed.*, e.g. {worker.profile.interval: 100ms}")
+    out: dict = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+
+    walk(raw, "distributed.")
+    import distributed  # noqa: F401  (loads Dask's distributed.* defaults)
+
+    missing = object()
+    for key, value in out.items():
+        if dask.config.get(key, default=missing) is missing:
+            raise ConfigError(f"cluster.{key}", value, f"a setting Dask has; {key} is not one "
+                              "(see distributed.yaml in the distributed package)")
+    return out
+
+
+@contextlib.contextmanager
+def embedded_cluster() -> Iterator:
+    """Start the embedded ``LocalCluster`` of ``research.cluster.*`` and yield its client.
+
+    The cluster and its client are closed on exit; the settings of
+    ``research.cluster.distributed`` hold while it lives.
+    """
+    import dask
+    from distributed import Client, LocalCluster
+
+    kwargs = embedded_cluster_kwargs()
+    settings = embedded_dask_config()
+    if kwargs.get("processes"):
+        settings.update(process_worker_environ())
+    else:
+        tune_malloc()       # the workers are threads of this process: see dask_research.malloc
+        if kwargs.get("dashboard_address") is not None:
+            try:  # the research pages are part of the embedded dashboard (needs bokeh)
+                import dask_research.dashboard  # noqa: F401
+            except ImportError:
+                pass
+    with dask.config.set(settings), LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+        yield c
+
+
+def workers_info(client) -> dict:
+    """Address -> the scheduler's information on each worker, fetched now (a synchronous client).
+
+    ``client.scheduler_info(n_workers=-1)["workers"]`` reads a cache that the client's own
+    periodic refresh (every ``distributed.client.scheduler-info-interval``, without per-worker
+    information) can overwrite between the fetch and the read, so it is sometimes empty on a
+    cluster with workers. This asks the scheduler and returns its answer itself.
+    """
+    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+
+
 @contextlib.contextmanager
 def get_client(client=None) -> Iterator:
     """Yield ``client``, the current default client, or an embedded cluster's client."""
     if client is not None:
         yield client
         return
-    from distributed import Client, LocalCluster, default_client
+    from distributed import default_client
 
     try:
         yield default_client()
         return
     except ValueError:
         pass
-    kwargs = embedded_cluster_kwargs()
-    if kwargs.get("processes"):
-        import dask
-
-        with dask.config.set(process_worker_environ()):
-            with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
-                yield c
-        return
-    tune_malloc()       # the workers are threads of this process: see dask_research.malloc
-    if kwargs.get("dashboard_address") is not None:
-        try:  # the research pages are part of the embedded dashboard (needs bokeh)
-            import dask_research.dashboard  # noqa: F401
-        except ImportError:
-            pass
-    with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+    with embedded_cluster() as c:
         yield c

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from .._cluster import get_client
+from .._cluster import get_client, workers_info
 from .._version import __version__
 from ..exceptions import InputError, StoreError
 from .engine import Execution
@@ -223,7 +223,7 @@ def check_memory(client, p: Pilot) -> None:
     """Refuse up front a job whose shard cannot fit the memory a worker thread has."""
     from ..exceptions import CapacityError
 
-    for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
+    for addr, info in workers_info(client).items():
         limit = info.get("memory_limit") or 0
         threads = max(1, int(info.get("nthreads") or 1))
         if limit and p.shard_bytes * threads > limit:

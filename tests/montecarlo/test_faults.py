@@ -9,6 +9,7 @@ import threading
 import pytest
 from distributed import Client, LocalCluster
 
+from dask_research._cluster import workers_info
 from dask_research import montecarlo as mc
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
 from dask_research.testing.processes import wait_for
@@ -85,7 +86,7 @@ def test_sigkill_a_worker_mid_run_loses_nothing_and_changes_no_bit(real_cluster,
     assert res.n == 48 * 1024 and int(res.state.hist.sum()) == res.n  # nothing lost, nothing twice
     stored = mc.RunStore(str(store)).read_shards(job.id)          # raises on a repeated shard
     assert sorted(stored) == list(range(48))
-    assert len(client.scheduler_info()["workers"]) == 1
+    assert len(workers_info(client)) == 1
 
 
 CLIENT_SCRIPT = textwrap.dedent('''

@@ -16,6 +16,7 @@ from distributed import Client, get_worker
 from distributed.core import Status
 from distributed.utils_test import gen_cluster, inc
 
+from dask_research._cluster import workers_info
 from dask_research.exceptions import InputError
 from dask_research.montecarlo import power
 from dask_research.montecarlo.power import (PowerPolicy, build_worker_command, parse_battery_floor,
@@ -361,8 +362,8 @@ def test_preload_and_worker_command_install_the_plugin(tmp_path):
             assert all("research-power" in names and "research-malloc-tuning" in names
                        for names in plugins.values()), plugins
             states = power_state(client)
-            by_name = {client.scheduler_info()["workers"][addr]["name"]: st
-                       for addr, st in states.items()}
+            info = workers_info(client)
+            by_name = {info[addr]["name"]: st for addr, st in states.items()}
             assert by_name["preloaded"]["battery_floor"] == 0.3
             assert by_name["preloaded"]["budget"] == 3600.0
             assert by_name["wrapped"]["battery_floor"] == 0.25

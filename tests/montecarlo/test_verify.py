@@ -6,6 +6,7 @@ from distributed import Client, LocalCluster
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dask_research._cluster import workers_info
 from dask_research import montecarlo as mc
 from dask_research.montecarlo.verify import choose_shards, hash_order
 
@@ -64,7 +65,7 @@ def test_checks_run_on_a_different_worker_with_distinct_keys(two_workers):
 
 def test_a_corrupting_worker_is_caught_quarantined_and_its_shards_recomputed(two_workers, tmp_path):
     clean = mc.run(_job(corruptible), client=two_workers, verify=0, progress=False, shards_per_task=2)
-    bad = sorted(two_workers.scheduler_info()["workers"])[1]
+    bad = sorted(workers_info(two_workers))[1]
     _flag(two_workers, bad, "corrupt_results")
     res = mc.run(_job(corruptible), client=two_workers, verify=2, progress=False, shards_per_task=2,
                  store=str(tmp_path))
@@ -87,7 +88,7 @@ def test_verification_can_be_switched_off(two_workers):
 
 def test_a_straggler_is_duplicated_and_the_result_is_unchanged(two_workers):
     reference = mc.run(_job(sluggish, 16), client=two_workers, verify=0, progress=False, shards_per_task=1)
-    slow = sorted(two_workers.scheduler_info()["workers"])[0]
+    slow = sorted(workers_info(two_workers))[0]
     _flag(two_workers, slow, "slow")
     t0 = time.perf_counter()
     res = mc.run(_job(sluggish, 16), client=two_workers, verify=0, progress=False, shards_per_task=1,

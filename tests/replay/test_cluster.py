@@ -11,6 +11,7 @@ import pytest
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 from replay_helpers import CARTPOLE, make_batch
 
+from dask_research._cluster import workers_info
 from dask_research import replay
 from dask_research.replay.cluster import decode, shard_ops
 
@@ -20,7 +21,7 @@ stats = pytest.importorskip("scipy.stats")
 def _two_shards(client, sampler, sizes, capacity=10_000, **kw):
     plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=capacity, sampler=sampler,
                                 seed=1, **kw)
-    addrs = sorted(client.scheduler_info()["workers"])
+    addrs = sorted(workers_info(client))
     for a, n in zip(addrs, sizes):
         if n:
             plane.ingest(make_batch(n, seed=len(a)), worker=a)
@@ -110,7 +111,9 @@ def test_rebalance_moves_the_oldest_of_a_full_shard_to_the_empty_one(client):
     assert moved == 500
     sizes = {r.id: r.size for r in plane.shards}
     assert sizes == {ids[0]: 500, ids[1]: 500}
-    got = client.submit(shard_ops.sample, plane.name, 2000, workers=[addrs[1]]).result()
+    # 20,000 uniform draws from 500 records miss one of the ends with probability ~2 e^-40
+    # (2,000 draws missed one in ~4 % of runs)
+    got = client.submit(shard_ops.sample, plane.name, 20_000, workers=[addrs[1]]).result()
     assert got["records"]["action"].min() == 0 and got["records"]["action"].max() == 499
     events = [m for _, m in client.get_events("research.replay") if m["plane"] == plane.name]
     assert any(e["event"] == "rebalance" and e["moved"] == 500 for e in events)

@@ -15,6 +15,7 @@ import pytest
 from distributed import Client
 from replay_helpers import CARTPOLE, make_batch
 
+from dask_research._cluster import workers_info
 from dask_research import replay
 from dask_research.replay.cluster import decode
 from dask_research.testing.processes import wait_for
@@ -57,7 +58,7 @@ def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(re
         plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=10_000,
                                     sampler=replay.PrioritizedSampler(0.6, 0.4), seed=3,
                                     checkpoint_dir=tmp_path / "ckpt")
-    addr = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+    addr = {w["name"]: a for a, w in workers_info(client).items()}
     for name in ("w0", "w1"):
         plane.ingest(make_batch(2000), worker=addr[name])
     metas = plane.checkpoint()

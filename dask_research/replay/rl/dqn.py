@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ... import replay
+from ..._cluster import workers_info
 from .actor import SPEC, rollout
 
 
@@ -138,7 +139,7 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
     run = f"dqn-{uuid.uuid4().hex[:8]}"
     plane = replay.ClusterPlane(client, SPEC, capacity_per_worker=cfg.buffer_per_worker,
                                 sampler=sampler, name=run, seed=cfg.seed, **(plane_kwargs or {}))
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_info(client))
     actors = [(i, workers[i % len(workers)]) for i in range(cfg.actors_per_worker * len(workers))]
 
     def epsilon(steps: int) -> float:

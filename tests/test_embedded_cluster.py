@@ -1,0 +1,52 @@
+"""The embedded cluster: its Dask settings, and reading the worker table without a race."""
+import dask
+import pytest
+from distributed import Client, LocalCluster
+from distributed.utils_test import cleanup, loop, loop_in_thread  # noqa: F401
+
+from dask_research._cluster import embedded_dask_config, get_client, workers_info
+from dask_research.exceptions import ConfigError
+
+
+def test_settings_are_flattened_from_nested_or_dotted_keys():
+    assert embedded_dask_config() == {"distributed.worker.profile.interval": "100ms",
+                                      "distributed.worker.memory.monitor-interval": "500ms",
+                                      "distributed.admin.tick.interval": "100ms"}
+    with dask.config.set({"research.cluster.distributed.worker.profile.interval": "10ms"}):
+        assert embedded_dask_config()["distributed.worker.profile.interval"] == "10ms"
+    with dask.config.set({"research.cluster.distributed": {"scheduler.work-stealing": False}}):
+        assert embedded_dask_config() == {"distributed.scheduler.work-stealing": False}
+    for empty in ({}, None):
+        with dask.config.set({"research.cluster.distributed": empty}):
+            assert embedded_dask_config() == {}
+
+
+def test_bad_settings_are_refused_naming_the_key():
+    with dask.config.set({"research.cluster.distributed": {"worker": {"profile": {"intervall": "1s"}}}}):
+        with pytest.raises(ConfigError, match=r"research.cluster.distributed.worker.profile.intervall='1s' "
+                                              r"is invalid; expected a setting Dask has"):
+            embedded_dask_config()
+    with dask.config.set({"research.cluster.distributed": "fast"}):
+        with pytest.raises(ConfigError, match=r"research.cluster.distributed='fast' is invalid; expected a mapping"):
+            embedded_dask_config()
+
+
+def test_the_embedded_cluster_runs_with_them_and_puts_dask_back():
+    before = dask.config.get("distributed.worker.profile.interval")
+    with dask.config.set({"research.cluster.dashboard-address": None}), get_client(None) as c:
+        periods = c.run(lambda dask_worker: {k: dask_worker.periodic_callbacks[k].callback_time
+                                             for k in ("profile", "memory_monitor")})
+        assert list(periods.values()) == [{"profile": 100, "memory_monitor": 500}]
+        assert c.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.1
+    assert dask.config.get("distributed.worker.profile.interval") == before == "10ms"
+
+
+def test_workers_info_asks_the_scheduler_itself(loop):
+    with LocalCluster(loop=loop, n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        # The client's periodic refresh stores an identity without the worker table; a read of
+        # the cache right after it sees no workers. workers_info neither reads nor writes it.
+        c.sync(c._update_scheduler_info, n_workers=0)
+        assert c._scheduler_identity["workers"] == {}
+        assert sorted(workers_info(c)) == sorted(cl.scheduler.workers)
+        assert c._scheduler_identity["workers"] == {}
