@@ -1,13 +1,17 @@
-"""The execution loop of a run: windowed blocks, a lazily built merge tree, checks, stragglers.
+"""The execution loop of a run: windowed blocks, the fixed tree folded as blocks arrive, checks.
 
-Blocks of shards are submitted in index order, at most ``window`` at a time (the client and
-scheduler never hold a future per shard). When a block finishes, its shard accumulators are
-persisted to the store, and the fixed tree's merges whose children both exist are submitted as
-Dask tasks (they run on the workers that hold the children), so the client holds O(window +
-log blocks) futures. Near the end, a block running far longer than the median is duplicated
-on another worker; the first finisher wins (shards are deterministic, so either is right).
-Before the result is accepted, shards are recomputed on other workers and compared; a
-mismatch quarantines the faulty worker's shards, which are recomputed elsewhere.
+Blocks of shards are submitted at most ``window`` at a time (the client and scheduler never
+hold a future per shard), blocks holding the first verification shards first, so their checks
+overlap the run. When a block finishes, the driver gathers its result (the block's folded
+state and each shard's own state, which the store persists and verification keeps), and folds
+the fixed tree: every merge whose two children exist is done at once, so the root exists the
+moment the last block arrives. The driver holds these states anyway, so a merge costs it a few
+microseconds where a merge task would cost a scheduler round trip (and, for the last levels, a
+chain of them after the last block). Near the end, a block running far longer than the median
+is duplicated on another worker; the first finisher wins (shards are deterministic, so either
+is right). Before the result is accepted, shards are recomputed on other workers and compared;
+a mismatch quarantines the faulty worker's shards, which are recomputed elsewhere. Events go
+to the scheduler's log through an ordered outbox, off the driver's path.
 """
 from __future__ import annotations
 
@@ -20,23 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from .._cluster import workers_info
 from ..exceptions import VerificationError
 from .accumulators import Moments
-from .events import RunningEstimate, emit
+from .events import EventOutbox, RunningEstimate
 from .shard import BlockResult, compute_block, compute_shard
 from .tree import block_bounds, tree_fold
 from .verify import TOLERANCE, choose_shards, hash_order, states_match
 
-__all__ = ["Execution", "merge_nodes"]
-
-
-def _state(x: Any) -> Any:
-    return x.state if isinstance(x, BlockResult) else x
-
-
-def merge_nodes(reducer, a: Any, b: Any) -> Any:
-    """A merge task of the tree: combine two children (block results or merged states)."""
-    return reducer.merge(_state(a), _state(b))
+__all__ = ["Execution"]
 
 
 def verify_shard(job, reducer, shard: int) -> tuple[Any, str]:
@@ -81,7 +77,7 @@ class Execution:
             self.producer[s] = self._wid(w)
         self.block_states: dict[int, Any] = {}
         self.nodes: dict[tuple[int, int], Any] = {}
-        self.pending: dict[Any, tuple] = {}          # future -> ("leaf", idx) | ("merge", lvl, m) | ...
+        self.pending: dict[Any, int] = {}            # block future -> block index
         self.leaf_futures: dict[int, list] = {}
         self.submitted_at: dict[int, float] = {}
         self.end_seen: dict[int, float] = {}
@@ -97,6 +93,8 @@ class Execution:
         self.early = set(hash_order(run_id, job.shards, self.verify_k)) if self.verify_k else set()
         self.checks: dict[int, tuple[dict, Any]] = {}
         self.estimate = RunningEstimate()
+        self.events = EventOutbox(client)
+        self._threads: tuple[float, int] | None = None   # (when read, threads in the pool)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _wid(self, worker: str) -> int:
@@ -105,34 +103,34 @@ class Execution:
         return self.worker_names.index(worker)
 
     def _alive_workers(self) -> list[str]:
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return sorted(workers_info(self.client))
 
-    def _submit(self, fn, *args, kind: tuple, key: str, **kw):
-        fut = self.client.submit(fn, *args, key=key, pure=False, **kw)
-        self.pending[fut] = kind
-        self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
-        return fut
+    def _pool_threads(self) -> int:
+        """Threads in the pool, read from the scheduler at most once per ``poll`` seconds."""
+        now = time.monotonic()
+        if self._threads is None or now - self._threads[0] > self.poll:
+            self._threads = (now, sum(self.client.nthreads().values()))
+        return self._threads[1]
 
     # -- the tree ---------------------------------------------------------------------------
     def _arrive(self, level: int, m: int, node: Any) -> None:
-        n = self.sizes[level]
-        if n == 1:
-            self.root = node
-            return
-        if m == n - 1 and m % 2 == 0:
-            self._arrive(level + 1, m // 2, node)
-            return
-        sib = m ^ 1
-        if (level, sib) not in self.nodes:
-            self.nodes[(level, m)] = node
-            return
-        other = self.nodes.pop((level, sib))
-        left, right = (node, other) if m < sib else (other, node)
-        if not _is_future(left) and not _is_future(right):
-            self._arrive(level + 1, m // 2, merge_nodes(self.reducer, left, right))
-        else:
-            self._submit(merge_nodes, self.reducer, left, right, kind=("merge", level + 1, m // 2),
-                         key=f"mc-merge-{self.tag}-{self.block}-{level + 1}-{m // 2}")
+        """Node ``m`` of ``level`` exists: merge it with its sibling if that exists, upward."""
+        while True:
+            n = self.sizes[level]
+            if n == 1:
+                self.root = node
+                return
+            if m == n - 1 and m % 2 == 0:       # an unpaired last node moves up as is
+                level, m = level + 1, m // 2
+                continue
+            sib = m ^ 1
+            if (level, sib) not in self.nodes:
+                self.nodes[(level, m)] = node
+                return
+            other = self.nodes.pop((level, sib))
+            left, right = (node, other) if m < sib else (other, node)
+            node = self.reducer.merge(left, right)
+            level, m = level + 1, m // 2
 
     # -- leaves -----------------------------------------------------------------------------
     def _submit_leaf(self, idx: int, workers=None, speculative: bool = False) -> None:
@@ -141,8 +139,10 @@ class Execution:
         # Distinct keys for duplicates and recomputations: Dask would hand back a cached value.
         prefix = "mc-spec" if speculative else ("mc-redo" if not self.tree_enabled else "mc-block")
         kw = {"workers": workers, "allow_other_workers": False} if workers else {}
-        fut = self._submit(compute_block, self.job, self.reducer, a, b, known,
-                           kind=("leaf", idx), key=f"{prefix}-{self.tag}-{a}-{b}", **kw)
+        fut = self.client.submit(compute_block, self.job, self.reducer, a, b, known,
+                                 key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
+        self.pending[fut] = idx
+        self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
         self.leaf_futures.setdefault(idx, []).append(fut)
         self.submitted_at.setdefault(idx, time.monotonic())
 
@@ -181,14 +181,14 @@ class Execution:
         if self.progress is not None:
             self.progress.update(res.stop - res.start)
         if self.tree_enabled:
-            self._arrive(0, idx, fut)
+            self._arrive(0, idx, res.state)
 
     def _emit_accepted(self, a: int, b: int, worker: str, computed: int, state: Any) -> None:
         data: dict[str, Any] = {"start": a, "stop": b, "worker": worker, "computed": computed}
         if isinstance(state, Moments):
             self.estimate.add(state.n, state.mean, state.m2)
             data.update(n=self.estimate.n, mean=self.estimate.mean, stderr=self.estimate.stderr)
-        emit(self.client, "accepted", self.run_id, **data)
+        self.events.emit("accepted", self.run_id, **data)
 
     def _encoder(self):
         from .codec import encode
@@ -200,8 +200,7 @@ class Execution:
         if self.speculate <= 0 or todo or len(self.durations) < 2:
             return
         unfinished = [i for i in self.leaf_futures if i not in self.block_states]
-        threads = sum(self.client.nthreads().values())
-        if not unfinished or len(unfinished) > threads:
+        if not unfinished or len(unfinished) > self._pool_threads():
             return
         now = time.monotonic()
         limit = self.speculate * statistics.median(self.durations)
@@ -217,40 +216,41 @@ class Execution:
             if where is not None and others:
                 self._submit_leaf(idx, workers=others, speculative=True)
                 a, b = self.bounds[idx]
-                emit(self.client, "speculate", self.run_id, start=a, stop=b, slow_worker=where)
+                self.events.emit("speculate", self.run_id, start=a, stop=b, slow_worker=where)
 
     # -- main loop --------------------------------------------------------------------------
     def _drain(self, todo: deque, until) -> None:
-        from distributed.client import _wait
-
         while not until():
-            while todo and sum(1 for k in self.pending.values() if k[0] == "leaf") < self.window:
+            while todo and len(self.pending) < self.window:
                 self._submit_leaf(todo.popleft())
             if until():
                 break
             if not self.pending:
                 raise RuntimeError("internal error: nothing pending but the run is not finished")
-            try:
-                # distributed.wait() insists on a default client; use this run's client.
-                done = self.client.sync(_wait, list(self.pending), timeout=self.poll,
-                                        return_when="FIRST_COMPLETED").done
-            except TimeoutError:
-                done = set()
+            done, values = self.client.sync(self._collect, list(self.pending), self.poll)
             done = [f for f in done if f in self.pending]
             errored = [f for f in done if f.status == "error"]
             if errored:
                 exc, tb = errored[0].exception(), errored[0].traceback()
                 self._cancel_all()
                 raise exc.with_traceback(tb)  # the task's own error, e.g. PipelineError(shard=...)
-            values = self.client.gather([f for f in done if self.pending[f][0] == "leaf"]) if done else []
-            it = iter(values)
-            for f in sorted(done, key=lambda f: self.pending[f][0] != "leaf"):
-                kind = self.pending.pop(f)
-                if kind[0] == "leaf":
-                    self._leaf_done(kind[1], f, next(it))
-                elif kind[0] == "merge":
-                    self._arrive(kind[1], kind[2], f)
+            for f in done:
+                idx = self.pending.pop(f)
+                if f in values:
+                    self._leaf_done(idx, f, values[f])
             self._maybe_speculate(todo)
+
+    async def _collect(self, futures: list, timeout: float) -> tuple[list, dict]:
+        """Wait for the first of ``futures`` to end, then gather every finished one: one hop."""
+        from distributed.client import _wait   # distributed.wait() insists on a default client
+
+        try:
+            done = (await _wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")).done
+        except TimeoutError:
+            return [], {}
+        finished = [f for f in done if f.status == "finished"]
+        values = await self.client.gather(finished, asynchronous=True) if finished else []
+        return list(done), dict(zip(finished, values))
 
     def _cancel_all(self) -> None:
         futs = list(self.pending) + [f for _, f in self.checks.values()]
@@ -260,8 +260,8 @@ class Execution:
 
     def execute(self) -> tuple[Any, Outcome]:
         """Compute, verify and fold; returns the root state and what happened."""
-        emit(self.client, "start", self.run_id, name=self.job.name, shards=self.job.shards,
-             block=self.block, key_prefix=self.tag, reused=len(self.known))
+        self.events.emit("start", self.run_id, name=self.job.name, shards=self.job.shards,
+                         block=self.block, key_prefix=self.tag, reused=len(self.known))
         todo: deque = deque()
         for idx, (a, b) in enumerate(self.bounds):
             if all(s in self.known for s in range(a, b)):
@@ -276,15 +276,19 @@ class Execution:
                 self._arrive(0, idx, st)
             else:
                 todo.append(idx)
+        # Blocks that hold the first verification shards go first, so that their checks run
+        # alongside the rest of the run instead of after it. The tree fixes the bits, not the order.
+        todo = deque(sorted(todo, key=lambda i: not self.early.intersection(range(*self.bounds[i]))))
         try:
             self._drain(todo, lambda: self.root is not None and not self.pending)
-            root = self.root.result() if _is_future(self.root) else self.root
-            root = _state(root)
+            root = self.root
             if self.verify_k:
                 root = self._verify(root)
         except BaseException:
             self._cancel_all()
             raise
+        finally:
+            self.events.flush()
         return root, self.outcome
 
     # -- verification -----------------------------------------------------------------------
@@ -334,12 +338,12 @@ class Execution:
         record = {"tolerance": TOLERANCE, "checked": checks, "mismatches": mismatches,
                   "quarantined_workers": sorted(bad), "recomputed_shards": 0}
         for c in checks:
-            emit(self.client, "check", self.run_id, shard=c["shard"], producer=c["producer"],
-                 verifier=c["verifier"], match=c["match"])
+            self.events.emit("check", self.run_id, shard=c["shard"], producer=c["producer"],
+                             verifier=c["verifier"], match=c["match"])
         if bad:
-            emit(self.client, "quarantine", self.run_id, workers=sorted(bad),
-                 shards=[int(s) for s in range(self.job.shards)
-                         if self.producer[s] >= 0 and self.worker_names[self.producer[s]] in bad])
+            self.events.emit("quarantine", self.run_id, workers=sorted(bad),
+                             shards=[int(s) for s in range(self.job.shards)
+                                     if self.producer[s] >= 0 and self.worker_names[self.producer[s]] in bad])
         if bad:
             root = self._quarantine(bad, record)
         self.outcome.verification = record
@@ -368,8 +372,7 @@ class Execution:
         # Recompute on good workers only; fold everything again on the client (same tree).
         for idx in redo:
             self._submit_leaf(idx, workers=good)
-        self._drain(deque(), lambda: all(i in self.block_states for i in redo) and not any(
-            k[0] == "leaf" for k in self.pending.values()))
+        self._drain(deque(), lambda: all(i in self.block_states for i in redo) and not self.pending)
         self._cancel_all()
         record["recomputed_shards"] = self.outcome.computed - before
         return tree_fold(self.reducer.merge, [self.block_states[i] for i in range(len(self.bounds))])
@@ -379,8 +382,3 @@ class Execution:
             return {}
         return self.store.read_shards(self.run_id, decoder=lambda doc: None)
 
-
-def _is_future(x: Any) -> bool:
-    from distributed import Future
-
-    return isinstance(x, Future)

@@ -18,15 +18,18 @@ Examples
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import threading
+from collections import deque
 from typing import Any
 
 from .. import config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["emit", "RunningEstimate", "topic"]
+__all__ = ["emit", "EventOutbox", "RunningEstimate", "topic"]
 
 
 def topic() -> str:
@@ -42,6 +45,69 @@ def emit(client, kind: str, run_id: str, **data: Any) -> None:
         client.log_event(topic(), msg)
     except Exception as e:  # pragma: no cover - e.g. a scheduler going away mid-run
         logger.debug("could not log %s event: %s", kind, e)
+
+
+class EventOutbox:
+    """Ordered, fire-and-forget events of one run, shipped from the client's event loop.
+
+    :func:`emit` is a synchronous round trip to the scheduler; a run emits an event per
+    accepted block, and the driver should not wait for the scheduler's reply each time. The
+    outbox queues messages and one coroutine on the client's loop sends them one after the
+    other, so they arrive in the order they were emitted. :meth:`flush` waits until every
+    queued message has been sent (a run flushes before it returns, so its events are in the
+    log when the caller reads them). Like :func:`emit`, a failure only costs the event.
+
+    Examples
+    --------
+    >>> box = EventOutbox(None)          # no client: events are dropped
+    >>> box.emit("start", "run-id", shards=4)
+    >>> box.flush()
+    """
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self._queue: deque[dict] = deque()
+        self._lock = threading.Lock()
+        self._shipping: Any = None          # concurrent.futures.Future of the running shipper
+
+    def emit(self, kind: str, run_id: str, **data: Any) -> None:
+        """Queue ``{"event": kind, "run": run_id, **data}``; returns at once."""
+        if self.client is None:
+            return
+        with self._lock:
+            self._queue.append({"event": kind, "run": run_id, **data})
+            if self._shipping is None:
+                try:
+                    self._shipping = asyncio.run_coroutine_threadsafe(self._ship(topic()),
+                                                                      self.client.loop.asyncio_loop)
+                except Exception as e:  # pragma: no cover - a client without a running loop
+                    self._queue.clear()
+                    logger.debug("could not ship %s event: %s", kind, e)
+
+    async def _ship(self, topic_: str) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._shipping = None
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+            for msg in batch:
+                try:
+                    await self.client.scheduler.log_event(topic=topic_, msg=msg)
+                except Exception as e:  # pragma: no cover - e.g. a scheduler going away mid-run
+                    logger.debug("could not log %s event: %s", msg.get("event"), e)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued event has been sent (at most ``timeout`` seconds)."""
+        with self._lock:
+            shipping = self._shipping
+        if shipping is None:
+            return
+        try:
+            shipping.result(timeout)
+        except Exception as e:  # pragma: no cover - the log is best effort
+            logger.debug("events not flushed: %s", e)
 
 
 class RunningEstimate:

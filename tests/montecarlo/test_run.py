@@ -179,7 +179,39 @@ def test_client_holds_a_bounded_number_of_futures(one_worker):
     job = mc.Job(lambda a: a, {"a": mc.Uniform(0, 1)}, shards=1024, samples_per_shard=8, seed=3, range=(0, 1))
     res = mc.run(job, client=one_worker, progress=False, shards_per_task=1, window=8, verify=0)
     assert res.n == 1024 * 8 and res.computed_shards == 1024
-    assert res.max_in_flight <= 2 * 8 + 11  # window leaves + pending merges (log2 1024 = 10 levels)
+    assert res.max_in_flight <= 8 + 1   # the window, and a speculative twin at most per thread
+
+
+def test_merges_are_folded_by_the_driver_and_checked_blocks_go_first(one_worker):
+    """Only block and verification tasks reach the scheduler; the first verification shards'
+    blocks are submitted before the others, so their checks overlap the run."""
+    from distributed import get_task_stream
+
+    from dask_research.montecarlo.verify import hash_order
+
+    job = _job(shards=64)
+    with get_task_stream(client=one_worker) as ts:
+        res = mc.run(job, client=one_worker, shards_per_task=4, progress=False, verify=2, window=1)
+    keys = [r["key"] for r in sorted(ts.data, key=lambda r: r["startstops"][0]["start"])]
+    assert {k.split("-")[1] for k in keys} == {"block", "verify"}
+    assert sum(k.startswith("mc-block") for k in keys) == 16
+    checked = hash_order(job.id, 64, 2)
+    holding = {s // 4 for s in checked}          # blocks of 4 aligned shards
+    started = [int(k.rsplit("-", 2)[1]) // 4 for k in keys if k.startswith("mc-block")]
+    assert set(started[:len(holding)]) == holding, (checked, started)
+    assert [c["shard"] for c in res.verification["checked"]] == checked
+
+
+def test_events_arrive_in_order_before_run_returns(one_worker):
+    job = _job(shards=32)
+    res = mc.run(job, client=one_worker, shards_per_task=2, progress=False, verify=1)
+    msgs = [m for _, m in one_worker.get_events("research.montecarlo") if m["run"] == job.id]
+    kinds = [m["event"] for m in msgs]
+    assert kinds[0] == "start" and kinds[-1] == "done" and kinds.count("accepted") == 16
+    assert kinds.index("check") > max(i for i, k in enumerate(kinds) if k == "accepted")
+    # the running estimate only grows, in emission order
+    ns = [m["n"] for m in msgs if m["event"] == "accepted"]
+    assert ns == sorted(ns) and ns[-1] == res.n
 
 
 def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
