@@ -9,7 +9,7 @@ The embedded cluster runs with a few of Dask's own settings changed for as long 
 (in-process, with one event loop and the GIL), and at Dask's defaults it took about 6 % of a
 core on the 2-core benchmark machine. The profiler samples every 100 ms instead of 10 ms, the
 memory monitor reads every 500 ms instead of 100 ms, and the event-loop health tick runs every
-100 ms instead of 20 ms; see ``docs/montecarlo.rst`` for the measurements.
+100 ms instead of 20 ms; see ``docs/deployment.rst`` for the measurements.
 
 Examples
 --------
@@ -142,9 +142,11 @@ def get_client(client=None) -> Iterator:
     from distributed import default_client
 
     try:
-        yield default_client()
+        current = default_client()
+    except ValueError:      # no default client: start the embedded cluster
+        current = None
+    if current is not None:
+        yield current       # (not inside the try: a ValueError of the caller's must propagate)
         return
-    except ValueError:
-        pass
     with embedded_cluster() as c:
         yield c

@@ -50,3 +50,26 @@ def test_workers_info_asks_the_scheduler_itself(loop):
         assert c._scheduler_identity["workers"] == {}
         assert sorted(workers_info(c)) == sorted(cl.scheduler.workers)
         assert c._scheduler_identity["workers"] == {}
+
+
+def _fails_on_workers(a):
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return a            # the pilot, on the client
+    raise ValueError("boom on a worker")
+
+
+def test_an_error_inside_a_run_on_the_default_client_is_the_callers(loop):
+    """get_client used to catch the run's own ValueError as 'no default client', start an
+    embedded cluster and fail with contextlib's 'generator didn't stop after throw()'."""
+    from dask_research import montecarlo as mc
+
+    job = mc.Job(_fails_on_workers, {"a": mc.Normal(0, 1)}, shards=2, samples_per_shard=64, seed=1,
+                 range=(-5, 5))
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl):         # the default client
+        with pytest.raises(ValueError, match="boom on a worker"):
+            mc.run(job, progress=False)
