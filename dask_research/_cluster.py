@@ -35,9 +35,9 @@ def embedded_cluster_kwargs() -> dict:
     """Keyword arguments for the embedded ``LocalCluster`` from ``research.cluster.*``.
 
     The default is one worker with a thread per core, in this process: NumPy releases the GIL,
-    and on the 2-core benchmark machine it reached 0.82-0.87 of two single-process cores
-    (median of three runs) where two one-thread workers reached 0.74-0.76 (each in-process
-    worker adds its own heartbeats and monitors to the one event loop). The process gets the
+    and on the 2-core benchmark machine it reached 0.91-0.93 of two single-process cores
+    (three runs) where two one-thread workers reached 0.85-0.89 (each in-process worker adds
+    its own heartbeats and monitors to the one event loop) and two worker processes 0.72-0.83. The process gets the
     malloc settings of :mod:`dask_research.malloc`. Verification then re-runs checked shards on the same
     worker (recorded as such): inside one process a "different worker" is no independent
     witness anyway; on a real cluster checks always go to another worker.
