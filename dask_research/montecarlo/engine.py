@@ -286,9 +286,9 @@ class Execution:
                 root = self._verify(root)
         except BaseException:
             self._cancel_all()
+            self.events.flush(timeout=1.0)   # a failing run (a scheduler gone?) does not wait on its log
             raise
-        finally:
-            self.events.flush()
+        self.events.flush()
         return root, self.outcome
 
     # -- verification -----------------------------------------------------------------------
