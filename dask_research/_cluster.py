@@ -61,8 +61,10 @@ def embedded_cluster_kwargs() -> dict:
 def embedded_dask_config() -> dict:
     """``research.cluster.distributed`` as flat ``distributed.*`` keys for ``dask.config.set``.
 
-    Keys may be dotted (``worker.profile.interval``) or nested mappings; a mapping that is empty
-    (or null) leaves Dask's settings alone.
+    Keys may be dotted (``worker.profile.interval``) or nested mappings, with scalar values (a
+    Dask setting whose value is itself a mapping, like ``nanny.pre-spawn-environ``, is not
+    supported here). ``null`` leaves Dask's settings alone (so does ``{}`` given to
+    ``dask.config.set``; in a YAML file Dask merges ``{}`` into the defaults, so use ``null``).
 
     >>> import dask
     >>> with dask.config.set({"research.cluster.distributed": {"admin": {"tick": {"interval": "1s"}}}}):
@@ -130,7 +132,11 @@ def workers_info(client) -> dict:
     information) can overwrite between the fetch and the read, so it is sometimes empty on a
     cluster with workers. This asks the scheduler and returns its answer itself.
     """
-    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1)
+    except TypeError:   # distributed before n_workers= existed: identity() has every worker
+        info = client.sync(client.scheduler.identity)
+    return dict(info["workers"])
 
 
 @contextlib.contextmanager

@@ -228,16 +228,17 @@ class Execution:
             if not self.pending:
                 raise RuntimeError("internal error: nothing pending but the run is not finished")
             done, values = self.client.sync(self._collect, list(self.pending), self.poll)
-            done = [f for f in done if f in self.pending]
-            errored = [f for f in done if f.status == "error"]
+            errored = [f for f in done if f in self.pending and f.status == "error"]
             if errored:
                 exc, tb = errored[0].exception(), errored[0].traceback()
                 self._cancel_all()
                 raise exc.with_traceback(tb)  # the task's own error, e.g. PipelineError(shard=...)
-            for f in done:
-                idx = self.pending.pop(f)
-                if f in values:
-                    self._leaf_done(idx, f, values[f])
+            # Only what was gathered is accepted. A future that finished and then lost its data
+            # with its worker ("lost": Dask recomputes it) stays pending; one whose speculative
+            # twin was accepted a moment ago in this same loop is no longer pending.
+            for f, res in values.items():
+                if f in self.pending:
+                    self._leaf_done(self.pending.pop(f), f, res)
             self._maybe_speculate(todo)
 
     async def _collect(self, futures: list, timeout: float) -> tuple[list, dict]:
@@ -250,7 +251,7 @@ class Execution:
             return [], {}
         finished = [f for f in done if f.status == "finished"]
         values = await self.client.gather(finished, asynchronous=True) if finished else []
-        return list(done), dict(zip(finished, values))
+        return list(done), dict(zip(finished, values))   # done also holds errored and lost futures
 
     def _cancel_all(self) -> None:
         futs = list(self.pending) + [f for _, f in self.checks.values()]
