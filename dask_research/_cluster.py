@@ -35,8 +35,8 @@ def embedded_cluster_kwargs() -> dict:
     """Keyword arguments for the embedded ``LocalCluster`` from ``research.cluster.*``.
 
     The default is one worker with a thread per core, in this process: NumPy releases the GIL,
-    and on the 2-core benchmark machine it reached 0.91-0.93 of two single-process cores
-    (three runs) where two one-thread workers reached 0.85-0.89 (each in-process worker adds
+    and on the 2-core benchmark machine it reached 0.91-0.94 of two single-process cores
+    (four runs) where two one-thread workers reached 0.85-0.92 (each in-process worker adds
     its own heartbeats and monitors to the one event loop) and two worker processes 0.72-0.83. The process gets the
     malloc settings of :mod:`dask_research.malloc`. Verification then re-runs checked shards on the same
     worker (recorded as such): inside one process a "different worker" is no independent
