@@ -37,10 +37,11 @@ def embedded_cluster_kwargs() -> dict:
     The default is one worker with a thread per core, in this process: NumPy releases the GIL,
     and on the 2-core benchmark machine it reached 0.91-0.94 of two single-process cores
     (four runs) where two one-thread workers reached 0.85-0.92 (each in-process worker adds
-    its own heartbeats and monitors to the one event loop) and two worker processes 0.72-0.83. The process gets the
-    malloc settings of :mod:`dask_research.malloc`. Verification then re-runs checked shards on the same
-    worker (recorded as such): inside one process a "different worker" is no independent
-    witness anyway; on a real cluster checks always go to another worker.
+    its own heartbeats and monitors to the one event loop) and two worker processes
+    0.72-0.83. The process gets the malloc settings of :mod:`dask_research.malloc`.
+    Verification then re-runs checked shards on the same worker (recorded as such): inside one
+    process a "different worker" is no independent witness anyway; on a real cluster checks
+    always go to another worker.
     """
     cores = os.cpu_count() or 1
     processes = bool(config.get("cluster.processes"))

@@ -79,7 +79,6 @@ class Execution:
         self.nodes: dict[tuple[int, int], Any] = {}
         self.pending: dict[Any, int] = {}            # block future -> block index
         self.leaf_futures: dict[int, list] = {}
-        self.submitted_at: dict[int, float] = {}
         self.end_seen: dict[int, float] = {}
         self.durations: list[float] = []
         self.root: Any = None
@@ -144,7 +143,6 @@ class Execution:
         self.pending[fut] = idx
         self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
         self.leaf_futures.setdefault(idx, []).append(fut)
-        self.submitted_at.setdefault(idx, time.monotonic())
 
     def _leaf_done(self, idx: int, fut, res: BlockResult) -> None:
         if idx in self.block_states:
@@ -289,8 +287,7 @@ class Execution:
             self._cancel_all()
             self.events.flush(timeout=1.0)   # a failing run (a scheduler gone?) does not wait on its log
             raise
-        self.events.flush()
-        return root, self.outcome
+        return root, self.outcome           # its events are queued; the caller adds done and flushes
 
     # -- verification -----------------------------------------------------------------------
     def _producers(self) -> dict[int, str]:

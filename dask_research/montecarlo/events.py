@@ -29,33 +29,22 @@ from .. import config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["emit", "EventOutbox", "RunningEstimate", "topic"]
+__all__ = ["EventOutbox", "RunningEstimate", "topic"]
 
 
 def topic() -> str:
     return str(config.get("montecarlo.event-topic"))
 
 
-def emit(client, kind: str, run_id: str, **data: Any) -> None:
-    """Log one event; never fails the run (a missing scheduler only costs the event)."""
-    if client is None:
-        return
-    msg = {"event": kind, "run": run_id, **data}
-    try:
-        client.log_event(topic(), msg)
-    except Exception as e:  # pragma: no cover - e.g. a scheduler going away mid-run
-        logger.debug("could not log %s event: %s", kind, e)
-
-
 class EventOutbox:
     """Ordered, fire-and-forget events of one run, shipped from the client's event loop.
 
-    :func:`emit` is a synchronous round trip to the scheduler; a run emits an event per
-    accepted block, and the driver should not wait for the scheduler's reply each time. The
-    outbox queues messages and one coroutine on the client's loop sends them one after the
-    other, so they arrive in the order they were emitted. :meth:`flush` waits until every
+    A run emits an event per accepted block, and the driver should not wait for the
+    scheduler's reply each time (``client.log_event`` is a synchronous round trip). The outbox
+    queues messages and one coroutine on the client's loop sends them one after the other, so
+    they arrive in the order they were emitted, ``done`` last. :meth:`flush` waits until every
     queued message has been sent (a run flushes before it returns, so its events are in the
-    log when the caller reads them). Like :func:`emit`, a failure only costs the event.
+    log when the caller reads them). A failure only costs the event, never the run.
 
     Examples
     --------

@@ -23,7 +23,6 @@ from .._cluster import get_client, workers_info
 from .._version import __version__
 from ..exceptions import InputError, StoreError
 from .engine import Execution
-from .events import emit
 from .job import ENGINE, Job
 from .accumulators import Moments
 from .linearize import linearize
@@ -205,8 +204,9 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         finally:
             bar.close()
         wall = time.perf_counter() - t0
-        emit(c, "done", job.id, n=getattr(state, "n", None), mean=getattr(state, "mean", None),
-             wall=wall, computed=outcome.computed, reused=outcome.reused)
+        ex.events.emit("done", job.id, n=getattr(state, "n", None), mean=getattr(state, "mean", None),
+                       wall=wall, computed=outcome.computed, reused=outcome.reused)
+        ex.events.flush()           # the run's events, done last, are in the log when it returns
     lin = linearize(job) if job.reducer is None else None
     result = Result(job.id, state, reducer.finalize(state), lin, p.to_dict(), wall, job.shards,
                     job.samples_per_shard, block, outcome.workers, outcome.verification or None,

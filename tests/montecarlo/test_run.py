@@ -224,6 +224,7 @@ def test_a_block_lost_after_it_finished_is_recomputed_not_dropped(loop, monkeypa
     future lost and recomputes it. The driver must keep waiting for it (a version that dropped
     it failed with 'nothing pending but the run is not finished')."""
     from dask_research.montecarlo import engine
+    from dask_research.testing.processes import wait_for
 
     job = _job(_slow_saturating, shards=16, samples_per_shard=256)
     leaf_done = engine.Execution._leaf_done
@@ -233,12 +234,10 @@ def test_a_block_lost_after_it_finished_is_recomputed_not_dropped(loop, monkeypa
         leaf_done(self, idx, fut, res)
         if len(reached) == runs:
             return
+        wait_for(lambda: any(f.status == "finished" for f in self.pending), 5,
+                 "a finished block the driver has not collected", poll=0.005)
+        f = next(f for f in self.pending if f.status == "finished")
         deadline = time.time() + 5
-        while not (finished := [f for f in self.pending if f.status == "finished"]):
-            if time.time() > deadline:
-                return
-            time.sleep(0.005)
-        f = finished[0]
         holder = next(iter(self.client.who_has([f])[f.key]))
         self.client.sync(next(w for w in cl.workers.values() if w.address == holder).close)
         # hand back only once another block has finished while this one is still lost, so the
