@@ -4,7 +4,16 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+import dask
+
 import dask_research  # noqa: F401
+
+# No statistical profiler in the in-process test clusters: its thread walks every thread's
+# frames (sys._current_frames) every 10 ms, and on CPython 3.11 that walk can deadlock against
+# a thread being torn down; a fresh-machine run of this suite once hung there for good. A test
+# that needs the profiler turns it on for itself. Set before distributed.utils_test snapshots
+# the configuration, so gen_cluster's clusters start from it too.
+dask.config.set({"distributed.worker.profile.enabled": False})
 
 # In CI the property and fuzz tests draw the same examples every run (derandomized), so a
 # submission's result does not depend on luck; locally they explore new examples each run.

@@ -33,7 +33,9 @@ def test_bad_settings_are_refused_naming_the_key():
 
 def test_the_embedded_cluster_runs_with_them_and_puts_dask_back():
     before = dask.config.get("distributed.worker.profile.interval")
-    with dask.config.set({"research.cluster.dashboard-address": None}), get_client(None) as c:
+    # This test needs the profiler, which tests/conftest.py turns off for every other test.
+    with dask.config.set({"research.cluster.dashboard-address": None,
+                          "distributed.worker.profile.enabled": True}), get_client(None) as c:
         periods = c.run(lambda dask_worker: {k: dask_worker.periodic_callbacks[k].callback_time
                                              for k in ("profile", "memory_monitor")})
         assert list(periods.values()) == [{"profile": 100, "memory_monitor": 500}]
