@@ -309,6 +309,10 @@ class ExperiencePlane:
         in ``next()``. The time ``next()`` blocks is the exposed latency (``plane.stats()``).
         Use as a context manager or call ``close()`` to stop the pipeline early.
 
+        With a rate limiter, a batch waits at most ``timeout`` seconds for the actors (default:
+        the limiter's own ``timeout``, which defaults to ``research.replay.rate-timeout``) and
+        then raises :class:`~dask_research.exceptions.RateLimitTimeout`.
+
         ``switch_interval`` (default ``research.replay.switch-interval``, 100 us) lowers the
         interpreter's thread switch interval while a prefetching iterator is open, so that the
         learner never waits the default 5 ms for the GIL held by the delivery thread; ``None``
