@@ -60,6 +60,59 @@ def test_bad_batches_name_the_field_and_write_nothing(mutate, match):
         np.testing.assert_array_equal(before[k], after[k])
 
 
+NARROW = {"small": ((), "int8"), "count": ((), "uint8"), "obs": ((2,), "float32"),
+          "half": ((), "float16"), "z": ((), "complex64")}
+
+
+def _narrow_batch(n=4):
+    return {"small": np.arange(n, dtype=np.int64), "count": np.arange(n, dtype=np.uint16),
+            "obs": np.ones((n, 2)), "half": np.zeros(n, np.float32), "z": np.zeros(n, complex)}
+
+
+@pytest.mark.parametrize("field, values, match", [
+    ("small", np.array([1, 300, 2, 3]), r"field 'small': value 300 does not fit in int8 "
+                                        r"\(range -128..127\)"),
+    ("small", np.array([1, -129, 2, 3]), "value -129 does not fit in int8"),
+    ("count", np.array([1, 256, 2, 3], np.uint16), r"field 'count': value 256 does not fit in "
+                                                   r"uint8 \(range 0..255\)"),
+    ("obs", np.array([[1e300, 0], [0, 0], [0, 0], [0, 0]]), r"field 'obs': value 1e\+300 "
+                                                            "overflows float32"),
+    ("obs", np.array([[np.nan, np.inf], [-1e39, 0], [0, 0], [0, 0]]), r"value -1e\+39 overflows"),
+    ("half", np.array([1.0, 70000.0, 0, 0], np.float32), "field 'half': value 70000.0 overflows float16"),
+    ("z", np.array([1, 1e300j, 0, 0]), "field 'z': value 1e\\+300 overflows complex64"),
+])
+def test_narrowing_casts_that_do_not_fit_are_refused_and_write_nothing(field, values, match):
+    plane = ExperiencePlane(NARROW, capacity=16, seed=0)
+    plane.ingest(_narrow_batch())
+    before = plane.contents()
+    bad = _narrow_batch()
+    bad[field] = values
+    with pytest.raises(SpecError, match=match):
+        plane.ingest(bad)
+    assert plane.total == 4
+    after = plane.contents()
+    for k in before:
+        np.testing.assert_array_equal(before[k], after[k])
+    with pytest.raises(SpecError, match="value 300 does not fit in int8"):     # one transition
+        plane.ingest({**{k: v[0] for k, v in _narrow_batch().items()}, "small": 300})
+
+
+def test_narrowing_casts_that_fit_are_stored():
+    plane = ExperiencePlane(NARROW, capacity=16, seed=0)
+    b = _narrow_batch()
+    b["small"] = np.array([-128, 127, 0, 5])
+    b["count"] = np.array([0, 255, 1, 2], np.uint16)
+    b["obs"] = np.array([[np.nan, np.inf], [-np.inf, 3.4028235e38], [0.1, 1e-50], [0, 0]])
+    b["half"] = np.array([65504.0, -65504.0, np.nan, 1e-3], np.float32)
+    plane.ingest(b)
+    c = plane.contents()
+    np.testing.assert_array_equal(c["small"], [-128, 127, 0, 5])
+    np.testing.assert_array_equal(c["count"], [0, 255, 1, 2])
+    np.testing.assert_array_equal(c["obs"], b["obs"].astype(np.float32))    # rounding is fine
+    assert np.isinf(c["obs"]).sum() == 2 and np.isnan(c["obs"]).sum() == 1
+    np.testing.assert_array_equal(c["half"], b["half"].astype(np.float16))
+
+
 def test_not_a_mapping():
     with pytest.raises(SpecError, match="a batch is a mapping"):
         ExperienceSpec(CARTPOLE).validate([1, 2, 3])
