@@ -525,23 +525,30 @@ class ExperiencePlane:
         if self._placement is not None:
             self._dirty.set()
 
-    def checkpoint(self, path: str | os.PathLike, chunk: int = 16_384) -> pathlib.Path:
-        """Write the plane to directory ``path``: ``data.npz`` (no pickle) + ``meta.json``.
+    def checkpoint(self, path: str | os.PathLike, chunk: int = 16_384,
+                   extra: Mapping[str, Any] | None = None) -> pathlib.Path:
+        """Commit the plane to checkpoint directory ``path`` in one atomic step.
 
-        Ingest is blocked at most one chunk copy at a time (see :meth:`snapshot`). Files are
-        written under temporary names and renamed, ``meta.json`` last, so a crash never leaves
-        a checkpoint that looks complete but is not.
+        The snapshot (see :meth:`snapshot`; ingest waits at most one chunk copy at a time) is
+        written as a new version directory, ``data.npz`` (no pickle) and ``meta.json``, and
+        committed by replacing the ``CURRENT`` pointer; older versions are removed after the
+        commit (see :mod:`~dask_research.replay.checkpoints`). A crash at any point leaves the
+        previous checkpoint restorable, or the new one complete. ``extra`` (JSON-able) is stored
+        in the metadata as ``meta["extra"]``. Returns ``path``.
         """
-        path = pathlib.Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        self._checkpoint(path, chunk, extra)
+        return pathlib.Path(path)
+
+    def _checkpoint(self, path: str | os.PathLike, chunk: int = 16_384,
+                    extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], pathlib.Path]:
+        """:meth:`checkpoint`, returning ``(meta as written, committed version directory)``."""
+        from . import checkpoints
+
         meta, arrays = self.snapshot(chunk)
-        tmp = path / "data.tmp.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path / "data.npz")
-        tmpm = path / "meta.json.tmp"
-        tmpm.write_text(json.dumps(meta, indent=1))
-        os.replace(tmpm, path / "meta.json")
-        return path
+        if extra is not None:
+            meta["extra"] = json.loads(json.dumps(dict(extra)))
+        version = checkpoints.write(path, meta, arrays)
+        return meta, version
 
     @classmethod
     def restore(cls, path: str | os.PathLike, tiers: Sequence[Tier] | None = None,
@@ -550,28 +557,25 @@ class ExperiencePlane:
         """Rebuild a plane from :meth:`checkpoint`. Tiers are chosen anew (default: one host
         tier); the sampler is rebuilt from the checkpoint unless given.
 
-        Any malformed checkpoint (truncated, bit-flipped, re-typed, a pickled array) is refused
-        with a :class:`~dask_research.exceptions.CheckpointError` naming it; nothing is unpickled.
+        Reads the committed version (a write interrupted at any step is not seen). Any
+        malformed checkpoint (truncated, bit-flipped, re-typed, a pickled array, data that does
+        not match its metadata) is refused with a
+        :class:`~dask_research.exceptions.CheckpointError` naming it; nothing is unpickled.
         """
-        import zipfile
-
         try:
             return cls._restore(pathlib.Path(path), tiers, sampler, rate_limiter, **kwargs)
         except CheckpointError:
             raise
         except (ResearchError, KeyError, TypeError, ValueError, AttributeError, IndexError,
-                OverflowError, EOFError, OSError, zipfile.BadZipFile, RecursionError, SyntaxError) as e:
+                OverflowError, EOFError, OSError, RecursionError, SyntaxError) as e:
             raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
 
     @classmethod
     def _restore(cls, path: pathlib.Path, tiers, sampler, rate_limiter, **kwargs: Any) -> "ExperiencePlane":
-        try:
-            meta = json.loads((path / "meta.json").read_text())
-        except FileNotFoundError:
-            raise CheckpointError(str(path), "meta.json is missing (not a checkpoint, or unfinished)")
-        except json.JSONDecodeError as e:
-            raise CheckpointError(str(path), f"meta.json is not valid JSON ({e})")
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        from . import checkpoints
+
+        meta, where = checkpoints.read_meta(path)
+        if meta.get("format") != FORMAT:
             raise CheckpointError(str(path), f"not a {FORMAT} checkpoint")
         if sampler is None:
             info = meta["sampler"]
@@ -590,15 +594,7 @@ class ExperiencePlane:
         capacity = int(meta["capacity"]) if tiers is None else kwargs.pop("capacity", None)
         plane = cls(spec, capacity, tiers=tiers, sampler=sampler, rate_limiter=rate_limiter, **kwargs)
         try:
-            try:
-                with np.load(path / "data.npz", allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-            except FileNotFoundError:
-                raise CheckpointError(str(path), "data.npz is missing") from None
-            except Exception as e:  # noqa: BLE001 - any failure to parse the archive: unreadable
-                # (a flipped bit in an .npy header reaches numpy's literal_eval: SyntaxError,
-                # tokenize.TokenError; a truncated zip: BadZipFile, EOFError)
-                raise CheckpointError(str(path), f"data.npz is unreadable ({type(e).__name__}: {e})") from None
+            meta, arrays, _ = checkpoints.load(path, where)       # the same version
             plane.load_snapshot(meta, arrays, where=str(path))
         except BaseException:
             plane.close()

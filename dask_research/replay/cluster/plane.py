@@ -300,15 +300,21 @@ class ClusterPlane:
             raise exc
 
     def _find_checkpoint(self, uid: str) -> dict | None:
+        """What the committed checkpoint of shard ``uid`` holds (None without one)."""
         if not self.checkpoint_dir:
             return None
-        import json
+        from ..checkpoints import read_meta
+        from ...exceptions import CheckpointError
+        from .shard import checkpoint_info
 
-        p = os.path.join(self.checkpoint_dir, self.name, uid, "shard.json")
+        p = os.path.join(self.checkpoint_dir, self.name, uid)
         try:
-            with open(p) as f:
-                return json.load(f)
-        except (OSError, ValueError):
+            meta, version = read_meta(p)
+            return checkpoint_info(meta, p, version)
+        except (CheckpointError, OSError, KeyError, TypeError, ValueError) as e:
+            if os.path.isdir(p):
+                logger.warning("replay plane %r: checkpoint of shard %s is unusable: %s",
+                               self.name, uid[:8], e)
             return None
 
     # --- allocation ----------------------------------------------------------------------
