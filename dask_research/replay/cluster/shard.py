@@ -62,6 +62,32 @@ def checkpoint_info(meta: Mapping[str, Any], path: str | pathlib.Path,
             "inserted": int(meta["total"]), "time": float(meta.get("created", 0.0))}
 
 
+class ShardsLostError(ResearchError, LookupError):
+    """Every shard of a cluster plane is lost (its worker left): nothing is left to sample.
+
+    Attributes: ``plane`` (name), ``shards`` (one dict per lost shard: ``id``, ``worker``,
+    ``reason``, ``size`` (transitions it held), ``checkpointed`` (transitions in its last
+    checkpoint)), ``transitions`` and ``checkpointed`` (their sums).
+    """
+
+    def __init__(self, plane: str, shards: list[dict[str, Any]]):
+        self.plane = plane
+        self.shards = shards
+        self.transitions = sum(int(s["size"]) for s in shards)
+        self.checkpointed = sum(int(s["checkpointed"]) for s in shards)
+        super().__init__(plane, shards)
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"shard {s['id']} on {s['worker']} ({s['reason']}, {s['size']:,} "
+                          "transitions)" for s in self.shards[:8])
+        if len(self.shards) > 8:
+            shown += f" and {len(self.shards) - 8} more"
+        return (f"replay plane {self.plane!r}: every shard is lost: {shown}; {self.transitions:,} "
+                f"transitions lost, {self.checkpointed:,} of them in checkpoints; start workers "
+                "(a checkpointed shard is restored onto a new one with restore='auto', or by "
+                "plane.restore_lost) and ingest again")
+
+
 class WorkerShard:
     """The part of a cluster plane that lives on one worker.
 
