@@ -85,13 +85,21 @@ class ExperiencePlane:
         Seconds between background rebalances while placement is stale.
     migrate_batch : int
         Most transitions one background round moves (the lock is held for their copy only).
+    client : distributed.Client, optional
+        With a client, the plane publishes its statistics (numbers only) to the scheduler's
+        event log every ``publish_interval`` seconds, for the dashboard's Experience page.
+    name : str, optional
+        The plane's name on the Experience page (default: ``plane-<8 hex digits>``).
+    publish_interval : float, optional
+        Default ``research.replay.publish-interval`` (1 s; ``null`` there, or 0 here: never).
     """
 
     def __init__(self, spec: ExperienceSpec | Mapping[str, Any], capacity: int | None = None,
                  tiers: Sequence[Tier] | None = None, sampler: Sampler | None = None,
                  rate_limiter: RateLimiter | None = None, seed: int | None = None,
                  migrate: str = "background", migrate_interval: float = 0.1,
-                 migrate_batch: int = 65_536):
+                 migrate_batch: int = 65_536, client: Any = None, name: str | None = None,
+                 publish_interval: float | None = None):
         self.spec = spec if isinstance(spec, ExperienceSpec) else ExperienceSpec(spec)
         if capacity is not None and (not isinstance(capacity, (int, np.integer)) or capacity < 1):
             raise InputError("capacity", capacity, "a positive number of transitions",
@@ -129,6 +137,16 @@ class ExperiencePlane:
         self._t_first: float | None = None
         self._t_last = 0.0
         self._deliveries: list[Any] = []
+        if name is None:
+            import uuid
+
+            name = f"plane-{uuid.uuid4().hex[:8]}"
+        self.name = str(name)
+        self._publisher = None
+        if client is not None:
+            from .publish import auto_publisher
+
+            self._publisher = auto_publisher(self, client, self.name, publish_interval)
 
     # --- ring ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -612,6 +630,8 @@ class ExperiencePlane:
         self._closed.set()
         for d in self._deliveries:
             d.close()
+        if self._publisher is not None:
+            self._publisher.stop()
         if self._migrator is not None:
             self._migrator.join(timeout=5)
         self.storage.close()

@@ -139,6 +139,9 @@ class ClusterPlane:
         (default ``research.replay.cluster.rebalance-interval``; None: manual only).
     memory_fraction, device_fraction : float, optional
         Shard sizing on each worker (see :class:`ShardPlugin`).
+    publish_interval : float, optional
+        Seconds between the ``stats`` events the plane logs for the dashboard's Experience page
+        (numbers only; default ``research.replay.publish-interval``; 0, or ``null`` there: never).
     """
 
     def __init__(self, client: Any = None, spec: ExperienceSpec | Mapping[str, Any] | None = None,
@@ -147,7 +150,7 @@ class ClusterPlane:
                  checkpoint_dir: str | os.PathLike | None = None,
                  checkpoint_interval: float | None = None, restore: str = "auto",
                  rebalance_interval: float | None = None, memory_fraction: float | None = None,
-                 device_fraction: float | None = None):
+                 device_fraction: float | None = None, publish_interval: float | None = None):
         if client is None:
             from distributed import default_client
 
@@ -200,6 +203,9 @@ class ClusterPlane:
         self.topic = str(config.get("replay.event-topic"))
         client.register_plugin(self.plugin)
         self.refresh()
+        from ..publish import auto_publisher
+
+        self._publisher = auto_publisher(self, client, self.name, publish_interval)
 
     # --- shard table ---------------------------------------------------------------------
     @staticmethod
@@ -677,6 +683,8 @@ class ClusterPlane:
         """Stop delivery; with ``drop``, unregister the plugin (the shards are freed)."""
         for d in self._deliveries:
             d.close()
+        if self._publisher is not None:
+            self._publisher.stop()
         try:
             self.flush(timeout=10)
         except Exception:  # pragma: no cover
