@@ -147,6 +147,28 @@ def _check_fits(name: str, a: np.ndarray, dst: np.dtype) -> None:
                                   "scale or clip it first, or give the field a wider dtype")
 
 
+def _is_tensordict(x: Any) -> bool:
+    return (type(x).__module__ or "").startswith("tensordict") and hasattr(x, "batch_size")
+
+
+def _from_tensordict(td: Any) -> dict[str, Any]:
+    """A TensorDict's leaves as a flat dict; nested keys are joined with ``"."``.
+
+    ``TensorDict({"obs": ..., "next": {"obs": ...}}, batch_size=[n])`` gives the fields
+    ``"obs"`` and ``"next.obs"``; the batch size is the leading dimension as usual (a TensorDict
+    with ``batch_size=[]`` is one transition). Leaves go through the usual validation, so a
+    non-tensor leaf is refused naming its key.
+    """
+    try:
+        items = td.items(include_nested=True, leaves_only=True)
+    except TypeError:                          # a TensorDict-like without nested keys
+        items = td.items()
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out[k if isinstance(k, str) else ".".join(map(str, k))] = v
+    return out
+
+
 class ExperienceSpec:
     """The fields of one transition, each with a shape and a dtype.
 
@@ -207,15 +229,26 @@ class ExperienceSpec:
     def validate(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
         """Check ``batch`` against the spec; return ``(fields, n)`` with a leading batch axis.
 
+        A ``tensordict.TensorDict`` is accepted: its leaves are the fields, nested keys joined
+        with ``"."`` (``("next", "obs")`` is the field ``"next.obs"``).
+
         Nothing is copied unless needed (torch CPU tensors and numpy arrays are viewed; CuPy
         arrays are copied to the host). Dtypes are cast on write; a cast that changes the kind
         (float to int, int to bool) is refused, and so is a narrowing cast whose values do not
         fit (an int64 300 into int8, a float64 1e300 into float32), checked only when the
         dtypes narrow. Raises :class:`SpecError` naming the field.
         """
-        if not isinstance(batch, Mapping):
-            raise SpecError(None, "a batch is a mapping of field name -> array; "
-                                  f"got {type(batch).__name__}")
+        if type(batch) is not dict:
+            if _is_tensordict(batch):
+                batch = _from_tensordict(batch)
+            elif not isinstance(batch, Mapping):
+                raise SpecError(None, "a batch is a mapping of field name -> array; "
+                                      f"got {type(batch).__name__}")
+            else:
+                bad = next((k for k in batch if not isinstance(k, str)), None)
+                if bad is not None:
+                    raise SpecError(None, f"a batch's keys are field names (str); iterating the "
+                                          f"{type(batch).__name__} gave a {type(bad).__name__}")
         fields = self.fields
         if len(batch) != len(fields) or any(k not in fields for k in batch):
             for k in batch:

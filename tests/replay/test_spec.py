@@ -163,3 +163,37 @@ def test_ingested_batches_come_back_exactly(data):
     for name, f in spec.fields.items():
         want = np.concatenate([b[name] for b in sent])[-cap:].astype(f.dtype)
         np.testing.assert_array_equal(got[name], want)
+
+
+def test_a_mapping_whose_keys_are_not_names_is_refused_clearly():
+    class Rows(dict):                      # iterates like a TensorDict: over rows, not keys
+        def __iter__(self):
+            return iter([{"obs": 1}])
+
+    with pytest.raises(SpecError, match="a batch's keys are field names .str.; iterating the "
+                                        "Rows gave a dict"):
+        ExperienceSpec(CARTPOLE).validate(Rows(make_batch(2)))
+
+
+def test_a_tensordict_is_ingested_by_its_leaves():
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    spec = {"obs": ((4,), "float32"), "action": ((), "int64"), "next.obs": ((4,), "float32"),
+            "next.done": ((), "bool")}
+    plane = ExperiencePlane(spec, capacity=32, seed=0)
+    td = tensordict.TensorDict({"obs": torch.arange(32.0).reshape(8, 4), "action": torch.arange(8),
+                                "next": {"obs": torch.ones(8, 4), "done": torch.zeros(8, dtype=torch.bool)}},
+                               batch_size=[8])
+    assert plane.ingest(td) == 8
+    assert plane.ingest(td[0]) == 1                        # batch_size [] is one transition
+    c = plane.contents()
+    np.testing.assert_array_equal(c["obs"][:8], np.arange(32.0).reshape(8, 4))
+    np.testing.assert_array_equal(c["action"], [*range(8), 0])
+    np.testing.assert_array_equal(c["next.obs"], np.ones((9, 4)))
+    with pytest.raises(SpecError, match="field 'next.done': is missing from the batch"):
+        plane.ingest(td.exclude(("next", "done")))
+    bad = td.clone()
+    bad["action"] = torch.full((8,), 2**40)
+    with pytest.raises(SpecError, match="field .action.: value 1099511627776 does not fit in int8"):
+        ExperiencePlane({**spec, "action": ((), "int8")}, capacity=32).ingest(bad)
+    assert len(plane) == 9
