@@ -134,3 +134,24 @@ def test_freshness_says_when_the_page_went_stale():
     assert freshness(t, now=t + 9, interval=1.0) == "last update 09:05:07 (9 s ago)"
     assert freshness(t, now=t + 31, interval=1.0).endswith("(31 s ago; stale: the plane has stopped publishing)")
     assert "stale" not in freshness(t, now=t + 31, interval=30.0)
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_the_cluster_dqn_run_feeds_the_experience_page(loop):
+    """The path of examples/dqn_cartpole.py (train_dqn on a cluster plane) publishes stats."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("torch")
+    from distributed import Client, LocalCluster
+
+    from dask_research.replay.rl import DQNConfig, train_dqn
+
+    with dask.config.set({"research.replay.publish-interval": 0.1}), \
+            LocalCluster(loop=loop, n_workers=1, threads_per_worker=2, processes=False,
+                         dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        result = train_dqn(c, DQNConfig(max_env_steps=3000, seed=0, max_seconds=60))
+        name = result.plane_stats["name"]
+        events = _stats_events(c, name)
+        assert events and events[-1]["inserted"] > 0
+        panel = ExperiencePanel(cl.scheduler)
+        panel.update()
+        assert f"<b>{name}</b>" in panel.summary.text and "last update" in panel.summary.text
