@@ -137,9 +137,20 @@ def write(path: str | os.PathLike, meta: Mapping[str, Any], arrays: Mapping[str,
 
     Returns the committed version directory. ``meta`` gains ``"data": {"file", "bytes",
     "sha256"}``. On any failure the temporary directory is removed and the previous version
-    stays current.
+    stays current; an ``OSError`` (a full disk, a path that is a file) is raised as a
+    :class:`CheckpointError` naming ``path``.
     """
     path = pathlib.Path(path)
+    try:
+        return _write(path, meta, arrays)
+    except OSError as e:                      # a full disk, a read-only or foreign path
+        raise CheckpointError(str(path), f"could not be written ({type(e).__name__}: "
+                                         f"{e.strerror or e}); the previous checkpoint, if "
+                                         "any, is kept") from e
+
+
+def _write(path: pathlib.Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+           ) -> pathlib.Path:
     path.mkdir(parents=True, exist_ok=True)
     with _lock_for(path):
         prev = current(path)

@@ -137,3 +137,25 @@ def test_the_layout_before_versions_is_still_read_and_replaced(tmp_path):
     np.testing.assert_array_equal(ExperiencePlane.restore(old).contents()["action"], np.arange(20))
     plane.checkpoint(old)
     assert sorted(p.name for p in old.iterdir()) == ["CURRENT", "v000001"]
+
+
+def test_a_failed_write_names_the_path_keeps_the_previous_and_leaves_nothing(tmp_path, monkeypatch):
+    plane = ExperiencePlane(CARTPOLE, capacity=100, seed=0)
+    plane.ingest(make_batch(30))
+    plane.checkpoint(tmp_path / "ck")
+    plane.ingest(make_batch(30, start=30))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    with pytest.raises(CheckpointError, match=r"ck: could not be written \(OSError: No space left "
+                                              r"on device\); the previous checkpoint, if any, is kept"):
+        plane.checkpoint(tmp_path / "ck")
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["CURRENT", "v000001"]
+    np.testing.assert_array_equal(ExperiencePlane.restore(tmp_path / "ck").contents()["action"],
+                                  np.arange(30))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="file: could not be written"):
+        plane.checkpoint(tmp_path / "file")
