@@ -321,9 +321,10 @@ class ClusterPlane:
             meta, version = read_meta(p)
             return checkpoint_info(meta, p, version)
         except (CheckpointError, OSError, KeyError, TypeError, ValueError) as e:
-            if os.path.isdir(p):
-                logger.warning("replay plane %r: checkpoint of shard %s is unusable: %s",
-                               self.name, uid[:8], e)
+            # none committed (the shard died before its first checkpoint finished) or unusable;
+            # called on every refresh while the shard is lost, so not a warning each time
+            logger.debug("replay plane %r: no usable checkpoint of shard %s: %s",
+                         self.name, uid[:8], e)
             return None
 
     # --- allocation ----------------------------------------------------------------------
