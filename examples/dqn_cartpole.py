@@ -12,6 +12,12 @@ that own the transitions. The run stops when the mean return of the last 20 epis
     python examples/dqn_cartpole.py                        # LocalCluster, 2 workers
     python examples/dqn_cartpole.py --scheduler tcp://host:8786
 
+The plane publishes its statistics to the scheduler every second, so the dashboard's
+*Research Experience* page (under "More...") follows the run: on the LocalCluster's dashboard
+(``--dashboard``, default ``:8787``; the page is registered by importing
+``dask_research.dashboard`` before the cluster starts), or on a ``dask scheduler`` started with
+``--preload dask_research.dashboard``.
+
 The reusable code is in :mod:`dask_research.replay.rl` (workers must import it).
 """
 from __future__ import annotations
@@ -32,6 +38,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=150_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the result (returns, curve, stats) here")
+    ap.add_argument("--dashboard", default=":8787",
+                    help="dashboard address of the LocalCluster ('' for none)")
     args = ap.parse_args()
     cfg = DQNConfig(target_return=args.target, max_env_steps=args.max_steps, seed=args.seed)
 
@@ -43,9 +51,14 @@ def main() -> None:
     if args.scheduler:
         client, cluster = Client(args.scheduler), None
     else:
+        if args.dashboard:
+            import dask_research.dashboard  # noqa: F401  (the research pages, before the scheduler starts)
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=2,
-                               dashboard_address=None)
+                               dashboard_address=args.dashboard or None)
         client = Client(cluster)
+        if args.dashboard:
+            print(f"dashboard: {client.dashboard_link.replace('/status', '/individual-research-experience')}",
+                  flush=True)
     try:
         result = train_dqn(client, cfg, progress=progress)
     finally:

@@ -154,14 +154,38 @@ def plane_series(events: list) -> dict[str, dict[str, list]]:
         dt = (m["t"] - prev["t"]) if prev else 0.0
         s["t"].append(m["t"] * 1000.0)
         s["size"].append(m["size"])
-        s["ingest_rate"].append((m["inserted"] - prev["inserted"]) / dt if prev and dt > 0 else 0.0)
-        s["sample_rate"].append((m["sampled"] - prev["sampled"]) / dt if prev and dt > 0 else 0.0)
+        # a cluster plane's count drops when a shard is lost: a rate is never negative
+        s["ingest_rate"].append(max(0.0, (m["inserted"] - prev["inserted"]) / dt) if prev and dt > 0 else 0.0)
+        s["sample_rate"].append(max(0.0, (m["sampled"] - prev["sampled"]) / dt) if prev and dt > 0 else 0.0)
         s["exposed_ms"].append(m["exposed_mean_s"] * 1e3)
         step = m.get("step_mean_s") or 0.0
         s["exposed_pct"].append(100.0 * m["exposed_mean_s"] / step if step > 0 else 0.0)
         s["tiers"] = m.get("tiers", [])
         last[name] = m
     return out
+
+
+def freshness(t_last: float, now: float | None = None, interval: float | None = None) -> str:
+    """``"last update HH:MM:SS (N s ago)"`` for an event at wall time ``t_last`` (local time).
+
+    With ``interval`` (seconds between the plane's events), an update older than three
+    intervals (and at least 10 s) is called stale.
+
+    >>> import time
+    >>> t = time.mktime((2026, 12, 1, 10, 47, 3, 0, 0, -1))
+    >>> freshness(t, now=t + 4.2)
+    'last update 10:47:03 (4 s ago)'
+    >>> freshness(t, now=t + 64, interval=1.0)
+    'last update 10:47:03 (64 s ago; stale: the plane has stopped publishing)'
+    """
+    import time
+
+    now = time.time() if now is None else now
+    ago = max(0.0, now - t_last)
+    text = f"last update {time.strftime('%H:%M:%S', time.localtime(t_last))} ({ago:.0f} s ago"
+    if interval is not None and ago > max(10.0, 3 * interval):
+        text += "; stale: the plane has stopped publishing"
+    return text + ")"
 
 
 class ExperiencePanel:
@@ -196,7 +220,7 @@ class ExperiencePanel:
         series = plane_series(list(self.scheduler.get_events(config.get("replay.event-topic"))))
         if not series:
             return
-        name = sorted(series)[-1]
+        name = max(series, key=lambda k: series[k]["t"][-1])   # the plane that published last
         s = series[name]
         self.source.data = {k: s[k] for k in ("t", "ingest_rate", "sample_rate", "exposed_ms", "exposed_pct")}
         tiers = s["tiers"]
@@ -204,9 +228,12 @@ class ExperiencePanel:
                            "free": [max(0, t["rows"] - t["used"]) for t in tiers]}
         self.tier_fig.y_range.factors = [t["name"] for t in tiers]
         pct = s["exposed_pct"][-1] if s["exposed_pct"] else 0.0
+        t = s["t"]
+        interval = (t[-1] - t[-2]) / 1000.0 if len(t) > 1 else None
         self.summary.text = (f"<b>{html.escape(name)}</b>: {s['size'][-1]:,} transitions stored; "
                              f"learner exposed latency {s['exposed_ms'][-1]:.3f} ms ({pct:.1f} % of a step)"
-                             + (f"; {len(series)} planes publishing" if len(series) > 1 else ""))
+                             + (f"; {len(series)} planes publishing" if len(series) > 1 else "")
+                             + f"; {freshness(t[-1] / 1000.0, interval=interval)}")
 
 
 def _num(x: Any) -> float:

@@ -46,6 +46,6 @@ __all__ = [
 
 # The plane on a Dask cluster (worker shards, cluster delivery): see replay/cluster/.
 from . import cluster  # noqa: E402
-from .cluster import ClusterPlane, ShardPlugin, local_shard  # noqa: E402
+from .cluster import ClusterPlane, ShardPlugin, ShardsLostError, local_shard  # noqa: E402
 
-__all__ += ["ClusterPlane", "ShardPlugin", "local_shard", "cluster"]
+__all__ += ["ClusterPlane", "ShardPlugin", "ShardsLostError", "local_shard", "cluster"]

@@ -440,6 +440,8 @@ class BatchIterator(PrefetchingIterator):
             raise InputError("batch_size", batch_size, "a positive integer", where="batches")
         if self.prefetch < 0:
             raise InputError("prefetch", prefetch, "an integer >= 0", where="batches")
+        if timeout is None and plane.rate_limiter is not None:
+            timeout = plane.rate_limiter.timeout       # the limiter's own, not the global one
         self.timeout = float(config.get("replay.rate-timeout", timeout))
         self.max_batches = max_batches
         self.transforms = list(transforms)

@@ -85,13 +85,21 @@ class ExperiencePlane:
         Seconds between background rebalances while placement is stale.
     migrate_batch : int
         Most transitions one background round moves (the lock is held for their copy only).
+    client : distributed.Client, optional
+        With a client, the plane publishes its statistics (numbers only) to the scheduler's
+        event log every ``publish_interval`` seconds, for the dashboard's Experience page.
+    name : str, optional
+        The plane's name on the Experience page (default: ``plane-<8 hex digits>``).
+    publish_interval : float, optional
+        Default ``research.replay.publish-interval`` (1 s; ``null`` there, or 0 here: never).
     """
 
     def __init__(self, spec: ExperienceSpec | Mapping[str, Any], capacity: int | None = None,
                  tiers: Sequence[Tier] | None = None, sampler: Sampler | None = None,
                  rate_limiter: RateLimiter | None = None, seed: int | None = None,
                  migrate: str = "background", migrate_interval: float = 0.1,
-                 migrate_batch: int = 65_536):
+                 migrate_batch: int = 65_536, client: Any = None, name: str | None = None,
+                 publish_interval: float | None = None):
         self.spec = spec if isinstance(spec, ExperienceSpec) else ExperienceSpec(spec)
         if capacity is not None and (not isinstance(capacity, (int, np.integer)) or capacity < 1):
             raise InputError("capacity", capacity, "a positive number of transitions",
@@ -129,6 +137,16 @@ class ExperiencePlane:
         self._t_first: float | None = None
         self._t_last = 0.0
         self._deliveries: list[Any] = []
+        if name is None:
+            import uuid
+
+            name = f"plane-{uuid.uuid4().hex[:8]}"
+        self.name = str(name)
+        self._publisher = None
+        if client is not None:
+            from .publish import auto_publisher
+
+            self._publisher = auto_publisher(self, client, self.name, publish_interval)
 
     # --- ring ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -308,6 +326,10 @@ class ExperiencePlane:
         ``prefetch=k > 0`` up to ``k`` batches wait in a bounded queue; ``prefetch=0`` samples
         in ``next()``. The time ``next()`` blocks is the exposed latency (``plane.stats()``).
         Use as a context manager or call ``close()`` to stop the pipeline early.
+
+        With a rate limiter, a batch waits at most ``timeout`` seconds for the actors (default:
+        the limiter's own ``timeout``, which defaults to ``research.replay.rate-timeout``) and
+        then raises :class:`~dask_research.exceptions.RateLimitTimeout`.
 
         ``switch_interval`` (default ``research.replay.switch-interval``, 100 us) lowers the
         interpreter's thread switch interval while a prefetching iterator is open, so that the
@@ -521,23 +543,30 @@ class ExperiencePlane:
         if self._placement is not None:
             self._dirty.set()
 
-    def checkpoint(self, path: str | os.PathLike, chunk: int = 16_384) -> pathlib.Path:
-        """Write the plane to directory ``path``: ``data.npz`` (no pickle) + ``meta.json``.
+    def checkpoint(self, path: str | os.PathLike, chunk: int = 16_384,
+                   extra: Mapping[str, Any] | None = None) -> pathlib.Path:
+        """Commit the plane to checkpoint directory ``path`` in one atomic step.
 
-        Ingest is blocked at most one chunk copy at a time (see :meth:`snapshot`). Files are
-        written under temporary names and renamed, ``meta.json`` last, so a crash never leaves
-        a checkpoint that looks complete but is not.
+        The snapshot (see :meth:`snapshot`; ingest waits at most one chunk copy at a time) is
+        written as a new version directory, ``data.npz`` (no pickle) and ``meta.json``, and
+        committed by replacing the ``CURRENT`` pointer; older versions are removed after the
+        commit (see :mod:`~dask_research.replay.checkpoints`). A crash at any point leaves the
+        previous checkpoint restorable, or the new one complete. ``extra`` (JSON-able) is stored
+        in the metadata as ``meta["extra"]``. Returns ``path``.
         """
-        path = pathlib.Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        self._checkpoint(path, chunk, extra)
+        return pathlib.Path(path)
+
+    def _checkpoint(self, path: str | os.PathLike, chunk: int = 16_384,
+                    extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], pathlib.Path]:
+        """:meth:`checkpoint`, returning ``(meta as written, committed version directory)``."""
+        from . import checkpoints
+
         meta, arrays = self.snapshot(chunk)
-        tmp = path / "data.tmp.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path / "data.npz")
-        tmpm = path / "meta.json.tmp"
-        tmpm.write_text(json.dumps(meta, indent=1))
-        os.replace(tmpm, path / "meta.json")
-        return path
+        if extra is not None:
+            meta["extra"] = json.loads(json.dumps(dict(extra)))
+        version = checkpoints.write(path, meta, arrays)
+        return meta, version
 
     @classmethod
     def restore(cls, path: str | os.PathLike, tiers: Sequence[Tier] | None = None,
@@ -546,28 +575,25 @@ class ExperiencePlane:
         """Rebuild a plane from :meth:`checkpoint`. Tiers are chosen anew (default: one host
         tier); the sampler is rebuilt from the checkpoint unless given.
 
-        Any malformed checkpoint (truncated, bit-flipped, re-typed, a pickled array) is refused
-        with a :class:`~dask_research.exceptions.CheckpointError` naming it; nothing is unpickled.
+        Reads the committed version (a write interrupted at any step is not seen). Any
+        malformed checkpoint (truncated, bit-flipped, re-typed, a pickled array, data that does
+        not match its metadata) is refused with a
+        :class:`~dask_research.exceptions.CheckpointError` naming it; nothing is unpickled.
         """
-        import zipfile
-
         try:
             return cls._restore(pathlib.Path(path), tiers, sampler, rate_limiter, **kwargs)
         except CheckpointError:
             raise
         except (ResearchError, KeyError, TypeError, ValueError, AttributeError, IndexError,
-                OverflowError, EOFError, OSError, zipfile.BadZipFile, RecursionError, SyntaxError) as e:
+                OverflowError, EOFError, OSError, RecursionError, SyntaxError) as e:
             raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
 
     @classmethod
     def _restore(cls, path: pathlib.Path, tiers, sampler, rate_limiter, **kwargs: Any) -> "ExperiencePlane":
-        try:
-            meta = json.loads((path / "meta.json").read_text())
-        except FileNotFoundError:
-            raise CheckpointError(str(path), "meta.json is missing (not a checkpoint, or unfinished)")
-        except json.JSONDecodeError as e:
-            raise CheckpointError(str(path), f"meta.json is not valid JSON ({e})")
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        from . import checkpoints
+
+        meta, where = checkpoints.read_meta(path)
+        if meta.get("format") != FORMAT:
             raise CheckpointError(str(path), f"not a {FORMAT} checkpoint")
         if sampler is None:
             info = meta["sampler"]
@@ -586,15 +612,7 @@ class ExperiencePlane:
         capacity = int(meta["capacity"]) if tiers is None else kwargs.pop("capacity", None)
         plane = cls(spec, capacity, tiers=tiers, sampler=sampler, rate_limiter=rate_limiter, **kwargs)
         try:
-            try:
-                with np.load(path / "data.npz", allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-            except FileNotFoundError:
-                raise CheckpointError(str(path), "data.npz is missing") from None
-            except Exception as e:  # noqa: BLE001 - any failure to parse the archive: unreadable
-                # (a flipped bit in an .npy header reaches numpy's literal_eval: SyntaxError,
-                # tokenize.TokenError; a truncated zip: BadZipFile, EOFError)
-                raise CheckpointError(str(path), f"data.npz is unreadable ({type(e).__name__}: {e})") from None
+            meta, arrays, _ = checkpoints.load(path, where)       # the same version
             plane.load_snapshot(meta, arrays, where=str(path))
         except BaseException:
             plane.close()
@@ -612,6 +630,8 @@ class ExperiencePlane:
         self._closed.set()
         for d in self._deliveries:
             d.close()
+        if self._publisher is not None:
+            self._publisher.stop()
         if self._migrator is not None:
             self._migrator.join(timeout=5)
         self.storage.close()

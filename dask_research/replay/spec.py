@@ -112,6 +112,63 @@ def _as_numpy(name: str, x: Any) -> np.ndarray:
     return a
 
 
+def _check_fits(name: str, a: np.ndarray, dst: np.dtype) -> None:
+    """Refuse values of ``a`` that a narrowing cast to ``dst`` would change beyond rounding.
+
+    Called only when ``a.dtype`` does not cast to ``dst`` safely. Integers must lie in ``dst``'s
+    range (300 into int8 would wrap to 44); finite floats must stay finite (1e300 into float32
+    would become inf). Rounding to the nearer representable value is not refused. The check is
+    one ``min``/``max`` per array; the element-wise search for the culprit runs only on failure.
+    """
+    if a.size == 0:
+        return
+    if dst.kind in "iu":
+        info = np.iinfo(dst)
+        lo, hi = a.min(), a.max()
+        if lo < info.min or hi > info.max:
+            bad = a[(a < info.min) | (a > info.max)].flat[0]
+            raise SpecError(name, f"value {bad.item()!r} does not fit in {dst} (range {info.min}..{info.max}); "
+                                  "clip or cast it first, or give the field a wider dtype")
+        return
+    if dst.kind not in "fc":              # bool: only bool casts to it (same_kind)
+        return
+    comp = np.dtype(dst.char.lower()) if dst.kind == "c" else dst
+    fmax = float(np.finfo(comp).max)
+    parts = (a.real, a.imag) if a.dtype.kind == "c" else (a,)
+    for part in parts:
+        lo, hi = part.min(), part.max()
+        if -fmax <= lo and hi <= fmax:    # also False for NaN and inf: look closer
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            over = np.isfinite(part) & ~np.isfinite(part.astype(comp))
+        if over.any():
+            bad = part[over].flat[0]
+            raise SpecError(name, f"value {bad.item()!r} overflows {dst} (largest {fmax:.8g}); "
+                                  "scale or clip it first, or give the field a wider dtype")
+
+
+def _is_tensordict(x: Any) -> bool:
+    return (type(x).__module__ or "").startswith("tensordict") and hasattr(x, "batch_size")
+
+
+def _from_tensordict(td: Any) -> dict[str, Any]:
+    """A TensorDict's leaves as a flat dict; nested keys are joined with ``"."``.
+
+    ``TensorDict({"obs": ..., "next": {"obs": ...}}, batch_size=[n])`` gives the fields
+    ``"obs"`` and ``"next.obs"``; the batch size is the leading dimension as usual (a TensorDict
+    with ``batch_size=[]`` is one transition). Leaves go through the usual validation, so a
+    non-tensor leaf is refused naming its key.
+    """
+    try:
+        items = td.items(include_nested=True, leaves_only=True)
+    except TypeError:                          # a TensorDict-like without nested keys
+        items = td.items()
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out[k if isinstance(k, str) else ".".join(map(str, k))] = v
+    return out
+
+
 class ExperienceSpec:
     """The fields of one transition, each with a shape and a dtype.
 
@@ -172,13 +229,26 @@ class ExperienceSpec:
     def validate(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
         """Check ``batch`` against the spec; return ``(fields, n)`` with a leading batch axis.
 
+        A ``tensordict.TensorDict`` is accepted: its leaves are the fields, nested keys joined
+        with ``"."`` (``("next", "obs")`` is the field ``"next.obs"``).
+
         Nothing is copied unless needed (torch CPU tensors and numpy arrays are viewed; CuPy
         arrays are copied to the host). Dtypes are cast on write; a cast that changes the kind
-        (float to int, int to bool) is refused. Raises :class:`SpecError` naming the field.
+        (float to int, int to bool) is refused, and so is a narrowing cast whose values do not
+        fit (an int64 300 into int8, a float64 1e300 into float32), checked only when the
+        dtypes narrow. Raises :class:`SpecError` naming the field.
         """
-        if not isinstance(batch, Mapping):
-            raise SpecError(None, "a batch is a mapping of field name -> array; "
-                                  f"got {type(batch).__name__}")
+        if type(batch) is not dict:
+            if _is_tensordict(batch):
+                batch = _from_tensordict(batch)
+            elif not isinstance(batch, Mapping):
+                raise SpecError(None, "a batch is a mapping of field name -> array; "
+                                      f"got {type(batch).__name__}")
+            else:
+                bad = next((k for k in batch if not isinstance(k, str)), None)
+                if bad is not None:
+                    raise SpecError(None, f"a batch's keys are field names (str); iterating the "
+                                          f"{type(batch).__name__} gave a {type(bad).__name__}")
         fields = self.fields
         if len(batch) != len(fields) or any(k not in fields for k in batch):
             for k in batch:
@@ -203,9 +273,12 @@ class ExperienceSpec:
                 want = ", ".join(["n", *map(str, f.shape)])
                 raise SpecError(name, f"shape {shape} is neither one transition {f.shape} "
                                       f"nor a batch ({want})")
-            if a.dtype != f.dtype and not np.can_cast(a.dtype, f.dtype, "same_kind"):
-                raise SpecError(name, f"dtype {a.dtype} cannot be stored as {f.dtype} without "
-                                      f"changing kind; cast it first, e.g. x.astype({str(f.dtype)!r})")
+            if a.dtype != f.dtype:
+                if not np.can_cast(a.dtype, f.dtype, "same_kind"):
+                    raise SpecError(name, f"dtype {a.dtype} cannot be stored as {f.dtype} without "
+                                          f"changing kind; cast it first, e.g. x.astype({str(f.dtype)!r})")
+                if not np.can_cast(a.dtype, f.dtype, "safe"):
+                    _check_fits(name, a, f.dtype)
             if single is None:
                 single, first = one, name
                 n = 1 if one else shape[0]

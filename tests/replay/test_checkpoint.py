@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from dask_research.exceptions import CheckpointError
+from dask_research.replay import checkpoints
 from dask_research.replay import (DiskTier, ExperiencePlane, HostTier, PrioritizedSampler,
                                   RecentSampler, UniformSampler)
 from replay_helpers import CARTPOLE, make_batch
@@ -40,11 +41,12 @@ def test_no_pickle_anywhere(tmp_path):
     plane = ExperiencePlane(CARTPOLE, capacity=50, sampler=PrioritizedSampler(), seed=0)
     plane.ingest(make_batch(20))
     plane.checkpoint(tmp_path)
-    meta = json.loads((tmp_path / "meta.json").read_text())
+    v = checkpoints.current(tmp_path)
+    meta = json.loads((v / "meta.json").read_text())
     assert meta["format"] == "dask-research-replay" and meta["count"] == 20
-    with np.load(tmp_path / "data.npz", allow_pickle=False) as z:
+    with np.load(v / "data.npz", allow_pickle=False) as z:
         assert all(z[k].dtype != object for k in z.files)
-    with zipfile.ZipFile(tmp_path / "data.npz") as zf:
+    with zipfile.ZipFile(v / "data.npz") as zf:
         assert all(n.endswith(".npy") for n in zf.namelist())
 
 
@@ -77,9 +79,19 @@ def test_corrupt_and_foreign_checkpoints(tmp_path):
     plane = ExperiencePlane(CARTPOLE, capacity=10)
     plane.ingest(make_batch(5))
     plane.checkpoint(tmp_path / "ok")
-    (tmp_path / "ok" / "data.npz").write_bytes(b"garbage")
+    data = checkpoints.current(tmp_path / "ok") / "data.npz"
+    good = data.read_bytes()
+    data.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="data.npz of v000001 does not match its meta.json"):
+        ExperiencePlane.restore(tmp_path / "ok")
+    meta_file = data.parent / "meta.json"
+    doc = json.loads(meta_file.read_text())
+    del doc["data"]                       # no digest (the layout before versions): parsed
+    meta_file.write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="data.npz is unreadable"):
         ExperiencePlane.restore(tmp_path / "ok")
+    data.write_bytes(good)
+    assert len(ExperiencePlane.restore(tmp_path / "ok")) == 5
     other = ExperiencePlane({"x": ((), "float32")}, capacity=10)
     meta, arrays = plane.snapshot()
     with pytest.raises(CheckpointError, match="differs from the plane's"):

@@ -103,3 +103,47 @@ def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(re
     assert len(set(decode(b.indices)[0].tolist())) == 2
     assert any(e["event"] == "shard-restored" for _, e in client.get_events("research.replay"))
     plane.close(drop=True)
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_every_shard_worker_sigkilled_is_reported_at_once(real_cluster, tmp_path):
+    """Both shard workers die: the learner's next() names the lost shards and counts at once.
+
+    The rate timeout is set to an hour: a learner that waited for actors instead (as it did,
+    for 60 s, before saying "empty plane") would run into the test's own timeout.
+    """
+    client, sfile, procs = real_cluster
+    with dask.config.set({"research.replay.cluster.refresh-interval": 0.2,
+                          "research.replay.rate-timeout": 3600.0}):
+        plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=10_000, seed=3,
+                                    checkpoint_dir=tmp_path / "ckpt")
+        addr = {w["name"]: a for a, w in workers_info(client).items()}
+        plane.ingest(make_batch(2000), worker=addr["w0"])
+        plane.ingest(make_batch(1500), worker=addr["w1"])
+        plane.checkpoint()
+        plane.ingest(make_batch(500, start=2000), worker=addr["w0"])
+        plane.refresh()
+        ids = {r.address: r.id for r in plane.shards}
+        it = plane.batches(batch_size=64, prefetch=2)
+        for _ in range(5):
+            next(it)
+        for p in procs[1:]:
+            p.send_signal(signal.SIGKILL)
+        for p in procs[1:]:
+            p.wait(timeout=10)
+        with pytest.raises(replay.ShardsLostError) as e:
+            for _ in range(10**7):
+                next(it)
+        err = e.value
+        assert sorted((s["id"], s["size"], s["checkpointed"]) for s in err.shards) == sorted(
+            [(ids[addr["w0"]], 2500, 2000), (ids[addr["w1"]], 1500, 1500)])
+        assert err.transitions == 4000 and err.checkpointed == 3500
+        msg = str(err)
+        assert msg.startswith(f"replay plane {plane.name!r}: every shard is lost: shard ")
+        assert addr["w0"] in msg and addr["w1"] in msg and "\n" not in msg
+        assert "4,000 transitions lost, 3,500 of them in checkpoints" in msg
+        with pytest.raises(replay.ShardsLostError, match="every shard is lost"):
+            plane.sample(64)
+        with pytest.raises(replay.ShardsLostError, match="every shard is lost"):
+            plane.ingest(make_batch(10))
+        it.close()

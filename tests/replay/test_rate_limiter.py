@@ -53,6 +53,23 @@ def test_delivery_forwards_the_timeout_to_the_learner():
     assert it.closed
 
 
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_batches_honour_the_limiters_own_timeout(prefetch):
+    # The global rate-timeout is made far longer than the test's own timeout: a delivery that
+    # waited for it instead of the limiter's 0.2 s would hang until pytest-timeout fails it.
+    with dask.config.set({"research.replay.rate-timeout": 3600.0}):
+        rl = RateLimiter(samples_per_insert=1, tolerance=0, min_size_to_sample=100, timeout=0.2)
+        plane = ExperiencePlane(CARTPOLE, capacity=1000, rate_limiter=rl, seed=0)
+        plane.ingest(make_batch(10))
+        it = plane.batches(batch_size=4, prefetch=prefetch)
+        assert it.timeout == 0.2
+        with pytest.raises(RateLimitTimeout, match="sample blocked for 0.2 s"):
+            next(it)
+        assert plane.batches(batch_size=4, prefetch=prefetch, timeout=0.1).timeout == 0.1
+        plane.close()
+
+
 def test_actor_and_learner_threads_keep_the_ratio():
     spi, tol = 4.0, 512.0
     rl = RateLimiter(samples_per_insert=spi, tolerance=tol, min_size_to_sample=64, timeout=5)

@@ -60,6 +60,59 @@ def test_bad_batches_name_the_field_and_write_nothing(mutate, match):
         np.testing.assert_array_equal(before[k], after[k])
 
 
+NARROW = {"small": ((), "int8"), "count": ((), "uint8"), "obs": ((2,), "float32"),
+          "half": ((), "float16"), "z": ((), "complex64")}
+
+
+def _narrow_batch(n=4):
+    return {"small": np.arange(n, dtype=np.int64), "count": np.arange(n, dtype=np.uint16),
+            "obs": np.ones((n, 2)), "half": np.zeros(n, np.float32), "z": np.zeros(n, complex)}
+
+
+@pytest.mark.parametrize("field, values, match", [
+    ("small", np.array([1, 300, 2, 3]), r"field 'small': value 300 does not fit in int8 "
+                                        r"\(range -128..127\)"),
+    ("small", np.array([1, -129, 2, 3]), "value -129 does not fit in int8"),
+    ("count", np.array([1, 256, 2, 3], np.uint16), r"field 'count': value 256 does not fit in "
+                                                   r"uint8 \(range 0..255\)"),
+    ("obs", np.array([[1e300, 0], [0, 0], [0, 0], [0, 0]]), r"field 'obs': value 1e\+300 "
+                                                            "overflows float32"),
+    ("obs", np.array([[np.nan, np.inf], [-1e39, 0], [0, 0], [0, 0]]), r"value -1e\+39 overflows"),
+    ("half", np.array([1.0, 70000.0, 0, 0], np.float32), "field 'half': value 70000.0 overflows float16"),
+    ("z", np.array([1, 1e300j, 0, 0]), "field 'z': value 1e\\+300 overflows complex64"),
+])
+def test_narrowing_casts_that_do_not_fit_are_refused_and_write_nothing(field, values, match):
+    plane = ExperiencePlane(NARROW, capacity=16, seed=0)
+    plane.ingest(_narrow_batch())
+    before = plane.contents()
+    bad = _narrow_batch()
+    bad[field] = values
+    with pytest.raises(SpecError, match=match):
+        plane.ingest(bad)
+    assert plane.total == 4
+    after = plane.contents()
+    for k in before:
+        np.testing.assert_array_equal(before[k], after[k])
+    with pytest.raises(SpecError, match="value 300 does not fit in int8"):     # one transition
+        plane.ingest({**{k: v[0] for k, v in _narrow_batch().items()}, "small": 300})
+
+
+def test_narrowing_casts_that_fit_are_stored():
+    plane = ExperiencePlane(NARROW, capacity=16, seed=0)
+    b = _narrow_batch()
+    b["small"] = np.array([-128, 127, 0, 5])
+    b["count"] = np.array([0, 255, 1, 2], np.uint16)
+    b["obs"] = np.array([[np.nan, np.inf], [-np.inf, 3.4028235e38], [0.1, 1e-50], [0, 0]])
+    b["half"] = np.array([65504.0, -65504.0, np.nan, 1e-3], np.float32)
+    plane.ingest(b)
+    c = plane.contents()
+    np.testing.assert_array_equal(c["small"], [-128, 127, 0, 5])
+    np.testing.assert_array_equal(c["count"], [0, 255, 1, 2])
+    np.testing.assert_array_equal(c["obs"], b["obs"].astype(np.float32))    # rounding is fine
+    assert np.isinf(c["obs"]).sum() == 2 and np.isnan(c["obs"]).sum() == 1
+    np.testing.assert_array_equal(c["half"], b["half"].astype(np.float16))
+
+
 def test_not_a_mapping():
     with pytest.raises(SpecError, match="a batch is a mapping"):
         ExperienceSpec(CARTPOLE).validate([1, 2, 3])
@@ -110,3 +163,37 @@ def test_ingested_batches_come_back_exactly(data):
     for name, f in spec.fields.items():
         want = np.concatenate([b[name] for b in sent])[-cap:].astype(f.dtype)
         np.testing.assert_array_equal(got[name], want)
+
+
+def test_a_mapping_whose_keys_are_not_names_is_refused_clearly():
+    class Rows(dict):                      # iterates like a TensorDict: over rows, not keys
+        def __iter__(self):
+            return iter([{"obs": 1}])
+
+    with pytest.raises(SpecError, match="a batch's keys are field names .str.; iterating the "
+                                        "Rows gave a dict"):
+        ExperienceSpec(CARTPOLE).validate(Rows(make_batch(2)))
+
+
+def test_a_tensordict_is_ingested_by_its_leaves():
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    spec = {"obs": ((4,), "float32"), "action": ((), "int64"), "next.obs": ((4,), "float32"),
+            "next.done": ((), "bool")}
+    plane = ExperiencePlane(spec, capacity=32, seed=0)
+    td = tensordict.TensorDict({"obs": torch.arange(32.0).reshape(8, 4), "action": torch.arange(8),
+                                "next": {"obs": torch.ones(8, 4), "done": torch.zeros(8, dtype=torch.bool)}},
+                               batch_size=[8])
+    assert plane.ingest(td) == 8
+    assert plane.ingest(td[0]) == 1                        # batch_size [] is one transition
+    c = plane.contents()
+    np.testing.assert_array_equal(c["obs"][:8], np.arange(32.0).reshape(8, 4))
+    np.testing.assert_array_equal(c["action"], [*range(8), 0])
+    np.testing.assert_array_equal(c["next.obs"], np.ones((9, 4)))
+    with pytest.raises(SpecError, match="field 'next.done': is missing from the batch"):
+        plane.ingest(td.exclude(("next", "done")))
+    bad = td.clone()
+    bad["action"] = torch.full((8,), 2**40)
+    with pytest.raises(SpecError, match="field .action.: value 1099511627776 does not fit in int8"):
+        ExperiencePlane({**spec, "action": ((), "int8")}, capacity=32).ingest(bad)
+    assert len(plane) == 9

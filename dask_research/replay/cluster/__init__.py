@@ -15,8 +15,9 @@ from .indices import decode, encode
 from .placement import plan_moves
 from .plane import ClusterPlane, ShardRef
 from .plugin import ShardPlugin, local_shard, plugin_name
-from .shard import ShardMissingError, WorkerShard
+from .shard import ShardMissingError, ShardsLostError, WorkerShard
 
 __all__ = ["ClusterPlane", "ShardRef", "ShardPlugin", "WorkerShard", "ShardMissingError",
+           "ShardsLostError",
            "ClusterBatchIterator", "local_shard", "plugin_name", "plan_moves", "prefetch_depth",
            "encode", "decode", "shard_ops"]

@@ -35,7 +35,10 @@ smallest leaf over all live shards, so the largest possible weight is 1 as on on
 **Faults.** A request whose shard died (its task failed, or the worker left the scheduler) is
 discarded and the batch is drawn again from the shards that remain; the shard table marks the
 shard lost and the plane logs an event. Delivery never waits for a dead worker longer than
-``stall`` seconds before re-checking the scheduler's worker list.
+``stall`` seconds before re-checking the scheduler's worker list. When every shard is lost,
+``next()`` raises :class:`~dask_research.replay.ShardsLostError` at once, naming the shards,
+their workers and the transitions lost (live shards that are merely empty are waited for, up
+to ``research.replay.rate-timeout``, as actors may still be starting).
 """
 from __future__ import annotations
 

@@ -60,6 +60,7 @@ from .delivery import ClusterBatchIterator, assemble, wait_all
 from .indices import MAX_SHARDS, decode
 from .placement import plan_moves
 from .plugin import ShardPlugin, plugin_name
+from .shard import ShardsLostError
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class ShardRef:
     lost: bool = False
     lost_at: float | None = None
     lost_size: int = 0
+    lost_reason: str = ""
     checkpoint: dict | None = None
     restored_to: int | None = None
     sampled: int = 0
@@ -137,6 +139,9 @@ class ClusterPlane:
         (default ``research.replay.cluster.rebalance-interval``; None: manual only).
     memory_fraction, device_fraction : float, optional
         Shard sizing on each worker (see :class:`ShardPlugin`).
+    publish_interval : float, optional
+        Seconds between the ``stats`` events the plane logs for the dashboard's Experience page
+        (numbers only; default ``research.replay.publish-interval``; 0, or ``null`` there: never).
     """
 
     def __init__(self, client: Any = None, spec: ExperienceSpec | Mapping[str, Any] | None = None,
@@ -145,7 +150,7 @@ class ClusterPlane:
                  checkpoint_dir: str | os.PathLike | None = None,
                  checkpoint_interval: float | None = None, restore: str = "auto",
                  rebalance_interval: float | None = None, memory_fraction: float | None = None,
-                 device_fraction: float | None = None):
+                 device_fraction: float | None = None, publish_interval: float | None = None):
         if client is None:
             from distributed import default_client
 
@@ -198,6 +203,9 @@ class ClusterPlane:
         self.topic = str(config.get("replay.event-topic"))
         client.register_plugin(self.plugin)
         self.refresh()
+        from ..publish import auto_publisher
+
+        self._publisher = auto_publisher(self, client, self.name, publish_interval)
 
     # --- shard table ---------------------------------------------------------------------
     @staticmethod
@@ -278,6 +286,7 @@ class ClusterPlane:
             if ref.lost:
                 return
             ref.lost, ref.lost_at, ref.lost_size = True, time.time(), ref.size
+            ref.lost_reason = reason
             ref.mass, ref.size = 0.0, 0
             if self._by_addr.get(ref.address) == sid:
                 del self._by_addr[ref.address]
@@ -300,27 +309,47 @@ class ClusterPlane:
             raise exc
 
     def _find_checkpoint(self, uid: str) -> dict | None:
+        """What the committed checkpoint of shard ``uid`` holds (None without one)."""
         if not self.checkpoint_dir:
             return None
-        import json
+        from ..checkpoints import read_meta
+        from ...exceptions import CheckpointError
+        from .shard import checkpoint_info
 
-        p = os.path.join(self.checkpoint_dir, self.name, uid, "shard.json")
+        p = os.path.join(self.checkpoint_dir, self.name, uid)
         try:
-            with open(p) as f:
-                return json.load(f)
-        except (OSError, ValueError):
+            meta, version = read_meta(p)
+            return checkpoint_info(meta, p, version)
+        except (CheckpointError, OSError, KeyError, TypeError, ValueError) as e:
+            # none committed (the shard died before its first checkpoint finished) or unusable;
+            # called on every refresh while the shard is lost, so not a warning each time
+            logger.debug("replay plane %r: no usable checkpoint of shard %s: %s",
+                         self.name, uid[:8], e)
             return None
 
     # --- allocation ----------------------------------------------------------------------
     def _live(self) -> list[ShardRef]:
         return [r for r in self._shards.values() if not r.lost and r.mass > 0]
 
+    def _nothing_to_sample(self) -> Exception:
+        """:class:`ShardsLostError` when every known shard is lost (raised at once: no
+        worker is left to ingest into), else :class:`EmptyPlaneError` (actors may still come)."""
+        with self._lock:
+            refs = list(self._shards.values())
+            if not refs or not all(r.lost for r in refs):
+                return EmptyPlaneError()
+            lost = [{"id": r.id, "worker": r.address, "reason": r.lost_reason or "lost",
+                     "size": int(r.lost_size),
+                     "checkpointed": int(r.checkpoint["size"]) if r.checkpoint else 0}
+                    for r in refs if r.restored_to is None]    # restored: counted where it went
+        return ShardsLostError(self.name, lost)
+
     def _allocate(self, n: int) -> dict[int, int]:
         """Split a batch of ``n`` over the live shards by their sampling mass (multinomial)."""
         with self._lock:
             live = self._live()
             if not live:
-                raise EmptyPlaneError()
+                raise self._nothing_to_sample()
             mass = np.array([r.mass for r in live], dtype=np.float64)
             counts = self.rng.multinomial(n, mass / mass.sum())
         return {r.id: int(c) for r, c in zip(live, counts) if c}
@@ -388,7 +417,7 @@ class ClusterPlane:
             if worker is None:
                 live = [r for r in self._shards.values() if not r.lost]
                 if not live:
-                    raise EmptyPlaneError()
+                    raise self._nothing_to_sample()
                 worker = min(live, key=lambda r: r.size / max(r.capacity, 1)).address
             sid = self._by_addr.get(worker)
         if sid is None:
@@ -401,17 +430,30 @@ class ClusterPlane:
         return n
 
     def sample(self, batch_size: int | None = None) -> Batch:
-        """One batch now, synchronously (no prefetch), drawn across shards like ``batches``."""
+        """One batch now, synchronously (no prefetch), drawn across shards like ``batches``.
+
+        Raises :class:`ShardsLostError` at once when every shard is lost, and
+        :class:`EmptyPlaneError` when the live shards hold nothing yet.
+        """
         batch_size = int(config.get("replay.batch-size", batch_size))
+        stall = float(config.get("replay.cluster.stall"))
         for _ in range(3):
             counts = self._allocate(batch_size)
             futs = {sid: self._sample_future(self._shards[sid], n) for sid, n in counts.items()
                     if not self._is_local(self._shards[sid])}
             replies = []
             try:
+                # a task pinned to a dead worker never finishes: re-check the workers every
+                # ``stall`` seconds instead of waiting for it
+                while not wait_all(list(futs.values()), stall):
+                    self.refresh()
+                    if any(self._shards[sid].lost for sid in futs):
+                        raise LookupError("a shard of this batch was lost")
                 for sid, f in futs.items():
-                    replies.append((sid, f.result(timeout=60)))
+                    replies.append((sid, f.result(timeout=stall)))
             except Exception:
+                for f in futs.values():
+                    f.cancel()
                 self.refresh()
                 continue
             for sid, n in counts.items():
@@ -421,7 +463,7 @@ class ClusterPlane:
             if b is not None:
                 return b
             self.refresh()
-        raise EmptyPlaneError()
+        raise self._nothing_to_sample()
 
     def batches(self, batch_size: int | None = None, prefetch: int | None = None,
                 to: str = "numpy", device: Any = None, max_batches: int | None = None,
@@ -642,6 +684,8 @@ class ClusterPlane:
         """Stop delivery; with ``drop``, unregister the plugin (the shards are freed)."""
         for d in self._deliveries:
             d.close()
+        if self._publisher is not None:
+            self._publisher.stop()
         try:
             self.flush(timeout=10)
         except Exception:  # pragma: no cover

@@ -23,7 +23,6 @@ Examples
 from __future__ import annotations
 
 import copy
-import json
 import pathlib
 import time
 import uuid
@@ -51,6 +50,42 @@ class ShardMissingError(ResearchError, LookupError):
         return (f"worker {self.worker} holds no shard of plane {self.plane!r}; create the plane "
                 f"with replay.ClusterPlane(client, spec, name={self.plane!r}) first (it "
                 "registers the ShardPlugin on every worker)")
+
+
+def checkpoint_info(meta: Mapping[str, Any], path: str | pathlib.Path,
+                    version: str | pathlib.Path) -> dict[str, Any]:
+    """What a committed shard checkpoint holds, from its metadata: ``uid``, ``address``,
+    ``path``, ``version``, ``size`` (transitions saved), ``inserted`` and ``time``."""
+    shard = (meta.get("extra") or {}).get("shard") or {}
+    return {"uid": shard.get("uid"), "address": shard.get("address"), "path": str(path),
+            "version": pathlib.Path(version).name, "size": int(meta["count"]),
+            "inserted": int(meta["total"]), "time": float(meta.get("created", 0.0))}
+
+
+class ShardsLostError(ResearchError, LookupError):
+    """Every shard of a cluster plane is lost (its worker left): nothing is left to sample.
+
+    Attributes: ``plane`` (name), ``shards`` (one dict per lost shard: ``id``, ``worker``,
+    ``reason``, ``size`` (transitions it held), ``checkpointed`` (transitions in its last
+    checkpoint)), ``transitions`` and ``checkpointed`` (their sums).
+    """
+
+    def __init__(self, plane: str, shards: list[dict[str, Any]]):
+        self.plane = plane
+        self.shards = shards
+        self.transitions = sum(int(s["size"]) for s in shards)
+        self.checkpointed = sum(int(s["checkpointed"]) for s in shards)
+        super().__init__(plane, shards)
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"shard {s['id']} on {s['worker']} ({s['reason']}, {s['size']:,} "
+                          "transitions)" for s in self.shards[:8])
+        if len(self.shards) > 8:
+            shown += f" and {len(self.shards) - 8} more"
+        return (f"replay plane {self.plane!r}: every shard is lost: {shown}; {self.transitions:,} "
+                f"transitions lost, {self.checkpointed:,} of them in checkpoints; start workers "
+                "(a checkpointed shard is restored onto a new one with restore='auto', or by "
+                "plane.restore_lost) and ingest again")
 
 
 class WorkerShard:
@@ -188,26 +223,28 @@ class WorkerShard:
 
     # --- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, root: str | pathlib.Path) -> dict[str, Any]:
-        """Write this shard to ``root/<uid>/`` (the single-process plane's format)."""
+        """Commit this shard to ``root/<uid>/`` (the single-process plane's format, one atomic
+        step); returns what the committed files hold (``size`` and ``inserted`` as saved, not
+        the live counts, which ingest may have moved on meanwhile)."""
         path = pathlib.Path(root) / self.uid
         t0 = time.perf_counter()
-        self.plane.checkpoint(path)
-        meta = {"uid": self.uid, "address": self.address, "path": str(path),
-                "size": self.plane.size, "inserted": self.plane.total, "time": time.time(),
-                "seconds": time.perf_counter() - t0}
-        self.last_checkpoint = meta
-        (path / "shard.json").write_text(json.dumps(meta))
-        return meta
+        meta, version = self.plane._checkpoint(
+            path, extra={"shard": {"uid": self.uid, "address": self.address}})
+        out = checkpoint_info(meta, path, version)
+        out["seconds"] = time.perf_counter() - t0
+        self.last_checkpoint = out
+        return out
 
     def restore(self, path: str | pathlib.Path) -> int:
-        """Load a shard checkpoint into this (empty) shard; returns transitions restored."""
+        """Load the committed shard checkpoint at ``path`` into this (empty) shard; returns
+        the transitions restored."""
+        from ..checkpoints import load
+
         path = pathlib.Path(path)
         if self.plane.size:
             raise InputError("shard", f"{self.plane.size} transitions", "an empty shard to "
                              "restore into", where="WorkerShard.restore")
-        meta = json.loads((path / "meta.json").read_text())
-        with np.load(path / "data.npz", allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        meta, arrays, _ = load(path)
         self.plane.load_snapshot(meta, arrays, where=str(path))
         self.restored_from = str(path)
         return self.plane.size
