@@ -53,7 +53,7 @@ def test_fuzzed_replay_checkpoint(pristine, target, how, rnd, value):
     work = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-replay-case-")) / "ckpt"
     try:
         shutil.copytree(pristine, work)
-        path = work / target
+        path = replay.checkpoints.current(work) / target   # the committed version's file
         raw = path.read_bytes()
         if how == "truncate":
             path.write_bytes(corruption.truncate(raw, rnd))
@@ -67,7 +67,7 @@ def test_fuzzed_replay_checkpoint(pristine, target, how, rnd, value):
             doc[key] = value
             path.write_text(json.dumps(doc))
         elif how == "pickle":
-            _pickle_npz(work / "data.npz")
+            _pickle_npz(path.parent / "data.npz")
         elif how == "delete":
             path.unlink()
         try:
