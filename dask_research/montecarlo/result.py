@@ -31,6 +31,17 @@ from .linearize import Linearized
 __all__ = ["Result", "Interval"]
 
 
+def _decimals(halfwidth: float) -> int | None:
+    """Decimals that show two significant digits of ``halfwidth`` (``None``: fall back to ``.6g``)."""
+    if not (math.isfinite(halfwidth) and halfwidth > 0):
+        return None
+    return int(min(15, max(0, 1 - math.floor(math.log10(halfwidth)))))
+
+
+def _num(x: float, decimals: int | None) -> str:
+    return f"{x:.6g}" if decimals is None or not math.isfinite(x) else f"{x:.{decimals}f}"
+
+
 def _z(level: float) -> float:
     if not (isinstance(level, (int, float)) and 0 < level < 1):
         raise InputError("level", level, "a probability strictly between 0 and 1", where="Result")
@@ -182,7 +193,14 @@ class Result:
 
     # -- presentation -----------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Scalars of the run, JSON-able."""
+        """Scalars of the run, JSON-able.
+
+        Two different 95 % intervals are reported, under names that say which is which:
+        ``mean_interval95`` is the confidence interval of the mean (``mean +- 1.96 stderr``;
+        quote this for the estimate), ``output_interval95_percentile`` and
+        ``output_interval95_normal`` hold 95 % of the outputs themselves (sampled percentiles,
+        and ``mean +- 1.96 sd``): about ``sqrt(n)`` times wider.
+        """
         out: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "shards": self.shards,
                                "samples_per_shard": self.samples_per_shard,
                                "wall_seconds": self.wall_seconds, "shards_per_task": self.shards_per_task,
@@ -191,9 +209,11 @@ class Result:
                                "speculated": self.speculated, "max_in_flight": self.max_in_flight}
         if isinstance(self.state, Moments):
             iv = self.interval(0.95)
-            out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr, skewness=self.skewness,
+            out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr,
+                       mean_interval95=list(self.mean_interval(0.95)), skewness=self.skewness,
                        kurtosis=self.kurtosis, min=self.min, max=self.max,
-                       interval95_normal=list(iv.normal), interval95_percentile=list(iv.percentile),
+                       output_interval95_percentile=list(iv.percentile),
+                       output_interval95_normal=list(iv.normal),
                        underflow=self.underflow, overflow=self.overflow,
                        samples_per_second=self.samples_per_second)
         if self.linearized is not None:
@@ -206,21 +226,17 @@ class Result:
     def __str__(self) -> str:
         if not isinstance(self.state, Moments):
             return f"Result {self.run_id[:12]}: {self.value!r}"
-        iv = self.interval(0.95)
         lines = [
             f"Monte-Carlo result {self.name} [{self.run_id[:12]}]",
-            f"  samples      {self.n:,} ({self.shards} shards x {self.samples_per_shard:,})",
-            f"  mean         {self.mean:.6g} +- {self.stderr:.3g} (stderr)",
-            f"  sd           {self.sd:.6g}   skewness {self.skewness:.3g}   excess kurtosis {self.kurtosis:.3g}",
-            f"  95% normal   [{iv.normal[0]:.6g}, {iv.normal[1]:.6g}]",
-            f"  95% sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}]",
+            f"  samples              {self.n:,} ({self.shards} shards x {self.samples_per_shard:,})",
+            *self._interval_lines(),
         ]
         if self.linearized is not None:
             lin = self.linearized
-            lines.append(f"  linearized   g(mu) {lin.value:.6g}   delta-method sd {lin.sd:.6g}"
+            lines.append(f"  linearized           g(mu) {lin.value:.6g}   delta-method sd {lin.sd:.6g}"
                          f"   (sampled mean {self.mean:.6g}, sd {self.sd:.6g})")
         if self.wall_seconds == self.wall_seconds:
-            lines.append(f"  wall         {self.wall_seconds:.2f} s, {self.samples_per_second / 1e6:.2f} M samples/s, "
+            lines.append(f"  wall                 {self.wall_seconds:.2f} s, {self.samples_per_second / 1e6:.2f} M samples/s, "
                          f"{self.shards_per_task} shards per task on {len(self.workers)} workers")
         if self.verification:
             v = self.verification
@@ -228,9 +244,27 @@ class Result:
             same = sum(1 for c in checked if c.get("same_worker"))
             where = "on another worker" if not same else (
                 "on the same worker (one worker in the pool)" if same == len(checked) else f"({same} on the same worker)")
-            lines.append(f"  verified     {len(checked)} shards re-run {where}: "
+            lines.append(f"  verified             {len(checked)} shards re-run {where}: "
                          f"{'all match' if not v.get('mismatches') else str(len(v['mismatches'])) + ' mismatched'}")
         return "\n".join(lines)
+
+    def _interval_lines(self, level: float = 0.95) -> list[str]:
+        """The mean with its confidence interval, the sd, then the output's intervals, labelled."""
+        pct = f"{level * 100:g} %"
+        z = _z(level)
+        lo, hi = self.mean_interval(level)
+        d = _decimals(z * self.stderr)
+        iv = self.interval(level)
+        a = (1 - level) / 2 * 100
+        return [
+            f"  mean                 {_num(self.mean, d)} ± {_num(z * self.stderr, d)} "
+            f"({pct} CI of the mean [{_num(lo, d)}, {_num(hi, d)}]; stderr {self.stderr:.2g})",
+            f"  sd                   {self.sd:.6g}   skewness {self.skewness:.3g}   excess kurtosis {self.kurtosis:.3g}",
+            f"  output {pct} sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] "
+            f"({a:g}th-{100 - a:g}th percentiles of the outputs)",
+            f"  output {pct} normal   [{iv.normal[0]:.6g}, {iv.normal[1]:.6g}] "
+            f"(mean ± {z:.3g} sd: the outputs' spread, not the mean's uncertainty)",
+        ]
 
     def _repr_html_(self) -> str:
         if not isinstance(self.state, Moments):
@@ -242,11 +276,15 @@ class Result:
 
     def _html_rows(self):
         iv = self.interval(0.95)
+        lo, hi = self.mean_interval(0.95)
+        z = _z(0.95)
+        d = _decimals(z * self.stderr)
         yield "samples", f"{self.n:,}"
-        yield "mean", f"{self.mean:.6g} ± {self.stderr:.3g}"
+        yield "mean", f"{_num(self.mean, d)} ± {_num(z * self.stderr, d)} (stderr {self.stderr:.2g})"
+        yield "95 % CI of the mean", f"[{_num(lo, d)}, {_num(hi, d)}]"
         yield "sd", f"{self.sd:.6g}"
-        yield "95% normal", f"[{iv.normal[0]:.6g}, {iv.normal[1]:.6g}]"
-        yield "95% sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}]"
+        yield "output 95 % sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] (percentiles of the outputs)"
+        yield "output 95 % normal", f"[{iv.normal[0]:.6g}, {iv.normal[1]:.6g}] (mean ± {z:.3g} sd)"
         if self.linearized is not None:
             yield "linearized", f"g(μ) {self.linearized.value:.6g}, sd {self.linearized.sd:.6g}"
 
