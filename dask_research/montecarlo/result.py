@@ -236,17 +236,38 @@ class Result:
             lines.append(f"  linearized           g(mu) {lin.value:.6g}   delta-method sd {lin.sd:.6g}"
                          f"   (sampled mean {self.mean:.6g}, sd {self.sd:.6g})")
         if self.wall_seconds == self.wall_seconds:
-            lines.append(f"  wall                 {self.wall_seconds:.2f} s, {self.samples_per_second / 1e6:.2f} M samples/s, "
-                         f"{self.shards_per_task} shards per task on {len(self.workers)} workers")
+            lines.append(self._wall_line())
         if self.verification:
-            v = self.verification
-            checked = v.get("checked", [])
-            same = sum(1 for c in checked if c.get("same_worker"))
-            where = "on another worker" if not same else (
-                "on the same worker (one worker in the pool)" if same == len(checked) else f"({same} on the same worker)")
-            lines.append(f"  verified             {len(checked)} shards re-run {where}: "
-                         f"{'all match' if not v.get('mismatches') else str(len(v['mismatches'])) + ' mismatched'}")
+            lines.append(self._verified_line())
         return "\n".join(lines)
+
+    def _wall_line(self) -> str:
+        head = f"  wall                 {self.wall_seconds:.2f} s"
+        if self.computed_shards == 0 and self.reused_shards:
+            return f"{head}: all {self.reused_shards} shards reused from the store (resumed), none computed"
+        text = (f"{head}, {self.samples_per_second / 1e6:.2f} M samples/s, {self.shards_per_task} shards per task "
+                f"on {len(self.workers)} worker{'s' if len(self.workers) != 1 else ''}")
+        if self.reused_shards:
+            text += f"; {self.reused_shards} shards reused from the store"
+        return text
+
+    def _verified_line(self) -> str:
+        """Where the verification re-runs happened, as recorded per check (never assumed)."""
+        v = self.verification or {}
+        checked = v.get("checked", [])
+        stored = sum(1 for c in checked if c.get("producer") in (None, "?"))
+        same = sum(1 for c in checked if c.get("same_worker") and c.get("producer") not in (None, "?"))
+        other = len(checked) - stored - same
+        parts = []
+        if other:
+            parts.append(f"{other} on another worker than the one that computed them")
+        if same:
+            alone = " (one worker ran this job)" if len(self.workers) <= 1 else ""
+            parts.append(f"{same} on the same worker that computed them{alone}")
+        if stored:
+            parts.append(f"{stored} stored by an earlier run, recomputed on this cluster")
+        verdict = "all match" if not v.get("mismatches") else f"{len(v['mismatches'])} mismatched"
+        return f"  verified             {len(checked)} shards re-run ({'; '.join(parts) or 'none'}): {verdict}"
 
     def _interval_lines(self, level: float = 0.95) -> list[str]:
         """The mean with its confidence interval, the sd, then the output's intervals, labelled."""

@@ -103,3 +103,26 @@ def test_a_real_run_prints_and_stores_both(tmp_path, loop):
     assert "95 % CI of the mean" in str(r) and "output 95 % sampled" in str(r)
     stored = mc.show(r.run_id, str(tmp_path / "runs"))["result"]
     assert stored["mean_interval95"] == pytest.approx(list(r.mean_interval(0.95)))
+
+
+def test_a_resumed_run_says_its_shards_came_from_the_store_and_where_checks_ran():
+    r = _result()
+    r.wall_seconds, r.computed_shards, r.reused_shards, r.shards = 0.04, 0, 4, 4
+    r.verification = {"checked": [{"shard": s, "producer": "?", "verifier": "tcp://w1", "same_worker": False,
+                                   "match": True} for s in range(2)], "mismatches": []}
+    text = str(r)
+    assert "all 4 shards reused from the store (resumed), none computed" in _line(text, "wall")
+    assert "M samples/s" not in text
+    verified = _line(text, "verified")
+    assert "2 stored by an earlier run, recomputed on this cluster" in verified
+    assert "another worker" not in verified and verified.endswith("all match")
+
+
+def test_checks_on_the_producing_worker_are_not_called_another_worker():
+    r = _result()
+    r.wall_seconds, r.computed_shards, r.workers = 1.0, 4, {"tcp://w1": 4}
+    r.verification = {"checked": [{"shard": s, "producer": "tcp://w1", "verifier": "tcp://w1", "same_worker": True,
+                                   "match": True} for s in range(4)], "mismatches": []}
+    verified = _line(str(r), "verified")
+    assert "4 on the same worker that computed them (one worker ran this job)" in verified
+    assert "another worker" not in verified
