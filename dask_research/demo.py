@@ -388,7 +388,8 @@ def run_demo(out: str = "dask-research-report.html", quick: bool = False, client
         })
         replay_text = (f"{res.replay_stats['inserted']:,} transitions ingested, {res.replay_stats['sampled']:,} "
                        f"sampled; exposed latency {np.mean(res.exposed_ms):.3f} ms mean per step, learner step "
-                       f"{np.mean(res.step_ms):.2f} ms, p99 exposed {d.get('exposed_p99_s', float('nan')) * 1e3:.3f} ms")
+                       f"{np.mean(res.step_ms):.2f} ms, p99 exposed "
+                       f"{d.get('exposed_p99_s', float('nan')) * 1e3:.3f} ms")
         sections = [
             "<h2>1. Monte-Carlo</h2>" + _pre(str(res.montecarlo)),
             montecarlo_figure(res.montecarlo),

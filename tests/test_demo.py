@@ -14,6 +14,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -23,6 +25,7 @@ pytest.importorskip("bokeh")
 import dask  # noqa: E402
 import distributed  # noqa: E402
 import numpy  # noqa: E402
+import numpy as np  # noqa: E402
 
 import dask_research  # noqa: E402
 from dask_research import demo as demo_module  # noqa: E402
@@ -201,3 +204,48 @@ def test_a_bad_out_path_is_refused_before_anything_runs(tmp_path, monkeypatch):
 def test_demo_command_help():
     out = CliRunner().invoke(main, ["demo", "--help"])
     assert out.exit_code == 0 and "HTML report" in out.output
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None, reason="needs Debian's chromium and chromium-driver")
+@pytest.mark.timeout(180, method="thread")
+def test_the_report_renders_in_a_browser_within_1000_pixels(demo, tmp_path):
+    """Opened offline in headless chromium: every plot draws, nothing errs, nothing overflows sideways."""
+    PIL = pytest.importorskip("PIL.Image")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    where, _, _ = demo
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1000,4000"):
+        opts.add_argument(flag)
+    opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    opts.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        driver.get((where / "report.html").as_uri())
+        colors = ["#4c72b0", "#c44e52", "#8c8c8c", "#55a868"]       # histogram, normal/latency, round-robin, band
+        deadline = time.monotonic() + 60
+        while True:
+            driver.save_screenshot(str(tmp_path / "report.png"))
+            rgb = np.asarray(PIL.open(tmp_path / "report.png").convert("RGB")).reshape(-1, 3).astype(int)
+            drawn = [c for c in colors if (np.abs(rgb - [int(c[i:i + 2], 16) for i in (1, 3, 5)]).max(axis=1) <= 40)
+                     .sum() >= 50]
+            if len(drawn) == len(colors) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert drawn == colors, f"plots not drawn: missing {set(colors) - set(drawn)}"
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        inner = driver.execute_script("return window.innerWidth")
+        assert width <= inner, f"the report is {width} px wide in a {inner} px window"
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+        assert not errors, errors
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

@@ -280,7 +280,8 @@ class Result:
         return [
             f"  mean                 {_num(self.mean, d)} ± {_num(z * self.stderr, d)} "
             f"({pct} CI of the mean [{_num(lo, d)}, {_num(hi, d)}]; stderr {self.stderr:.2g})",
-            f"  sd                   {self.sd:.6g}   skewness {self.skewness:.3g}   excess kurtosis {self.kurtosis:.3g}",
+            f"  sd                   {self.sd:.6g}   skewness {self.skewness:.3g}   "
+            f"excess kurtosis {self.kurtosis:.3g}",
             f"  output {pct} sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] "
             f"({a:g}th-{100 - a:g}th percentiles of the outputs)",
             f"  output {pct} normal   [{iv.normal[0]:.6g}, {iv.normal[1]:.6g}] "
