@@ -255,19 +255,25 @@ class Result:
         """Where the verification re-runs happened, as recorded per check (never assumed)."""
         v = self.verification or {}
         checked = v.get("checked", [])
-        stored = sum(1 for c in checked if c.get("producer") in (None, "?"))
-        same = sum(1 for c in checked if c.get("same_worker") and c.get("producer") not in (None, "?"))
-        other = len(checked) - stored - same
+
+        def stored(c) -> bool:      # computed by an earlier run: its producer did no work in this one
+            p = c.get("producer")
+            return p in (None, "?") or bool(self.reused_shards and self.workers and p not in self.workers) or (
+                self.computed_shards == 0 and self.reused_shards > 0)
+
+        n_stored = sum(1 for c in checked if stored(c))
+        same = sum(1 for c in checked if c.get("same_worker") and not stored(c))
+        other = len(checked) - n_stored - same
         parts = []
         if other:
             parts.append(f"{other} on another worker than the one that computed them")
         if same:
-            alone = " (one worker ran this job)" if len(self.workers) <= 1 else ""
+            alone = ", the only worker that ran this job" if len(self.workers) <= 1 else ""
             parts.append(f"{same} on the same worker that computed them{alone}")
-        if stored:
-            parts.append(f"{stored} stored by an earlier run, recomputed on this cluster")
+        if n_stored:
+            parts.append(f"{n_stored} stored by an earlier run, recomputed on this cluster")
         verdict = "all match" if not v.get("mismatches") else f"{len(v['mismatches'])} mismatched"
-        return f"  verified             {len(checked)} shards re-run ({'; '.join(parts) or 'none'}): {verdict}"
+        return f"  verified             {len(checked)} shards re-run, {verdict}: {'; '.join(parts) or 'none'}"
 
     def _interval_lines(self, level: float = 0.95) -> list[str]:
         """The mean with its confidence interval, the sd, then the output's intervals, labelled."""

@@ -108,14 +108,15 @@ def test_a_real_run_prints_and_stores_both(tmp_path, loop):
 def test_a_resumed_run_says_its_shards_came_from_the_store_and_where_checks_ran():
     r = _result()
     r.wall_seconds, r.computed_shards, r.reused_shards, r.shards = 0.04, 0, 4, 4
-    r.verification = {"checked": [{"shard": s, "producer": "?", "verifier": "tcp://w1", "same_worker": False,
-                                   "match": True} for s in range(2)], "mismatches": []}
+    # a stored shard's producer is a worker of the earlier run (or unknown)
+    r.verification = {"checked": [{"shard": s, "producer": p, "verifier": "tcp://w1", "same_worker": False,
+                                   "match": True} for s, p in ((0, "?"), (1, "tcp://gone:1"))], "mismatches": []}
     text = str(r)
     assert "all 4 shards reused from the store (resumed), none computed" in _line(text, "wall")
     assert "M samples/s" not in text
     verified = _line(text, "verified")
     assert "2 stored by an earlier run, recomputed on this cluster" in verified
-    assert "another worker" not in verified and verified.endswith("all match")
+    assert "another worker" not in verified and "re-run, all match" in verified
 
 
 def test_checks_on_the_producing_worker_are_not_called_another_worker():
@@ -124,5 +125,5 @@ def test_checks_on_the_producing_worker_are_not_called_another_worker():
     r.verification = {"checked": [{"shard": s, "producer": "tcp://w1", "verifier": "tcp://w1", "same_worker": True,
                                    "match": True} for s in range(4)], "mismatches": []}
     verified = _line(str(r), "verified")
-    assert "4 on the same worker that computed them (one worker ran this job)" in verified
+    assert "4 on the same worker that computed them, the only worker that ran this job" in verified
     assert "another worker" not in verified
