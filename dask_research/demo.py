@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["run_demo", "DemoResult", "demo_job", "quick_job", "check_out_path", "check_store_path",
-           "STORE_NAME", "SEED"]
+__all__ = ["run_demo", "DemoResult", "demo_job", "quick_job", "replay_command", "check_out_path",
+           "check_store_path", "STORE_NAME", "SEED"]
 
 #: The folder, next to the report, that keeps the demo's Monte-Carlo run (unless ``store=``).
 STORE_NAME = "dask-research-demo-store"
