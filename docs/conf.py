@@ -8,6 +8,8 @@ import dask_research  # noqa: E402
 
 project = "dask-research"
 author = "dask-research developers"
+# Without it alabaster's footer reads "©." (the year: the project's first release).
+copyright = f"2026, {author}"
 release = dask_research.__version__
 version = release
 
@@ -34,6 +36,8 @@ intersphinx_timeout = 5
 templates_path = ["_templates"]
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
+# Wide enough for a 79-column code block and the result's printed lines without a scrollbar.
+html_theme_options = {"page_width": "1100px", "sidebar_width": "220px"}
 html_static_path = ["_static"]
 
 

@@ -25,3 +25,24 @@ def test_readme_run_command_is_the_demo_and_examples_exist():
     assert run_cmd.strip().endswith("dask-research demo")
     for path in re.findall(r"examples/[\w/.-]+\.py", readme):
         assert (ROOT / path).exists(), path
+
+
+def _apt_packages(text):
+    """Package names of every ``apt-get install`` in ``text`` (options and shell syntax dropped)."""
+    names = set()
+    for cmd in re.findall(r"apt-get install([^)&|;`\n]*)", text):
+        names.update(w for w in cmd.split() if not w.startswith("-") and re.fullmatch(r"[a-z0-9][a-z0-9.+-]+", w))
+    return names
+
+
+def test_readme_says_what_the_tests_need_before_the_test_command():
+    readme = (ROOT / "README.md").read_text()
+    test_cmd = _bash_blocks(readme)[1]
+    before = readme[:readme.index(test_cmd)]
+    said = before[before.rindex("##"):]                 # the section that holds the command
+    for pkg in ("chromium", "chromium-driver", "slurm-wlm", "munge"):
+        assert f"`{pkg}`" in said, f"the README does not say, before the test command, that tests need {pkg}"
+    assert "skipped" in said and ".ci/run" in said
+    # and it names everything CI installs for the suite
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert _apt_packages(ci) <= _apt_packages(said) | {w.strip("`") for w in said.split()}, _apt_packages(ci)

@@ -31,6 +31,17 @@ from .linearize import Linearized
 __all__ = ["Result", "Interval"]
 
 
+def _decimals(halfwidth: float) -> int | None:
+    """Decimals that show two significant digits of ``halfwidth`` (``None``: fall back to ``.6g``)."""
+    if not (math.isfinite(halfwidth) and halfwidth > 0):
+        return None
+    return int(min(15, max(0, 1 - math.floor(math.log10(halfwidth)))))
+
+
+def _num(x: float, decimals: int | None) -> str:
+    return f"{x:.6g}" if decimals is None or not math.isfinite(x) else f"{x:.{decimals}f}"
+
+
 def _z(level: float) -> float:
     if not (isinstance(level, (int, float)) and 0 < level < 1):
         raise InputError("level", level, "a probability strictly between 0 and 1", where="Result")
@@ -182,7 +193,14 @@ class Result:
 
     # -- presentation -----------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Scalars of the run, JSON-able."""
+        """Scalars of the run, JSON-able.
+
+        Two different 95 % intervals are reported, under names that say which is which:
+        ``mean_interval95`` is the confidence interval of the mean (``mean +- 1.96 stderr``;
+        quote this for the estimate), ``output_interval95_percentile`` and
+        ``output_interval95_normal`` hold 95 % of the outputs themselves (sampled percentiles,
+        and ``mean +- 1.96 sd``): about ``sqrt(n)`` times wider.
+        """
         out: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "shards": self.shards,
                                "samples_per_shard": self.samples_per_shard,
                                "wall_seconds": self.wall_seconds, "shards_per_task": self.shards_per_task,
@@ -191,9 +209,11 @@ class Result:
                                "speculated": self.speculated, "max_in_flight": self.max_in_flight}
         if isinstance(self.state, Moments):
             iv = self.interval(0.95)
-            out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr, skewness=self.skewness,
+            out.update(n=self.n, mean=self.mean, sd=self.sd, stderr=self.stderr,
+                       mean_interval95=list(self.mean_interval(0.95)), skewness=self.skewness,
                        kurtosis=self.kurtosis, min=self.min, max=self.max,
-                       interval95_normal=list(iv.normal), interval95_percentile=list(iv.percentile),
+                       output_interval95_percentile=list(iv.percentile),
+                       output_interval95_normal=list(iv.normal),
                        underflow=self.underflow, overflow=self.overflow,
                        samples_per_second=self.samples_per_second)
         if self.linearized is not None:
@@ -206,31 +226,73 @@ class Result:
     def __str__(self) -> str:
         if not isinstance(self.state, Moments):
             return f"Result {self.run_id[:12]}: {self.value!r}"
-        iv = self.interval(0.95)
         lines = [
             f"Monte-Carlo result {self.name} [{self.run_id[:12]}]",
-            f"  samples      {self.n:,} ({self.shards} shards x {self.samples_per_shard:,})",
-            f"  mean         {self.mean:.6g} +- {self.stderr:.3g} (stderr)",
-            f"  sd           {self.sd:.6g}   skewness {self.skewness:.3g}   excess kurtosis {self.kurtosis:.3g}",
-            f"  95% normal   [{iv.normal[0]:.6g}, {iv.normal[1]:.6g}]",
-            f"  95% sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}]",
+            f"  samples              {self.n:,} ({self.shards} shards x {self.samples_per_shard:,})",
+            *self._interval_lines(),
         ]
         if self.linearized is not None:
             lin = self.linearized
-            lines.append(f"  linearized   g(mu) {lin.value:.6g}   delta-method sd {lin.sd:.6g}"
+            lines.append(f"  linearized           g(mu) {lin.value:.6g}   delta-method sd {lin.sd:.6g}"
                          f"   (sampled mean {self.mean:.6g}, sd {self.sd:.6g})")
         if self.wall_seconds == self.wall_seconds:
-            lines.append(f"  wall         {self.wall_seconds:.2f} s, {self.samples_per_second / 1e6:.2f} M samples/s, "
-                         f"{self.shards_per_task} shards per task on {len(self.workers)} workers")
+            lines.append(self._wall_line())
         if self.verification:
-            v = self.verification
-            checked = v.get("checked", [])
-            same = sum(1 for c in checked if c.get("same_worker"))
-            where = "on another worker" if not same else (
-                "on the same worker (one worker in the pool)" if same == len(checked) else f"({same} on the same worker)")
-            lines.append(f"  verified     {len(checked)} shards re-run {where}: "
-                         f"{'all match' if not v.get('mismatches') else str(len(v['mismatches'])) + ' mismatched'}")
+            lines.append(self._verified_line())
         return "\n".join(lines)
+
+    def _wall_line(self) -> str:
+        head = f"  wall                 {self.wall_seconds:.2f} s"
+        if self.computed_shards == 0 and self.reused_shards:
+            return f"{head}: all {self.reused_shards} shards reused from the store (resumed), none computed"
+        text = (f"{head}, {self.samples_per_second / 1e6:.2f} M samples/s, {self.shards_per_task} shards per task "
+                f"on {len(self.workers)} worker{'s' if len(self.workers) != 1 else ''}")
+        if self.reused_shards:
+            text += f"; {self.reused_shards} shards reused from the store"
+        return text
+
+    def _verified_line(self) -> str:
+        """Where the verification re-runs happened, as recorded per check (never assumed)."""
+        v = self.verification or {}
+        checked = v.get("checked", [])
+
+        def stored(c) -> bool:      # computed by an earlier run: its producer did no work in this one
+            p = c.get("producer")
+            return p in (None, "?") or bool(self.reused_shards and self.workers and p not in self.workers) or (
+                self.computed_shards == 0 and self.reused_shards > 0)
+
+        n_stored = sum(1 for c in checked if stored(c))
+        same = sum(1 for c in checked if c.get("same_worker") and not stored(c))
+        other = len(checked) - n_stored - same
+        parts = []
+        if other:
+            parts.append(f"{other} on another worker than the one that computed them")
+        if same:
+            alone = ", the only worker that ran this job" if len(self.workers) <= 1 else ""
+            parts.append(f"{same} on the same worker that computed them{alone}")
+        if n_stored:
+            parts.append(f"{n_stored} stored by an earlier run, recomputed on this cluster")
+        verdict = "all match" if not v.get("mismatches") else f"{len(v['mismatches'])} mismatched"
+        return f"  verified             {len(checked)} shards re-run, {verdict}: {'; '.join(parts) or 'none'}"
+
+    def _interval_lines(self, level: float = 0.95) -> list[str]:
+        """The mean with its confidence interval, the sd, then the output's intervals, labelled."""
+        pct = f"{level * 100:g} %"
+        z = _z(level)
+        lo, hi = self.mean_interval(level)
+        d = _decimals(z * self.stderr)
+        iv = self.interval(level)
+        a = (1 - level) / 2 * 100
+        return [
+            f"  mean                 {_num(self.mean, d)} ± {_num(z * self.stderr, d)} "
+            f"({pct} CI of the mean [{_num(lo, d)}, {_num(hi, d)}]; stderr {self.stderr:.2g})",
+            f"  sd                   {self.sd:.6g}   skewness {self.skewness:.3g}   "
+            f"excess kurtosis {self.kurtosis:.3g}",
+            f"  output {pct} sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] "
+            f"({a:g}th-{100 - a:g}th percentiles of the outputs)",
+            f"  output {pct} normal   [{iv.normal[0]:.6g}, {iv.normal[1]:.6g}] "
+            f"(mean ± {z:.3g} sd: the outputs' spread, not the mean's uncertainty)",
+        ]
 
     def _repr_html_(self) -> str:
         if not isinstance(self.state, Moments):
@@ -242,11 +304,15 @@ class Result:
 
     def _html_rows(self):
         iv = self.interval(0.95)
+        lo, hi = self.mean_interval(0.95)
+        z = _z(0.95)
+        d = _decimals(z * self.stderr)
         yield "samples", f"{self.n:,}"
-        yield "mean", f"{self.mean:.6g} ± {self.stderr:.3g}"
+        yield "mean", f"{_num(self.mean, d)} ± {_num(z * self.stderr, d)} (stderr {self.stderr:.2g})"
+        yield "95 % CI of the mean", f"[{_num(lo, d)}, {_num(hi, d)}]"
         yield "sd", f"{self.sd:.6g}"
-        yield "95% normal", f"[{iv.normal[0]:.6g}, {iv.normal[1]:.6g}]"
-        yield "95% sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}]"
+        yield "output 95 % sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] (percentiles of the outputs)"
+        yield "output 95 % normal", f"[{iv.normal[0]:.6g}, {iv.normal[1]:.6g}] (mean ± {z:.3g} sd)"
         if self.linearized is not None:
             yield "linearized", f"g(μ) {self.linearized.value:.6g}, sd {self.linearized.sd:.6g}"
 
