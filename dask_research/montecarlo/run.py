@@ -128,7 +128,12 @@ def _origin(job: Job) -> dict:
             "file": path}
 
 
-def _holdings(store: RunStore, job: Job, p: Pilot, origin: dict | None) -> tuple[dict, dict[int, Any], dict[int, str]]:
+def _load_existing(store: RunStore, job: Job) -> tuple[dict, dict[int, Any], dict[int, str]]:
+    """:func:`_holdings` of a run that must have its manifest (nothing is written)."""
+    return _holdings(store, job, None, None)
+
+
+def _holdings(store: RunStore, job: Job, p: Pilot | None, origin: dict | None) -> tuple[dict, dict[int, Any], dict[int, str]]:
     """Ask the store once what it holds of ``job``: nothing, or these valid shards under this manifest.
 
     A run with a manifest is checked against the job. Shards without a manifest (a deleted
@@ -137,6 +142,7 @@ def _holdings(store: RunStore, job: Job, p: Pilot, origin: dict | None) -> tuple
     run's lease, so nobody else writes while this is read.
     """
     mpath = store.display(store.run_dir(job.id) + "/manifest.json")
+    store.refuse_links(job.id)
     if store.has_run(job.id):
         manifest = store.read_manifest(job.id)
         if manifest["engine"] != ENGINE:
@@ -150,6 +156,8 @@ def _holdings(store: RunStore, job: Job, p: Pilot, origin: dict | None) -> tuple
                                     and rng[0] < rng[1]):
             raise StoreError(mpath, f"has range {rng!r}; expected [lo, hi] with finite lo < hi")
         orphan = False
+    elif p is None:
+        manifest = store.read_manifest(job.id)      # raises: does not exist
     else:
         manifest = _manifest(job, p, origin)
         rng = manifest["range"]

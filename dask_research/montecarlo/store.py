@@ -399,6 +399,21 @@ class RunStore:
         self._write_json(dest + ".reason.json", {"reason": reason, "time": time.time()}, overwrite=True)
         return dest
 
+    def refuse_links(self, run_id: str) -> None:
+        """Refuse, before any computing, a symbolic link in a run's directory tree (local stores)."""
+        if not self._local:
+            return
+        top = self.run_dir(run_id)
+        self._refuse_links(top)
+        if not os.path.isdir(top):
+            return
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                if os.path.islink(p):
+                    raise StoreError(self.display(p), "is a symbolic link inside the store; writes never follow "
+                                     "links (replace it by a real directory or file, or point --store at the target)")
+
     # -- one writer per run -----------------------------------------------------------------
     def lease(self, run_id: str, *, timeout: float | None = None, wait: float | None = None,
               announce=None) -> "Lease":
