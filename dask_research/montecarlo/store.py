@@ -529,23 +529,42 @@ class Lease:
     def _try_create(self, doc: dict) -> bool:
         st, data = self.store, json.dumps(doc).encode()
         if st._local:
+            # Written whole under a temporary name, then hard-linked to lease.json: the link is
+            # atomic and fails if the lease exists, so a lease is never seen half-written.
             st._refuse_links(self.path)
+            tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
             try:
                 os.makedirs(posixpath.dirname(self.path), exist_ok=True)
                 st._refuse_links(self.path)
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            except FileExistsError:
-                return False
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    return False
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                        raise
+                    # No hard links here: exclusive create, the content follows (a torn lease is stale after the timeout).
+                    try:
+                        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                    except FileExistsError:
+                        return False
+                    try:
+                        os.write(fd, data)
+                    finally:
+                        os.close(fd)
+                return True
             except OSError as e:
                 raise StoreError(st.display(self.path), f"could not be created ({_oserror(e)})") from None
-            try:
-                os.write(fd, data)
-            except OSError as e:
-                os.close(fd)
-                os.unlink(self.path)
-                raise StoreError(st.display(self.path), f"could not be written ({_oserror(e)})") from None
-            os.close(fd)
-            return True
+            finally:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
         if st.fs.exists(self.path):
             return False
         st.fs.makedirs(posixpath.dirname(self.path), exist_ok=True)

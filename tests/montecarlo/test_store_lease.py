@@ -84,8 +84,9 @@ class Proc:
         raise AssertionError(f"no {text!r} in stderr: {''.join(self.err)[-3000:]}")
 
     def result(self, timeout=180):
-        out, _ = self.p.communicate(timeout=timeout)
-        self._t.join(5)
+        out = self.p.stdout.read()          # stderr is the reader thread's (communicate would steal it)
+        self.p.wait(timeout)
+        self._t.join(10)
         assert self.p.returncode == 0, "".join(self.err)[-3000:]
         line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
         return json.loads(line[len("RESULT "):])
@@ -94,6 +95,9 @@ class Proc:
         if self.p.poll() is None:
             os.kill(self.p.pid, signal.SIGKILL)
             self.p.wait(30)
+        self._t.join(10)
+        for stream in (self.p.stdout, self.p.stderr):
+            stream.close()
 
 
 def _wait_file(path, timeout=120):
@@ -160,7 +164,7 @@ def test_a_killed_holder_leaves_a_stale_lease_that_is_taken_over(leased):
     finally:
         for p in procs:
             p.kill()
-    assert any("taking over a stale lease" in line and str(first.p.pid) in line for line in second.err)
+    assert any("taking over a stale lease" in line and str(first.p.pid) in line for line in second.err), second.err
     assert b["computed"] == 16 and b["n"] == job.total_samples
     assert mc.show(job.id, str(store))["complete"] and not lease.exists()
 
