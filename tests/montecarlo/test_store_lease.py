@@ -192,3 +192,36 @@ def test_a_live_holder_is_named_and_lease_wait_bounds_the_wait(leased, one_worke
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_heartbeat_refreshes_the_lease_and_a_holder_that_lost_it_stops(tmp_path):
+    import dask
+
+    rs = mc.RunStore(str(tmp_path / "store"))
+    rid = "ab" * 32
+    with dask.config.set({"research.montecarlo.lease-timeout": 0.4}):
+        lease = rs.lease(rid).acquire()
+        try:
+            first = lease.holder()["heartbeat"]
+            time.sleep(0.6)
+            assert lease.holder()["heartbeat"] > first and lease.holder()["token"] == lease.token
+            # Someone presumed it dead and took it over: the old holder stops refreshing it.
+            path = pathlib.Path(lease.path)
+            path.write_text(json.dumps({**lease.holder(), "token": "thief", "heartbeat": 1.0}))
+            time.sleep(0.5)
+            assert json.loads(path.read_text())["token"] == "thief"
+        finally:
+            lease.release()
+        assert pathlib.Path(lease.path).exists()          # release never removes another holder's lease
+
+
+def test_a_lease_on_an_object_store_protocol(tmp_path):
+    rs = mc.RunStore("memory://lease-test-store")
+    rid = "cd" * 32
+    said = []
+    with rs.lease(rid, announce=said.append) as lease:
+        assert rs.fs.exists(lease.path) and lease.holder()["pid"] == os.getpid()
+        other = rs.lease(rid, wait=0.3, announce=said.append)
+        with pytest.raises(StoreError, match="held by another run"):
+            other.acquire()
+    assert not rs.fs.exists(lease.path) and len(said) == 1 and "is being written by another run" in said[0]
