@@ -30,9 +30,11 @@ from dask_research import montecarlo as mc
 
 
 def held(a, b):
-    # With MC_GATE set, shards wait (once the run holds its lease) until the test opens the gate.
-    gate, lease = os.environ.get("MC_GATE"), os.environ.get("MC_LEASE")
-    if gate and lease and os.path.exists(lease):
+    # With MC_GATE set, shards (not the pilot: the manifest is written after it) say so in
+    # MC_ENTERED and wait until the test opens the gate.
+    gate, manifest = os.environ.get("MC_GATE"), os.environ.get("MC_MANIFEST")
+    if gate and manifest and os.path.exists(manifest):
+        open(os.environ["MC_ENTERED"], "a").close()
         t0 = time.time()
         while not os.path.exists(gate) and time.time() - t0 < 120:
             time.sleep(0.02)
@@ -119,20 +121,25 @@ def leased(tmp_path):
     return tmp_path, job, store, lease
 
 
+def _gated(tmp, store, job, gate):
+    return {"MC_GATE": str(gate), "MC_MANIFEST": str(store / "runs" / job.id / "manifest.json"),
+            "MC_ENTERED": str(tmp / "entered")}
+
+
 @pytest.mark.timeout(300, method="thread")
 def test_a_second_client_waits_for_the_first_then_resumes_without_computing(leased):
     tmp, job, store, lease = leased
     gate = tmp / "gate"
     procs = []
     try:
-        first = Proc(tmp, store, 4, MC_GATE=str(gate), MC_LEASE=str(lease))
+        first = Proc(tmp, store, 4, **_gated(tmp, store, job, gate))
         procs.append(first)
-        _wait_file(lease)
-        holder = json.loads(lease.read_text())
-        assert holder["pid"] == first.p.pid and holder["host"] == socket.gethostname()
+        _wait_file(tmp / "entered")                        # the first run is computing shards
         second = Proc(tmp, store, 8)       # another task size, as another cluster's pilot may pick
         procs.append(second)
         said = second.wait_for("is being written by another run")
+        holder = json.loads(lease.read_text())
+        assert holder["pid"] == first.p.pid and holder["host"] == socket.gethostname()
         assert f"pid {first.p.pid}" in said and socket.gethostname() in said and job.id[:12] in said
         gate.write_text("open")
         a, b = first.result(), second.result()
@@ -153,9 +160,9 @@ def test_a_killed_holder_leaves_a_stale_lease_that_is_taken_over(leased):
     tmp, job, store, lease = leased
     procs = []
     try:
-        first = Proc(tmp, store, 4, MC_GATE=str(tmp / "never"), MC_LEASE=str(lease))
+        first = Proc(tmp, store, 4, **_gated(tmp, store, job, tmp / "never"))
         procs.append(first)
-        _wait_file(lease)
+        _wait_file(tmp / "entered")
         first.kill()                                             # SIGKILL: no release, no cleanup
         assert lease.exists()
         second = Proc(tmp, store, 4)
