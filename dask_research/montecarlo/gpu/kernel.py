@@ -113,9 +113,9 @@ def _kernel():
 
 def raw_rows_cupy(key, counter: int, rows: int, n: int):
     """CuPy ``(rows, n)`` uint64 array equal to :func:`.philox_ref.raw_rows` of the same args."""
+    kern = _kernel()                      # raises ResearchError (with the reason) without CuPy
     import cupy as cp
 
-    kern = _kernel()
     c = ref.counter_words(counter)
     blocks = -(-n // 4)
     out = cp.empty((rows, n), dtype=cp.uint64)
