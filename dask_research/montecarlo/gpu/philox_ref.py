@@ -90,16 +90,19 @@ def counter_words(counter: int) -> tuple[int, int, int, int]:
     return tuple((c >> (64 * i)) & 0xFFFFFFFFFFFFFFFF for i in range(4))  # type: ignore[return-value]
 
 
-def block_counters(counter: int, rows: int, blocks: int) -> np.ndarray:
+def block_counters(counter: int, rows: int, blocks: int, first_block: int = 0) -> np.ndarray:
     """Counters of ``blocks`` blocks for each of ``rows`` rows, shape ``(rows, blocks, 4)``.
 
     Row ``r`` is the stream of ``Philox(counter=counter + (r << 64))``: its block ``j`` uses
     counter ``counter + (r << 64) + 1 + j`` (numpy increments before each block), modulo
-    2**256 with carry across the words. Shard ``s`` of a job is row ``s`` of counter 0.
+    2**256 with carry across the words. Shard ``s`` of a job is row ``s`` of counter 0. The
+    blocks returned are ``j = first_block .. first_block + blocks - 1``.
     """
+    if not (0 <= first_block and first_block + blocks < 2**64 - 1):
+        raise InputError("first_block", first_block, "a block index with first_block + blocks < 2**64 - 1")
     c = counter_words(counter)
     r = np.arange(rows, dtype=_U64)[:, None]
-    j = np.arange(blocks, dtype=_U64)[None, :]
+    j = np.arange(first_block, first_block + blocks, dtype=_U64)[None, :]
     with np.errstate(over="ignore"):
         # word 1 gets the row (carry into words 2, 3); word 0 gets 1 + j (carry into 1, 2, 3)
         w1 = _U64(c[1]) + r
@@ -116,15 +119,16 @@ def block_counters(counter: int, rows: int, blocks: int) -> np.ndarray:
     return np.stack([np.broadcast_to(w, shape) for w in (w0, w1b, w2, w3)], axis=-1)
 
 
-def raw_rows(key, counter: int, rows: int, n: int) -> np.ndarray:
-    """The first ``n`` raw words of each of ``rows`` consecutive shard streams, ``(rows, n)``.
+def raw_rows(key, counter: int, rows: int, n: int, first_block: int = 0) -> np.ndarray:
+    """``n`` raw words of each of ``rows`` consecutive shard streams, ``(rows, n)``.
 
-    Row ``r`` equals ``numpy.random.Philox(key=key, counter=counter + (r << 64)).random_raw(n)``.
+    Row ``r`` equals ``numpy.random.Philox(key=key, counter=counter + (r << 64)).random_raw(n)``
+    after skipping ``first_block`` blocks (``4 * first_block`` words).
     """
     if rows < 0 or n < 0:
         raise InputError("rows, n", (rows, n), "non-negative sizes")
     blocks = -(-n // 4)
-    out = philox4x64(block_counters(counter, rows, blocks), key)
+    out = philox4x64(block_counters(counter, rows, blocks, first_block), key)
     return out.reshape(rows, blocks * 4)[:, :n]
 
 

@@ -40,7 +40,8 @@ import numpy as np
 from ..accumulators import Moments
 from ..mergers import compare_states
 
-__all__ = ["GPU_TOLERANCE", "GPU_RTOL", "HIST_SLACK", "compare", "states_match", "tolerance_of"]
+__all__ = ["GPU_TOLERANCE", "GPU_RTOL", "HIST_SLACK", "compare", "differences", "states_match",
+           "tolerance_of"]
 
 #: Relative tolerance of the device class.
 GPU_RTOL = 1e-12
@@ -58,16 +59,10 @@ def _close(x: float, y: float, scale: float, rtol: float) -> bool:
     return abs(x - y) <= rtol * scale
 
 
-def _compare_moments(a: Moments, b: Moments, rtol: float, path: str) -> str | None:
-    if a.n != b.n:
-        return f"{path}.n: {a.n} vs {b.n} (compared exactly)"
-    if (a.lo, a.hi, a.hist.size) != (b.lo, b.hi, b.hist.size):
-        return f"{path}: histogram edges [{a.lo}, {a.hi}) x {a.bins} vs [{b.lo}, {b.hi}) x {b.bins}"
-    if a.n == 0:
-        return None
+def _scales(a: Moments, b: Moments) -> list[tuple[str, float, float, float]]:
     sd = math.sqrt(max(a.m2, b.m2, 0.0) / a.n)
     mscale = max(abs(a.mean), abs(b.mean)) + sd
-    checks = [
+    return [
         ("mean", a.mean, b.mean, mscale),
         ("min", a.min, b.min, max(abs(a.min), abs(b.min)) + mscale),
         ("max", a.max, b.max, max(abs(a.max), abs(b.max)) + mscale),
@@ -75,7 +70,26 @@ def _compare_moments(a: Moments, b: Moments, rtol: float, path: str) -> str | No
         ("m4", a.m4, b.m4, max(abs(a.m4), abs(b.m4))),
         ("m3", a.m3, b.m3, math.sqrt(max(a.m2, b.m2, 0.0) * max(a.m4, b.m4, 0.0))),
     ]
-    for name, x, y, scale in checks:
+
+
+def differences(a: Moments, b: Moments) -> dict[str, float]:
+    """Each field's difference on its scale (what :func:`compare` holds to ``rtol``), and the
+    worst histogram prefix-sum drift (``"hist"``, in samples). For reporting figures."""
+    out = {name: (0.0 if x == y else abs(x - y) / scale if scale else math.inf)
+           for name, x, y, scale in (_scales(a, b) if a.n and a.n == b.n else [])}
+    if a.hist.size == b.hist.size:
+        out["hist"] = float(np.abs(np.cumsum(a.hist.astype(np.int64) - b.hist)).max())
+    return out
+
+
+def _compare_moments(a: Moments, b: Moments, rtol: float, path: str) -> str | None:
+    if a.n != b.n:
+        return f"{path}.n: {a.n} vs {b.n} (compared exactly)"
+    if (a.lo, a.hi, a.hist.size) != (b.lo, b.hi, b.hist.size):
+        return f"{path}: histogram edges [{a.lo}, {a.hi}) x {a.bins} vs [{b.lo}, {b.hi}) x {b.bins}"
+    if a.n == 0:
+        return None
+    for name, x, y, scale in _scales(a, b):
         if not _close(float(x), float(y), scale, rtol):
             rel = abs(x - y) / scale if scale else math.inf
             return (f"{path}.{name}: {x!r} vs {y!r} differ by {rel:.3g} of their scale "
