@@ -84,7 +84,7 @@ def evaluate_rows(job, first: int, rows: int, xp: Any = np):
                             f"needs a sample-wise pipeline with one scalar per sample")
     if y.dtype.kind not in "fiub":
         raise PipelineError(first, f"returned dtype {y.dtype}; expected real numbers")
-    y = y.astype(xp.float64).reshape(rows, n)
+    y = y.astype(xp.float64, copy=False).reshape(rows, n)
     finite = xp.isfinite(y)
     if not bool(finite.all()):
         bad = _to_host(~finite)
