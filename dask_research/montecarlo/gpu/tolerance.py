@@ -6,7 +6,7 @@ round differently (CUDA's libdevice is within 1-2 ulp, glibc within 1) and where
 added in another order (CuPy's tree reduction vs numpy's pairwise sum: relative error below
 ``log2(n) * eps`` of the sum of magnitudes). For a pipeline of condition number ``kappa`` that
 is about ``kappa * 4 ulp`` per sample, ``~1e-15 * kappa`` in the moments. The class is
-``rtol = 1e-12``: room for ``kappa`` up to about 1e3, and six orders of magnitude below what
+``rtol = 1e-12``: room for ``kappa`` up to about 1e3, and seven orders of magnitude below what
 one wrong sample in a 65,536-sample shard does to its mean (``~1e-5``) or a mis-drawn input
 does to anything.
 
