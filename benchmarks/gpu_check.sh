@@ -38,7 +38,8 @@ WHEELS="dask distributed partd locket tblib tornado zict toolz cloudpickle msgpa
 if [ "$MODE" = fetch ]; then
   # Same versions as here for dask/distributed; latest for the rest. cp312 manylinux x86-64.
   mkdir -p .whl
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude 2>/dev/null
+  excl="$(git rev-parse --git-path info/exclude 2>/dev/null)"      # works in worktrees too
+  [ -n "$excl" ] && { grep -qx '/.whl/' "$excl" 2>/dev/null || echo '/.whl/' >>"$excl"; }
   for p in $WHEELS; do
     v=$("$PY" -c "import importlib.metadata as m; print(m.version('$p'))" 2>/dev/null)
     spec="$p${v:+==$v}"

@@ -218,3 +218,14 @@ async def test_gpu_shards_run_on_gpu_workers_and_cpu_verification_accepts_within
     if select_xp(gpu_job(device="any")) is np:
         with pytest.raises(ResearchError, match="no usable CuPy"):
             await c.submit(compute_block_portable, job, red, 0, 1, pure=False, **submit_kwargs(job))
+
+
+def test_the_engine_dispatch_keeps_cpu_jobs_on_the_ordinary_path():
+    from dask_research.montecarlo.gpu import block_function, recompute_shard
+    from dask_research.montecarlo.shard import compute_block, compute_shard
+
+    cpu, dev = gpu_job(device="cpu"), gpu_job(device="any")
+    assert block_function(cpu) is compute_block and block_function(dev) is compute_block_portable
+    assert recompute_shard(cpu, 3) == compute_shard(cpu, 3)             # bit-identical, as today
+    assert recompute_shard(dev, 3) == compute_shard_portable(dev, 3)
+    assert recompute_shard(dev, 3) != compute_shard(cpu, 3)             # another algorithm

@@ -10,13 +10,14 @@
 
 Nothing here imports CuPy until a GPU is actually used.
 """
-from .compute import compute_block_portable, compute_shard_portable, row_moments
+from .compute import (block_function, compute_block_portable, compute_shard_portable, recompute_shard,
+                      row_moments)
 from .draws import ALGORITHM, check_portable, draw_rows, namespace
 from .placement import DEVICES, GPU_RESOURCE, is_portable, select_xp, submit_kwargs
 from .tolerance import GPU_RTOL, GPU_TOLERANCE, compare, states_match, tolerance_of
 
 __all__ = [
-    "ALGORITHM", "DEVICES", "GPU_RESOURCE", "GPU_RTOL", "GPU_TOLERANCE", "check_portable",
+    "ALGORITHM", "DEVICES", "block_function", "recompute_shard", "GPU_RESOURCE", "GPU_RTOL", "GPU_TOLERANCE", "check_portable",
     "compare", "compute_block_portable", "compute_shard_portable", "draw_rows", "is_portable",
     "namespace", "row_moments", "select_xp", "states_match", "submit_kwargs", "tolerance_of",
 ]

@@ -29,7 +29,7 @@ from . import draws
 from .placement import select_xp
 
 __all__ = ["row_moments", "evaluate_rows", "compute_rows", "compute_block_portable",
-           "compute_shard_portable"]
+           "compute_shard_portable", "block_function", "recompute_shard"]
 
 #: Most raw words one launch holds (2**27 words = 1 GiB); bigger blocks are drawn in chunks.
 MAX_WORDS = 1 << 27
@@ -156,3 +156,35 @@ def compute_shard_portable(job, shard: int, reducer: Reducer | None = None,
         range = pilot(job).range
     reducer = reducer or job.make_reducer(range)
     return compute_rows(job, reducer, shard, 1, xp)[0]
+
+
+# --- what the engine calls (one dispatch on the job's device) ----------------------------------
+def block_function(job):
+    """The task function for a block of ``job``'s shards: ``compute_block`` or the portable one.
+
+    Both take ``(job, reducer, start, stop, known=None, tamper=None)`` and return a
+    :class:`~dask_research.montecarlo.shard.BlockResult`.
+    """
+    from .placement import is_portable
+
+    if is_portable(job):
+        return compute_block_portable
+    from ..shard import compute_block
+
+    return compute_block
+
+
+def recompute_shard(job, shard: int, reducer: Reducer | None = None,
+                    range: tuple[float, float] | None = None) -> Any:
+    """Re-run one shard on this process's CPU, as verification, the referee and replay do.
+
+    The ordinary path for ``device="cpu"`` jobs (bit-identical), the portable algorithm with
+    ``xp=numpy`` for device jobs (to be compared within :func:`.tolerance.tolerance_of`).
+    """
+    from .placement import is_portable
+
+    if is_portable(job):
+        return compute_shard_portable(job, shard, reducer, range, xp=np)
+    from ..shard import compute_shard
+
+    return compute_shard(job, shard, reducer=reducer, range=range)
