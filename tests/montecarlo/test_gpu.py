@@ -229,3 +229,12 @@ def test_the_engine_dispatch_keeps_cpu_jobs_on_the_ordinary_path():
     assert recompute_shard(cpu, 3) == compute_shard(cpu, 3)             # bit-identical, as today
     assert recompute_shard(dev, 3) == compute_shard_portable(dev, 3)
     assert recompute_shard(dev, 3) != compute_shard(cpu, 3)             # another algorithm
+
+
+def test_a_job_rebuilt_from_its_description_keeps_its_address():
+    from dask_research.montecarlo.gpu.placement import device_of_description
+
+    for device in ("cpu", "gpu", "any"):
+        job = gpu_job(device=device)
+        again = job.replace(device=device_of_description(job.describe()))
+        assert again.id == job.id

@@ -22,7 +22,8 @@ import numpy as np
 
 from ...exceptions import InputError, ResearchError
 
-__all__ = ["DEVICES", "GPU_RESOURCE", "check_device", "is_portable", "submit_kwargs", "select_xp"]
+__all__ = ["DEVICES", "GPU_RESOURCE", "check_device", "is_portable", "submit_kwargs", "select_xp",
+           "device_of_description"]
 
 #: Accepted values of ``Job(device=...)``.
 DEVICES = ("cpu", "gpu", "any")
@@ -73,3 +74,12 @@ def select_xp(job, prefer: str | None = None) -> Any:
                             "start GPU workers with --resources GPU=1 only where "
                             "`python -c 'import cupy; cupy.cuda.runtime.getDeviceCount()'` works")
     return np
+
+
+def device_of_description(description: dict) -> str:
+    """The ``device=`` that rebuilds a job from its :meth:`Job.describe` (e.g. a manifest).
+
+    ``"any"`` when the address records the portable draws (``"gpu"`` and ``"any"`` have the
+    same address; a replay runs wherever it can), ``"cpu"`` otherwise.
+    """
+    return "any" if "draws" in description else "cpu"
