@@ -43,10 +43,10 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import machine, write_results  # noqa: E402
+from benchmarks.harness import write_results  # noqa: E402
 from dask_research import montecarlo as mc  # noqa: E402
 from dask_research.montecarlo import gpu  # noqa: E402
-from dask_research.montecarlo.gpu import kernel, philox_ref  # noqa: E402
+from dask_research.montecarlo.gpu import kernel  # noqa: E402
 from dask_research.montecarlo.gpu.tolerance import differences  # noqa: E402
 from dask_research.montecarlo.shard import compute_block  # noqa: E402
 from dask_research.montecarlo.tree import tree_fold  # noqa: E402
@@ -244,7 +244,8 @@ def part_replay(args, xp) -> dict[str, Any]:
     chunks = _chunks(8)
     for i in range(-(-n // 1024)):
         plane.ingest(chunks[i % len(chunks)])
-    sync_t = (lambda: torch.cuda.synchronize()) if (torch is not None and device == "cuda") else (lambda: None)
+    on_cuda = torch is not None and device == "cuda"
+    sync_t = torch.cuda.synchronize if on_cuda else (lambda: None)
     out: dict[str, Any] = {"device": gpu_name(xp), "stored": n, "batch": BATCH, "to": to,
                            "torch_device": device}
     out["device_tier_sample_s"] = _median(lambda: plane.sample(BATCH), 3, number)
@@ -308,7 +309,8 @@ def part_replay(args, xp) -> dict[str, Any]:
         print(f"replay: TorchRL {dev} sample {t_trl * 1e6:.0f} us: ours {t_trl / produce:.2f}x as "
               f"fast (goal 3x)", flush=True)
     except Exception as e:
-        out["torchrl"] = {"unavailable": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        out["torchrl"] = {"unavailable": f"{type(e).__name__}: {first}"}
         print(f"replay: TorchRL not measured ({out['torchrl']['unavailable']})", flush=True)
     return out
 
@@ -335,7 +337,8 @@ def main() -> int:
         figures["seconds"] = time.perf_counter() - t0
         figures["mode"] = "cpu dry run" if args.cpu else "gpu"
         tag = f"bench_gpu_{name}" + ("_cpu" if args.cpu else "")
-        path = write_results(tag, figures, notes="issue 19 GPU check" + (" (--cpu dry run)" if args.cpu else ""))
+        note = "issue 19 GPU check" + (" (--cpu dry run)" if args.cpu else "")
+        path = write_results(tag, figures, notes=note)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             shutil.copy(path, args.out)

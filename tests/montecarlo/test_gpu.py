@@ -179,7 +179,8 @@ def test_row_moments_is_from_samples_row_by_row():
 # --- end to end on a cluster with a "GPU" worker (numpy standing in for CuPy) ---------------
 @pytest.mark.timeout(120, method="thread")
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": {"GPU": 1}}), ("127.0.0.1", 1)])
-async def test_gpu_shards_run_on_gpu_workers_and_cpu_verification_accepts_within_the_class(c, s, gpu_w, cpu_w):
+async def test_gpu_shards_run_on_gpu_workers_and_cpu_verification_accepts_within_the_class(
+        c, s, gpu_w, cpu_w):
     job = gpu_job(shards=12)
     red = job.make_reducer()
     futs = [c.submit(compute_block_portable, job, red, a, a + 4, xp=np, pure=False,

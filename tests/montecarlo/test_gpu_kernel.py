@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pytest
 
-from dask_research.exceptions import ResearchError
 from dask_research.montecarlo.gpu import kernel, philox_ref as ref
 
 SHIM = r"""
@@ -207,7 +206,8 @@ def test_gpu_draws_match_the_numpy_portable_draws():
 
     key = np.array([2026, 7], dtype=np.uint64)
     inputs = {"a": mc.Normal(1.0, 0.1), "b": mc.LogNormal(0.2, 0.3), "c": mc.Uniform(-1.0, 3.0),
-              "t": mc.Triangular(0.0, 1.0, 3.0), ("x", "y"): mc.MultivariateNormal([0, 1], [[1, .5], [.5, 2]])}
+              "t": mc.Triangular(0.0, 1.0, 3.0),
+              ("x", "y"): mc.MultivariateNormal([0, 1], [[1, .5], [.5, 2]])}
     want = draws.draw_rows(inputs, key, 5, 3, 1001)
     got = draws.draw_rows(inputs, key, 5, 3, 1001, xp=cp)
     for name in want:

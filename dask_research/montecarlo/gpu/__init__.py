@@ -17,7 +17,8 @@ from .placement import DEVICES, GPU_RESOURCE, is_portable, select_xp, submit_kwa
 from .tolerance import GPU_RTOL, GPU_TOLERANCE, compare, states_match, tolerance_of
 
 __all__ = [
-    "ALGORITHM", "DEVICES", "block_function", "recompute_shard", "GPU_RESOURCE", "GPU_RTOL", "GPU_TOLERANCE", "check_portable",
-    "compare", "compute_block_portable", "compute_shard_portable", "draw_rows", "is_portable",
-    "namespace", "row_moments", "select_xp", "states_match", "submit_kwargs", "tolerance_of",
+    "ALGORITHM", "DEVICES", "GPU_RESOURCE", "GPU_RTOL", "GPU_TOLERANCE", "block_function",
+    "check_portable", "compare", "compute_block_portable", "compute_shard_portable", "draw_rows",
+    "is_portable", "namespace", "recompute_shard", "row_moments", "select_xp", "states_match",
+    "submit_kwargs", "tolerance_of",
 ]
