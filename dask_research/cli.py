@@ -122,15 +122,20 @@ def _one_line(e: BaseException) -> str:
 def _load_job(ref: str):
     from .montecarlo import Job
 
-    obj = load_object(ref)
+    try:
+        obj = load_object(ref)
+    except click.BadParameter as e:
+        if e.param is None and e.param_hint is None:
+            e.param_hint = "MODULE:JOB"
+        raise
     if callable(obj) and not isinstance(obj, Job):
         try:
             obj = obj()
         except Exception as e:
-            raise click.BadParameter(f"{ref}() failed: {_one_line(e)}") from None
+            raise click.BadParameter(f"{ref}() failed: {_one_line(e)}", param_hint="MODULE:JOB") from None
     if not isinstance(obj, Job):
         raise click.BadParameter(f"{ref} is a {type(obj).__name__}, not a dask_research.montecarlo.Job "
-                                 "(or a function returning one)")
+                                 "(or a function returning one)", param_hint="MODULE:JOB")
     return obj
 
 
@@ -155,6 +160,11 @@ def _check_address(address: str) -> str:
     if not host or port is None or not 0 < int(port) < 65536:
         raise click.BadParameter(f"{address!r} is not a scheduler address; {expected}", param_hint="--scheduler")
     return text
+
+
+def _scheduler_callback(ctx, param, value):
+    """Check ``--scheduler`` while the arguments are parsed, before any work starts."""
+    return None if value is None else _check_address(value)
 
 
 @contextlib.contextmanager
@@ -183,18 +193,43 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
     try:
         client = Client(address, timeout=seconds)
     except (OSError, TimeoutError) as e:
-        raise click.ClickException(f"cannot reach the scheduler at {address} within {seconds:g} s "
-                                   f"(research.cli.connect-timeout): {_one_line(e)}") from None
+        reason = (f"no answer within {seconds:g} s (research.cli.connect-timeout)"
+                  if "timed out" in str(e).lower() or isinstance(e, TimeoutError) else _one_line(e))
+        raise click.ClickException(f"cannot reach the scheduler at {address}: {reason}") from None
     with client:
         yield client
 
 
+class _UsageError(click.UsageError):
+    """A usage error shown on one line (exit code 2): the problem, then where help is."""
+
+    def show(self, file=None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"Error: {self.format_message()}{hint}", err=True, file=file)
+
+
+def _one_line_usage(e: click.UsageError) -> _UsageError:
+    if isinstance(e, _UsageError):
+        return e
+    return _UsageError(e.format_message(), e.ctx)
+
+
 class _Main(click.Group):
-    """A group whose commands fail with one line: a traceback only with ``--traceback``."""
+    """The command group. Every failure is one line on stderr: usage errors (what was typed:
+    arguments, options, the job file) exit with 2, failures while running (a scheduler that
+    does not answer, a store, the pipeline) with 1; a traceback only with ``--traceback``."""
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            raise _one_line_usage(e) from None
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            raise _one_line_usage(e) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
                 KeyboardInterrupt):
             raise
@@ -270,7 +305,7 @@ def _scheduler_options(f):
     from .hpc import JOBQUEUE_CLUSTERS
 
     opts = [
-        click.option("--scheduler", metavar="ADDRESS",
+        click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,
                      help="A running scheduler (tcp://HOST:PORT); default: an embedded LocalCluster."),
         click.option("--cluster", type=click.Choice(sorted(JOBQUEUE_CLUSTERS), case_sensitive=False),
                      help="Start a dask-jobqueue cluster of this kind (its settings: jobqueue.<name>.*)."),
@@ -504,7 +539,8 @@ def _check_out(out: str) -> str:
 @main.command("demo")
 @click.option("--out", default="dask-research-report.html", show_default=True, help="Where to write the HTML report.")
 @click.option("--quick", is_flag=True, help="A smaller run (about 15 s).")
-@click.option("--scheduler", metavar="ADDRESS", help="Run on this cluster instead of an embedded one.")
+@click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,
+              help="Run on this cluster instead of an embedded one.")
 def demo(out, quick, scheduler):
     """Run all three capabilities on an embedded cluster and write an HTML report."""
     from .demo import run_demo
