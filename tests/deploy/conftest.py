@@ -68,3 +68,11 @@ def dask_processes(tmp_path_factory):
         _stop(procs)
         for log in logs:
             log.close()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A single-node SLURM of this machine (skips, saying why, where it cannot run)."""
+    from dask_research.testing.slurm import slurm_fixture
+
+    yield from slurm_fixture(tmp_path_factory)
