@@ -15,6 +15,8 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,8 +78,61 @@ def jobqueue_client(name: str, jobs: int, **options: Any) -> Iterator:
         raise ResearchError(f"cannot configure a {cls.__name__}: {e} (set jobqueue.{name.lower()}.* "
                             "or pass --cores/--memory)") from None
     try:
-        cluster.scale(jobs=int(jobs))
+        _submit(cluster, name.lower(), int(jobs))
         with Client(cluster) as client:
             yield client
     finally:
         cluster.close()
+
+
+class _SubmitErrors(logging.Filter):
+    """Keeps (and hides) the errors of dask-jobqueue's job submissions, which Dask's event loop
+    would otherwise log as tracebacks from a background callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:     # (only while jobs are being submitted: the filter is removed after)
+            self.errors.append(exc)
+            return False
+        return True
+
+
+def _submit(cluster, name: str, jobs: int) -> None:
+    """``cluster.scale(jobs=jobs)`` and wait until the batch system accepted every job; a
+    refused submission (no batch system, a bad queue or account) raises ResearchError with
+    the submit command's own last line."""
+    keep = _SubmitErrors()
+    loggers = [logging.getLogger(n) for n in ("tornado.application", "asyncio", "distributed.deploy.spec")]
+    for lg in loggers:
+        lg.addFilter(keep)
+    try:
+        cluster.scale(jobs=jobs)
+        while not keep.errors:
+            submitted = [w for w in cluster.workers.values() if getattr(w, "job_id", None)]
+            if len(submitted) >= jobs:
+                return
+            time.sleep(0.05)
+        # Forget the jobs that were never submitted, so that closing the cluster can work
+        # (SpecCluster expects every worker object it holds to have started).
+        from distributed.core import Status
+
+        for wname, w in list(cluster.workers.items()):
+            if not getattr(w, "job_id", None):
+                w.status = Status.failed
+                cluster.workers.pop(wname, None)
+                cluster.worker_spec.pop(wname, None)
+        err = keep.errors[0]
+        text = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        if "Command:" in text[:-1]:     # dask-jobqueue's message: the command, its stdout and stderr
+            command = text[text.index("Command:") + 1].split()[0]
+            reason = f"{command} said {text[-1]!r}"
+        else:
+            reason = f"{type(err).__name__}: {text[0] if text else ''}"
+        raise ResearchError(f"could not submit the {name} jobs: {reason}")
+    finally:
+        for lg in loggers:
+            lg.removeFilter(keep)
