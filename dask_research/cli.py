@@ -24,16 +24,27 @@ import click
 from ._version import __version__
 
 
-def _user_modules_under(root: str, before: set[str]) -> list[str]:
-    """Modules imported since ``before`` whose file lies under ``root`` (a job file's siblings)."""
-    out = []
-    for name, mod in list(sys.modules.items()):
-        if name in before or mod is None:
-            continue
-        path = getattr(mod, "__file__", None)
-        if path and os.path.abspath(path).startswith(root + os.sep):
-            out.append(name)
-    return out
+def _sibling_modules(directory: str, before: set[str]) -> list[str]:
+    """Modules imported since ``before`` from next to a job file (found through ``directory``).
+
+    A module counts if its top-level package was new and lies directly in ``directory``
+    (``directory/name.py``, ``directory/name/``): libraries imported by the job file, a
+    virtual environment inside the project, or submodules of a package imported before
+    (``dask_research`` itself, when the job file sits at the root of a checkout) do not.
+    """
+    def top_is_here(top: str) -> bool:
+        mod = sys.modules.get(top)
+        if mod is None:
+            return False
+        places = [os.path.dirname(mod.__file__)] if getattr(mod, "__file__", None) else []
+        if hasattr(mod, "__path__"):            # a package: where its folder is
+            places = [os.path.dirname(os.path.abspath(p)) for p in mod.__path__]
+        return any(os.path.abspath(p) == directory for p in places)
+
+    new = [n for n in list(sys.modules) if n not in before]
+    tops = {n.partition(".")[0] for n in new}
+    local = {t for t in tops if t not in before and top_is_here(t)}
+    return [n for n in new if n.partition(".")[0] in local]
 
 
 def _exec_job_file(path: str):
@@ -58,6 +69,7 @@ def _exec_job_file(path: str):
     before = set(sys.modules)
     sys.modules[mod_name] = module          # dataclasses and friends look the module up while it runs
     sys.path.insert(0, directory)
+    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True   # as `python FILE`: no __pycache__
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
@@ -66,11 +78,12 @@ def _exec_job_file(path: str):
     except (Exception, SystemExit) as e:
         raise click.BadParameter(f"loading {path} failed: {_one_line(e)}") from None
     finally:
+        sys.dont_write_bytecode = write_bytecode
         try:
             sys.path.remove(directory)
         except ValueError:
             pass
-        for name in _user_modules_under(directory, before):
+        for name in _sibling_modules(directory, before):
             sys.modules.pop(name, None)
         sys.modules.pop(mod_name, None)
     return module

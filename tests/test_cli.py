@@ -173,3 +173,42 @@ def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path
     assert show.exit_code == 0, show.output
     assert f"verified {n} shards: 0 on another worker, {n} re-run on the producing worker" in show.output
     assert "on other workers" not in show.output
+
+
+def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, monkeypatch):
+    """The job file and the modules next to it leave sys.modules (so Dask pickles their code by
+    value); libraries it imports, from a virtual environment inside the project too, stay."""
+    import pickle
+
+    import cloudpickle
+
+    from dask_research.cli import load_object
+
+    project = tmp_path / "project"
+    (project / "venv_site" / "libpkg").mkdir(parents=True)
+    (project / "venv_site" / "libpkg" / "__init__.py").write_text("def lib_fn(x):\n    return x\n")
+    (project / "localpkg").mkdir()
+    (project / "localpkg" / "__init__.py").write_text("")
+    (project / "localpkg" / "tools.py").write_text("def twice(x):\n    return 2 * x\n")
+    (project / "job.py").write_text(textwrap.dedent("""
+        import libpkg
+        from localpkg.tools import twice
+        from dask_research import montecarlo as mc
+
+        def pipeline(a):
+            return libpkg.lib_fn(twice(a))
+
+        job = mc.Job(pipeline, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=8)
+    """))
+    monkeypatch.syspath_prepend(str(project / "venv_site"))     # like a project's .venv
+    before = set(sys.modules)
+    job = load_object(f"{project / 'job.py'}:job")
+    new = set(sys.modules) - before
+    assert "libpkg" in new                                          # a library: stays importable
+    assert not any(n.startswith(("localpkg", "_dask_research_user_")) for n in new)
+    assert not (project / "__pycache__").exists()                   # nothing written next to the job
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(job.pipeline)                                  # so Dask falls back to cloudpickle,
+    blob = cloudpickle.dumps(job.pipeline)                          # which sends the code itself
+    assert b"twice" in blob and job.pipeline(3.0) == 6.0
+    sys.modules.pop("libpkg", None)
