@@ -74,7 +74,7 @@ def test_montecarlo_on_slurmcluster_is_bit_identical_to_the_embedded_run(slurm):
 
 @pytest.mark.timeout(300, method="thread")
 def test_scancel_of_a_worker_job_mid_run_loses_nothing_and_changes_no_bit(slurm, tmp_path):
-    job = _job(shards=48, delay=0.05)
+    job = _job(shards=48, delay=0.2)     # about 5 s on two workers: the cancel lands mid-run
     store = tmp_path / "store"
     out = {}
     with slurm_client(slurm) as (cluster, client):
@@ -93,11 +93,13 @@ def test_scancel_of_a_worker_job_mid_run_loses_nothing_and_changes_no_bit(slurm,
             victim = _worker_jobs(slurm)[0]
             assert slurm.run("scancel", victim).returncode == 0
             wait_for(lambda: victim not in _worker_jobs(slurm), 60, f"job {victim} to end")
+            assert t.is_alive() and _stored(store, job) < 48        # the job ended mid-run
         finally:
             t.join(timeout=180)
         assert "error" not in out, out.get("error")
         assert len(workers_info(client)) == 1
     res = out["result"]
+    assert len(res.workers) == 2                                      # the cancelled job had done shards
     assert res.state == _embedded(job).state                          # bit-identical
     assert res.n == 48 * 1024 and int(res.state.hist.sum()) == res.n   # nothing lost, nothing twice
     assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(48))
@@ -192,6 +194,25 @@ def _doc_block(caption: str) -> str:
 
 def _command(caption: str) -> list[str]:
     return shlex.split(_doc_block(caption).replace("\\\n", " "), comments=True)
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_the_documented_python_session_runs_on_slurm(slurm, tmp_path, monkeypatch):
+    block = _doc_block("mc.run on a SLURMCluster")
+    assert f'queue="{slurm.partition}"' in block
+    monkeypatch.chdir(tmp_path)                      # the block's store="runs/"
+    job = _job()
+    namespace = {"job": job}
+    try:
+        exec(compile(block, "docs/deployment.rst", "exec"), namespace)
+    finally:
+        for name in ("client", "cluster"):
+            if name in namespace:
+                namespace[name].close()
+    result = namespace["result"]
+    assert (tmp_path / "runs" / "runs" / job.id / "result.json").exists()
+    assert result.state == _embedded(job).state
+    wait_for(lambda: not slurm.jobs(), 60, "the worker jobs to leave the queue")
 
 
 @pytest.mark.timeout(300, method="thread")
