@@ -8,6 +8,11 @@ Examples
     dask-research mc pilot examples/saturating_pipeline.py:job --target-stderr 1e-5
     dask-research mc run examples/saturating_pipeline.py:job
     dask-research mc run examples/saturating_pipeline.py:job --scheduler tcp://10.0.0.5:8786
+    dask-research mc run examples/saturating_pipeline.py:job --cluster slurm --jobs 4 --cores 1 --memory 2GB
+    dask-research worker tcp://10.0.0.5:8786 --nthreads 1      # in a batch script
+
+Failures are one line on stderr: exit code 2 for what was typed (usage), 1 for what failed
+while running; ``dask-research --traceback ...`` shows the full traceback.
 """
 from __future__ import annotations
 

@@ -108,7 +108,8 @@ def _bad_input_cases(tmp_path):
         "store cannot be created": (["mc", "run", job, "--store", str(a_file / "runs")] + small, 1, str(a_file)),
         "negative target stderr": (["mc", "pilot", job, "--target-stderr", "-1"], 2,
                                    "'-1' is invalid; expected a finite number above 0"),
-        "demo into a missing directory": (["demo", "--out", "/bad/dir/r.html"], 2, "directory '/bad/dir' does not exist"),
+        "demo into a missing directory": (["demo", "--out", "/bad/dir/r.html"], 2,
+                                          "directory '/bad/dir' does not exist"),
         "not a python file": (["mc", "run", "/etc/passwd:x"], 2, "'/etc/passwd' is not a Python file"),
         "mistyped store for show": (["mc", "show", "--store", str(tmp_path / "runz")], 1, "does not exist"),
     }
