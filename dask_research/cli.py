@@ -366,15 +366,11 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     batch jobs with --cluster slurm --jobs N (closed at the end).
     """
     from . import montecarlo
-    from .exceptions import ResearchError
 
     job = _apply_overrides(_load_job(job_ref), shards, seed)
-    try:
-        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
-            result = montecarlo.run(job, client=client, store=store, verify=verify,
-                                    shards_per_task=shards_per_task, progress=progress)
-    except ResearchError as e:
-        raise click.ClickException(_describe_failure(e)) from None
+    with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
+        result = montecarlo.run(job, client=client, store=store, verify=verify,
+                                shards_per_task=shards_per_task, progress=progress)
     click.echo(result.to_json() if as_json else str(result))
     if store and not as_json:
         click.echo(f"  stored       runs/{result.run_id} in {_redact(store)}")
@@ -387,25 +383,10 @@ def _redact(url: str) -> str:
 
 
 _store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
-_job_opt = click.option("--job", "job_ref", metavar="MODULE:JOB",
-                        help="The job, if the pipeline cannot be found from the manifest.")
+_job_opt = click.option("--job", "job_ref", metavar="FILE:JOB or MODULE:JOB",
+                        help="The job that ran: the pipeline always comes from you, never from the store.")
 _trust_opt = click.option("--trust-origin", is_flag=True,
-                          help="Load the pipeline file the manifest names even outside this directory.")
-
-
-def _research_errors(fn):
-    import functools
-
-    from .exceptions import ResearchError
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ResearchError as e:
-            raise click.ClickException(str(e)) from None
-
-    return wrapper
+                          help="Import the module or file the manifest names (only for stores you trust).")
 
 
 @mc.command("replay")
@@ -414,7 +395,6 @@ def _research_errors(fn):
 @_store_opt
 @_job_opt
 @_trust_opt
-@_research_errors
 def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
@@ -435,7 +415,6 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
 @_store_opt
 @_job_opt
 @_trust_opt
-@_research_errors
 def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
@@ -460,7 +439,6 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
 @click.argument("run_id", metavar="[RUN]", required=False)
 @_store_opt
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@_research_errors
 def mc_show(run_id, store, as_json):
     """List the runs in a store, or show one run (a prefix of its id is enough)."""
     import json
@@ -541,25 +519,25 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler, cluster, jobs, que
             click.echo(str(p.plan(target_stderr, client=client)))
 
 
-def _check_out(out: str) -> str:
-    """The report path ``out`` if it can be written; checked before the demo runs."""
-    if os.path.isdir(out):
-        raise click.BadParameter(f"{out!r} is a directory; expected a file name such as {out.rstrip('/')}/report.html",
-                                 param_hint="--out")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise click.BadParameter(f"cannot write {out!r}: directory {parent!r} does not exist", param_hint="--out")
-    if not os.access(parent, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
-        raise click.BadParameter(f"cannot write {out!r}: permission denied", param_hint="--out")
-    return out
+def _check_demo_paths(out: str, store: str | None) -> tuple[str, str | None]:
+    """The report path and run store, checked before the demo runs (one line if not usable)."""
+    from .demo import check_out_path, check_store_path
+    from .exceptions import InputError
+
+    try:
+        return check_out_path(out), (check_store_path(store) if store is not None else None)
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.name}") from None
 
 
 @main.command("demo")
 @click.option("--out", default="dask-research-report.html", show_default=True, help="Where to write the HTML report.")
 @click.option("--quick", is_flag=True, help="A smaller run (about 15 s).")
+@click.option("--store", metavar="PATH", default=None,
+              help="Where to keep the demo's run store (default: dask-research-demo-store/ next to the report).")
 @click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,
               help="Run on this cluster instead of an embedded one.")
-def demo(out, quick, scheduler):
+def demo(out, quick, store, scheduler):
     """Run all three capabilities on an embedded cluster and write an HTML report."""
     from .demo import run_demo
 
@@ -567,9 +545,9 @@ def demo(out, quick, scheduler):
         import bokeh  # noqa: F401
     except ImportError:
         raise click.ClickException("the demo's report needs bokeh: pip install 'dask-research[dashboard]'") from None
-    _check_out(out)
+    out, store = _check_demo_paths(out, store)
     with _client(scheduler) as client:
-        run_demo(out=out, quick=quick, client=client)
+        run_demo(out=out, quick=quick, client=client, store=store)
 
 
 def _add_worker_command() -> None:

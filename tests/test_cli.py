@@ -109,7 +109,9 @@ def _bad_input_cases(tmp_path):
         "negative target stderr": (["mc", "pilot", job, "--target-stderr", "-1"], 2,
                                    "'-1' is invalid; expected a finite number above 0"),
         "demo into a missing directory": (["demo", "--out", "/bad/dir/r.html"], 2,
-                                          "directory '/bad/dir' does not exist"),
+                                          "(/bad/dir does not exist)"),
+        "demo store is a file": (["demo", "--quick", "--store", str(a_file / "store")], 2,
+                                 f"a folder for the run store ({a_file} is a file)"),
         "not a python file": (["mc", "run", "/etc/passwd:x"], 2, "'/etc/passwd' is not a Python file"),
         "mistyped store for show": (["mc", "show", "--store", str(tmp_path / "runz")], 1, "does not exist"),
     }
@@ -117,7 +119,7 @@ def _bad_input_cases(tmp_path):
 
 CASES = ["syntax error in the job file", "unreachable scheduler", "malformed scheduler address",
          "unknown scheduler protocol", "store is a file", "store cannot be created", "negative target stderr",
-         "demo into a missing directory", "not a python file", "mistyped store for show"]
+         "demo into a missing directory", "demo store is a file", "not a python file", "mistyped store for show"]
 
 
 @pytest.mark.timeout(120, method="thread")
