@@ -13,19 +13,35 @@ Replaying these records in order rebuilds the exact state after the last decisio
 statistics, queues, pruned branches, paper flags, the trace, the policy's own statistics, and
 the experiments that were in flight (dispatched, no outcome). See :mod:`.resume`.
 
-Atomicity: a local journal is only ever appended to, one ``write`` of a whole line followed by
-a flush, so a crash can at worst leave a torn *last* line, which is ignored when reading and cut
-off before the next append; every earlier record is untouched. An fsspec URL that is not a local
-file (``memory://``, ``s3://``, ...) is rewritten whole at each record, to a temporary object
-that then replaces the journal (write-then-rename). ``close()`` fsyncs a local journal.
+Atomicity and integrity: a local journal is only ever appended to, one ``write`` of a whole
+line followed by a flush, so a crash can at worst leave a torn *last* line; every earlier record
+is untouched. Every line ends with ``"crc": "xxxxxxxx"``, the CRC-32 of the line's JSON without
+that key, so reading tells a whole record from a damaged one:
+
+- a last line without its newline whose checksum matches is a whole record (the crash came
+  between the record and its newline): it is read, and the next append first ends it with a
+  newline (it used to be cut off, and its experiment ran again);
+- a last line without its newline that is not such a record is a torn tail: ignored, and cut
+  off before the next append;
+- any other line that fails its checksum, or is not a record, is refused with
+  :class:`~dask_research.exceptions.CheckpointError` naming the file and the line number. An
+  edited reward never resumes into different statistics.
+
+An fsspec URL that is not a local file (``memory://``, ``s3://``, ...) is rewritten whole at
+each record, to a temporary object that then replaces the journal (write-then-rename).
+``close()`` fsyncs a local journal.
+
+Version-2 journals (before checksums) are read as legacy, with a
+:class:`JournalLegacyWarning`: their records cannot be checked, so a damaged one is caught only
+if it no longer fits the state before it; records appended to them carry checksums.
 
 The format is JSON only, never pickle: payloads must be JSON values (dicts, lists, strings,
 numbers, booleans, ``None``; tuples come back as lists). A file that is not UTF-8 JSON lines
 (a pickle, say) is refused with :class:`~dask_research.exceptions.CheckpointError` and nothing
 in it is executed.
 
-File format: a header ``{"format": "dask-research.experiments.journal", "version": 2,
-"settings": {...}}``, then records ``{"kind": "hyps", "hyps": [...]}``, ``{"kind": "event",
+File format: a header ``{"format": "dask-research.experiments.journal", "version": 3,
+"settings": {...}, "crc": ...}``, then records ``{"kind": "hyps", "hyps": [...]}``, ``{"kind": "event",
 "e": {...}}`` and ``{"kind": "output", "branch": ..., "output": ...}``.
 
 Examples
@@ -47,18 +63,64 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid
+import warnings
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..exceptions import CheckpointError, ExperimentError
 from .types import Hypothesis
 
-__all__ = ["Journal", "JournalState", "hypothesis_to_json", "hypothesis_from_json"]
+__all__ = ["Journal", "JournalState", "JournalLegacyWarning", "hypothesis_to_json", "hypothesis_from_json"]
 
 FORMAT = "dask-research.experiments.journal"
-VERSION = 2
+VERSION = 3            # every line carries a CRC-32 of its own bytes
+LEGACY_VERSION = 2     # no checksums: read as it stands, with a warning
 RECORD_KINDS = ("hyps", "event", "output")
+
+_CRC = re.compile(r', "crc": "([0-9a-f]{8})"\}$')
+
+
+class JournalLegacyWarning(UserWarning):
+    """A journal without per-record checksums (version 2) was read."""
+
+
+def _encode(rec: dict[str, Any]) -> str:
+    """One journal line: the record's JSON with ``"crc"`` (CRC-32 of that JSON) as its last key.
+
+    >>> _encode({"kind": "output", "branch": "a", "output": 1})
+    '{"kind": "output", "branch": "a", "output": 1, "crc": "6ce6d00c"}'
+    """
+    body = json.dumps(rec)
+    if not body.startswith("{") or body == "{}" or "crc" in rec:
+        raise ValueError(f"not a journal record: {body[:60]!r}")
+    crc = zlib.crc32(body.encode("utf-8"))
+    return f'{body[:-1]}, "crc": "{crc:08x}"}}'
+
+
+def _decode(line: str) -> tuple[dict[str, Any], bool]:
+    """``(record, checked)`` of one line; ``ValueError`` (saying what is wrong) when the line
+    is not a JSON object or its checksum does not match. ``checked`` is False for a line
+    without a checksum (legacy journals)."""
+    m = _CRC.search(line)
+    if m is not None:
+        body = line[:m.start()] + "}"
+        if zlib.crc32(body.encode("utf-8")) != int(m.group(1), 16):
+            raise ValueError("fails its checksum (the record was altered or damaged)")
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        raise ValueError("is not a JSON object") from None
+    if not isinstance(rec, dict):
+        raise ValueError("is not a JSON object")
+    if m is None:
+        if "crc" in rec:
+            raise ValueError("has a malformed checksum")
+        return rec, False
+    rec.pop("crc", None)
+    return rec, True
 
 
 def _strict(value: Any, what: str) -> str:
@@ -152,51 +214,81 @@ class Journal:
     def load(self) -> JournalState | None:
         """Read the journal; ``None`` if it does not exist or is empty.
 
-        Raises :class:`CheckpointError` (naming the file) for anything that is not a complete
-        journal of this format, except a torn last line, which is ignored.
+        Raises :class:`CheckpointError` (naming the file and the line) for anything that is
+        not a complete journal of this format: a record whose checksum does not match, a
+        line that is not a record. The one exception is a torn last line (no newline, and
+        not a whole record with a matching checksum), which is ignored.
         """
         data = self._read()
         if not data:
             return None
+        return self._parse(data)[0]
+
+    def _parse(self, data: bytes) -> tuple[JournalState | None, int]:
+        """``(state, good)``: the records, and how many leading bytes of ``data`` hold whole
+        records (what an append keeps: a torn tail after them is cut off)."""
         try:
             text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CheckpointError(
-                self.url, "is not a UTF-8 JSON-lines journal (binary content, e.g. a pickle); "
-                "checkpoints are JSON only and are never unpickled") from None
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data" or b"\n" in data[exc.start:]:
+                raise CheckpointError(
+                    self.url, "is not a UTF-8 JSON-lines journal (binary content, e.g. a "
+                    "pickle); checkpoints are JSON only and are never unpickled") from None
+            # a multi-byte character cut at the very end: a torn last line
+            text = data[:exc.start].decode("utf-8") + "\x00"
         lines = text.split("\n")
         complete_last = lines[-1] == ""          # every complete record ends with "\n"
         if complete_last:
             lines.pop()
         state = JournalState()
+        good = 0
+        legacy = False
         for n, line in enumerate(lines, start=1):
             last = n == len(lines)
+            torn_ok = last and not complete_last   # only an unterminated last line may be torn
             try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                if last and not complete_last:
+                rec, checked = _decode(line)
+            except ValueError as exc:
+                if torn_ok:
                     if n == 1:
-                        return None              # died while writing the header
+                        return None, 0           # died while writing the header
                     break                        # torn write at a crash: ignore
-                raise CheckpointError(self.url, f"line {n} is not a JSON object: "
-                                                f"{line[:60]!r}") from None
+                raise CheckpointError(self.url, f"line {n} {exc}: {line[:60]!r}") from None
             if n == 1:
                 if rec.get("format") != FORMAT:
                     raise CheckpointError(self.url, "not an experiments journal (the first "
                                                     f"line must carry format={FORMAT!r})")
-                if rec.get("version") != VERSION:
-                    raise CheckpointError(self.url, f"journal version {rec.get('version')!r} "
-                                                    f"is not supported (expected {VERSION})")
+                version = rec.get("version")
+                if version not in (LEGACY_VERSION, VERSION):
+                    raise CheckpointError(self.url, f"journal version {version!r} "
+                                                    f"is not supported (expected {VERSION}, "
+                                                    f"or {LEGACY_VERSION} read as legacy)")
+                legacy = version == LEGACY_VERSION
+                if legacy and not checked:
+                    warnings.warn(
+                        f"checkpoint {self.url}: a version-{LEGACY_VERSION} journal, written "
+                        "without per-record checksums, so damage to its records cannot be "
+                        "detected; it is read as it stands, and records appended from now on "
+                        "carry checksums", JournalLegacyWarning, stacklevel=4)
+                elif not checked:
+                    raise CheckpointError(self.url, "line 1 (the header) has no checksum; "
+                                                    f"every line of a version-{VERSION} "
+                                                    "journal carries one")
                 settings = rec.get("settings", {})
                 state.settings = settings if isinstance(settings, dict) else {}
-                continue
-            if rec.get("kind") not in RECORD_KINDS:
-                raise CheckpointError(self.url, f"line {n} is not a journal record: "
-                                                f"{line[:60]!r}")
-            state.records.append(rec)
-        return state
+            else:
+                if not checked and not legacy:
+                    if torn_ok:
+                        break
+                    raise CheckpointError(self.url, f"line {n} has no checksum; every record "
+                                                    f"of a version-{VERSION} journal carries "
+                                                    f"one: {line[:60]!r}")
+                if rec.get("kind") not in RECORD_KINDS:
+                    raise CheckpointError(self.url, f"line {n} is not a journal record: "
+                                                    f"{line[:60]!r}")
+                state.records.append(rec)
+            good += len(line.encode("utf-8")) + 1
+        return state, min(good, len(data))
 
     # -- writing ------------------------------------------------------------------------
     def open(self, settings: dict[str, Any] | None = None) -> None:
@@ -207,29 +299,38 @@ class Journal:
         if not self.local:
             data = self._read()
             self._lines = []
-            if data:
-                text = data.decode("utf-8")
-                keep = text[: text.rfind("\n") + 1]        # drop a torn tail
+            state, good = self._parse(data) if data else (None, 0)
+            if state is not None:
+                keep = data[:good].decode("utf-8")          # drop a torn tail
                 self._lines = [ln + "\n" for ln in keep.split("\n") if ln]
             else:
-                self._lines = [json.dumps(_clean(header)) + "\n"]
+                self._lines = [_encode(_clean(header)) + "\n"]
                 self._flush_remote()
             return
         folder = os.path.dirname(self.path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        fresh = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
-        if not fresh:
-            self._repair_torn_tail()
+        fresh = self._repair_torn_tail()
         self._fh = open(self.path, "a", encoding="utf-8")
         if fresh:
             self._write(header)
 
-    def _repair_torn_tail(self) -> None:
+    def _repair_torn_tail(self) -> bool:
+        """Cut a torn last line off, and end a whole last record that lacks only its newline
+        with one (so the next append cannot cut it off). True if no record survives."""
+        if not os.path.exists(self.path):
+            return True
         with open(self.path, "rb+") as f:
             data = f.read()
-            if data and not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
+            state, good = self._parse(data) if data else (None, 0)
+            if state is None:
+                f.truncate(0)
+                return True
+            if good < len(data):
+                f.truncate(good)
+            elif not data.endswith(b"\n"):
+                f.write(b"\n")
+            return False
 
     def _flush_remote(self) -> None:
         fs = self._remote()
@@ -241,7 +342,7 @@ class Journal:
         fs.mv(tmp, self.path)
 
     def _write(self, rec: dict[str, Any]) -> None:
-        line = json.dumps(_clean(rec)) + "\n"
+        line = _encode(_clean(rec)) + "\n"
         if self._lines is not None:
             self._lines.append(line)
             self._flush_remote()

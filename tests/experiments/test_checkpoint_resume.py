@@ -18,7 +18,7 @@ from dask_research.experiments import (
     deterministic_expander,
     make_deterministic_runner,
 )
-from dask_research.experiments.checkpoint import Journal
+from dask_research.experiments.checkpoint import Journal, JournalLegacyWarning, _encode
 
 import crash_scenario as cs
 from exp_scenarios import summary
@@ -109,13 +109,25 @@ def test_a_damaged_setting_in_the_header_is_a_checkpoint_error(tmp_path):
     _scheduler(CountingRunner(), path, max_experiments=3).run()
     lines = path.read_text().splitlines()
     assert '"completion"' in lines[0]
-    path.write_text("\n".join([lines[0].replace('"completion"', '"bompletion"')] + lines[1:]) + "\n")
+    edited = lines[0].replace('"completion"', '"bompletion"')
+    path.write_text("\n".join([edited] + lines[1:]) + "\n")
+    with pytest.raises(CheckpointError, match=r"loop.jsonl: line 1 fails its checksum"):
+        IterationScheduler.resume(path, CountingRunner(), progress=False)
+    # edited with the checksum recomputed: the setting itself is refused
+    path.write_text("\n".join([_resign(edited)] + lines[1:]) + "\n")
     with pytest.raises(CheckpointError, match=r"loop.jsonl.*apply_order='bompletion' is "
                                               r"invalid.*damaged or was edited"):
         IterationScheduler.resume(path, CountingRunner(), progress=False)
     # a bad value the caller passes is the caller's error, as without a checkpoint
     with pytest.raises(InputError, match=r"slots=0 is invalid"):
         IterationScheduler.resume(path, CountingRunner(), progress=False, slots=0)
+
+
+def _resign(line):
+    """A journal line with its checksum recomputed (what a deliberate editor would do)."""
+    rec = json.loads(line)
+    rec.pop("crc")
+    return _encode(rec)
 
 
 def test_in_flight_experiments_are_requeued_once(tmp_path):
@@ -217,6 +229,7 @@ def test_sigkill_mid_run_with_three_slots_runs_every_hypothesis_exactly_once(tmp
     assert len(before) >= 12
 
 
+@pytest.mark.filterwarnings("ignore::dask_research.experiments.checkpoint.JournalLegacyWarning")
 def test_corrupt_foreign_and_pickled_checkpoints_are_refused(tmp_path):
     runner = CountingRunner()
     foreign = tmp_path / "foreign.jsonl"
