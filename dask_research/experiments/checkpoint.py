@@ -190,6 +190,44 @@ class Journal:
         self._fh: Any = None
         self._lines: list[str] | None = None      # remote: the whole journal, rewritten
         self._fs: Any = None
+        self._lock: Any = None                    # a JournalLock once acquire() was called
+        self._seen: int | None = None             # bytes of the file as this driver knows it
+
+    # -- one driver per journal -----------------------------------------------------------
+    def acquire(self) -> None:
+        """Lock a local journal for this driver (see :mod:`.lock`); a no-op for remote URLs.
+
+        Raises :class:`CheckpointError` naming the driver that holds it.
+        """
+        if not self.local:
+            return
+        if self._lock is None:
+            from .lock import JournalLock
+
+            self._lock = JournalLock(os.path.abspath(self.path))
+        self._lock.acquire()
+
+    def release(self) -> None:
+        """Give the lock up (a later write takes it again, if the file did not change)."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def _guard(self) -> None:
+        """Before a write: the lock must still be ours; taken again after a release only if
+        nobody wrote to the journal in between."""
+        lock = self._lock
+        if lock is None:
+            return
+        again = not lock.held and lock.lost is None
+        lock.ensure()
+        if again and self._seen is not None:
+            size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+            if size != self._seen:
+                lock.release()
+                raise CheckpointError(
+                    self.url, f"changed since this scheduler read it ({self._seen} bytes then, "
+                    f"{size} now): another driver wrote to it; continue from it with "
+                    "IterationScheduler.resume(path, runner)")
 
     def __repr__(self) -> str:
         return f"Journal({self.url!r})"
@@ -220,6 +258,7 @@ class Journal:
         not a whole record with a matching checksum), which is ignored.
         """
         data = self._read()
+        self._seen = len(data or b"")
         if not data:
             return None
         return self._parse(data)[0]
@@ -295,6 +334,7 @@ class Journal:
         """Open for appending; a new journal gets its header (with ``settings``)."""
         if self._fh is not None or self._lines is not None:
             return
+        self._guard()
         header = {"format": FORMAT, "version": VERSION, "settings": settings or {}}
         if not self.local:
             data = self._read()
@@ -312,6 +352,7 @@ class Journal:
             os.makedirs(folder, exist_ok=True)
         fresh = self._repair_torn_tail()
         self._fh = open(self.path, "a", encoding="utf-8")
+        self._seen = self._fh.tell()
         if fresh:
             self._write(header)
 
@@ -347,8 +388,11 @@ class Journal:
             self._lines.append(line)
             self._flush_remote()
             return
+        if self._lock is not None:
+            self._lock.ensure()           # still ours (a paused driver stops here)
         self._fh.write(line)              # one write of the whole line
         self._fh.flush()                  # in the OS before the loop goes on
+        self._seen = self._fh.tell()
 
     def append(self, rec: dict[str, Any]) -> None:
         """Append one record (opening the journal if needed)."""
@@ -357,13 +401,17 @@ class Journal:
         self._write(rec)
 
     def close(self) -> None:
-        """Flush to disk (``fsync``) and close."""
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
-        self._lines = None
+        """Flush to disk (``fsync``), close, and release the lock."""
+        try:
+            if self._fh is not None:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._seen = self._fh.tell()
+                self._fh.close()
+                self._fh = None
+            self._lines = None
+        finally:
+            self.release()
 
 
 def _clean(x: Any) -> Any:

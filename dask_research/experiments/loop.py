@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -244,11 +245,18 @@ class IterationScheduler:
         self._trace: Trace | None = None
         self._t0 = 0.0
         if checkpoint is not None:                # a bad checkpoint raises before anything runs
-            self._journal = Journal(checkpoint)
-            state = self._journal.load()
-            if state is not None:
-                self._restored = restore(state, self.ledger, self._journal.url)
-                self._known = self._restored.ids
+            journal = Journal(checkpoint)
+            journal.acquire()                     # one driver per journal: refused at once
+            try:
+                state = journal.load()
+                if state is not None:
+                    self._restored = restore(state, self.ledger, journal.url)
+                    self._known = self._restored.ids
+            except BaseException:
+                journal.release()
+                raise
+            self._journal = journal
+            weakref.finalize(self, journal.release)
 
     # -- construction helpers -----------------------------------------------------------
     def _new_ledger(self) -> BranchLedger:
@@ -319,6 +327,18 @@ class IterationScheduler:
                 raise
             raise CheckpointError(where, f"holds a setting that cannot be used ({exc}); the "
                                          "file is damaged or was edited") from exc
+
+    def close(self) -> None:
+        """Release the checkpoint's lock (a run releases it when it ends; the next ``add`` or
+        ``run`` takes it again if no other driver wrote to the journal meanwhile)."""
+        if self._journal is not None:
+            self._journal.close()
+
+    def __enter__(self) -> IterationScheduler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         mode = "dask" if self.client is not None else "asyncio"
