@@ -17,6 +17,8 @@ Kinds (``Event.kind``):
 ``stop``       dispatching stopped (``data``: ``reason``); in-flight work drains after it
 ``finish``     with ``apply_order="dispatch"`` only: an experiment left its slot; its
                ``result``/``failure`` follows when every earlier dispatch is applied
+``cancel``     an experiment still in flight when ``max_seconds`` plus the cancel grace
+               passed was cancelled (``data``: ``reason``); it is not counted
 ============== ==================================================================
 
 Events restored from a checkpoint carry ``data["restored"] = True`` (and no ``scores``).
@@ -53,8 +55,9 @@ __all__ = ["Event", "Trace", "Interval", "EVENT_KINDS"]
 
 EVENT_KINDS = (
     "add", "select", "dispatch", "result", "failure", "prune", "drop",
-    "paper.trigger", "paper.done", "paper.failed", "expand", "stop", "finish",
+    "paper.trigger", "paper.done", "paper.failed", "expand", "stop", "finish", "cancel",
 )
+_ENDS = ("result", "failure", "finish", "cancel")     # kinds that free an experiment's slot
 
 
 def _jsonable(x: Any) -> Any:
@@ -188,7 +191,7 @@ class Trace(Sequence[Event]):
         for ev in self._events:
             if ev.kind == "dispatch":
                 open_[ev.hypothesis] = ev  # type: ignore[index]
-            elif ev.kind in ("result", "failure", "finish") and ev.hypothesis in open_:
+            elif ev.kind in _ENDS and ev.hypothesis in open_:
                 d = open_.pop(ev.hypothesis)  # type: ignore[arg-type]
                 out.append(Interval(d.slot, d.t, ev.t,  # type: ignore[arg-type]
                                     d.hypothesis, d.branch))
@@ -233,7 +236,7 @@ class Trace(Sequence[Event]):
             last = ev.t
             if ev.kind == "dispatch":
                 running.add(ev.hypothesis)
-            elif ev.kind in ("result", "failure", "finish"):
+            elif ev.kind in _ENDS:
                 running.discard(ev.hypothesis)     # restored results never had a slot here
             queued = ev.data.get("queued", queued)
         return num / den if den > 0 else math.nan
@@ -245,7 +248,7 @@ class Trace(Sequence[Event]):
         for ev in self._events:
             if ev.kind == "dispatch":
                 running.add(ev.hypothesis)      # a re-dispatch after a crash is not a second one
-            elif ev.kind in ("result", "failure", "finish"):
+            elif ev.kind in _ENDS:
                 running.discard(ev.hypothesis)
             else:
                 continue

@@ -38,11 +38,22 @@ from .pareto import pareto_front
 from .report import Report
 from .resume import Restored, restore
 from .scoring import Policy, make_policy
+from .timeouts import Deadlines, ExperimentTimeout
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = ["IterationScheduler"]
 
 _LOG_TOP_SCORES = 32   # select events in the Dask event log carry the best 32 scores
+
+
+def _trace_scores(value: Any) -> int | None:
+    """``research.experiments.trace-scores``: an int >= 1, or None / "all" for every score."""
+    value = config.get("experiments.trace-scores", value)
+    if value is None or value == "all":
+        return None
+    _number("trace_scores", value, 'an integer >= 1, or "all" (every branch\'s score)',
+            lambda v: v >= 1 and v == int(v))
+    return int(value)
 
 
 class IterationScheduler:
@@ -126,7 +137,20 @@ class IterationScheduler:
     checkpoint : str, path or fsspec URL, optional
         A journal (JSON lines) of the scheduler's state, appended after every decision; a
         scheduler created with an existing journal continues from it (see
-        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`).
+        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`). A local journal is
+        locked for this scheduler (:mod:`~dask_research.experiments.lock`): a second driver
+        on it is refused with :class:`CheckpointError` naming the holder.
+    timeout : float, optional
+        Seconds one experiment may run (``research.experiments.timeout``; ``None``: no
+        limit). A longer one is cancelled and recorded as a failed experiment
+        (:mod:`~dask_research.experiments.timeouts`).
+    cancel_grace : float, optional
+        With ``max_seconds``: experiments still in flight this many seconds after it passed
+        are cancelled, not counted, and listed in ``Report.cancelled``
+        (``research.experiments.cancel-grace``).
+    trace_scores : int or "all", optional
+        ``select`` events keep the scores of the best this many branches
+        (``research.experiments.trace-scores``); ``"all"`` keeps every branch's score.
 
     Examples
     --------
@@ -166,6 +190,9 @@ class IterationScheduler:
         objectives: Any = None,
         weights: Any = None,
         apply_order: str | None = None,
+        timeout: float | None = None,
+        cancel_grace: float | None = None,
+        trace_scores: int | str | None = None,
     ):
         if not callable(runner):
             raise ExperimentError(
@@ -210,6 +237,15 @@ class IterationScheduler:
                     lambda v: v >= 0 and v == int(v))
         if max_seconds is not None:
             _number("max_seconds", max_seconds, "a number > 0 or None", lambda v: v > 0)
+        timeout = config.get("experiments.timeout", timeout)
+        if timeout is not None:
+            _number("timeout", timeout, "a number of seconds > 0, or None for no limit",
+                    lambda v: math.isfinite(v) and v > 0)
+        self.timeout: float | None = None if timeout is None else float(timeout)
+        self.cancel_grace = float(_number(
+            "cancel_grace", config.get("experiments.cancel-grace", cancel_grace),
+            "a number of seconds >= 0", lambda v: math.isfinite(v) and v >= 0))
+        self.trace_scores = _trace_scores(trace_scores)
         self.max_experiments = max_experiments
         self.max_seconds = max_seconds
         self.expander = expander
@@ -244,6 +280,7 @@ class IterationScheduler:
         self._dropped: list[str] = []
         self._trace: Trace | None = None
         self._t0 = 0.0
+        self._carry: list[Hypothesis] = []        # cancelled at the last run's deadline
         if checkpoint is not None:                # a bad checkpoint raises before anything runs
             journal = Journal(checkpoint)
             journal.acquire()                     # one driver per journal: refused at once
@@ -284,6 +321,7 @@ class IterationScheduler:
             "gamma": self.gamma, "alpha": self.alpha, "seed": self.seed,
             "objectives": list(map(list, self.objectives.items())) if self.objectives else None,
             "weights": self.weights, "apply_order": self.apply_order,
+            "timeout": self.timeout, "cancel_grace": self.cancel_grace,
         }
 
     @classmethod
@@ -497,6 +535,12 @@ class IterationScheduler:
             self._dropped[:0] = restored.dropped
             retry.extend(restored.retry)
             spent = restored.spent
+        retry.extend(self._carry)                 # cancelled at the last deadline: again first
+        self._carry = []
+        deadlines = Deadlines(self.timeout)
+        cancelled: list[str] = []
+        timed_out: list[str] = []
+        hard = None if self.max_seconds is None else self.max_seconds + self.cancel_grace
         side: list[asyncio.Future] = []
         objectives = tuple(self.objectives) if self.objectives else None
         if self.client is None:
@@ -521,16 +565,16 @@ class IterationScheduler:
             while free and stop_reason is None:
                 if by_dispatch and seq["next"] - seq["applied"] >= self.slots:
                     return                    # decision k waits for result k - slots
-                if retry:                     # in flight at the crash: again, once
-                    start(retry.popleft(), requeued=True)
-                    continue
-                if not ledger.has_work():
+                if not retry and not ledger.has_work():
                     return
                 reason = self._budget_reason(spent + dispatched)
                 if reason is not None:
                     stop_reason = reason
                     self._emit("stop", reason=reason, in_flight=len(inflight))
                     return
+                if retry:                     # in flight at the crash: again, once
+                    start(retry.popleft(), requeued=True)
+                    continue
                 i, scores = ledger.select()  # type: ignore[misc]
                 h = ledger.pop(i)
                 extra = self._select_data(i, h)
@@ -556,6 +600,7 @@ class IterationScheduler:
                     "payload must pickle" if self.client is not None else ""),
                     id=h.id, branch=h.branch) from exc
             inflight[token] = (h, slot, seq["next"])
+            deadlines.start(token, self._now())
             seq["next"] += 1
             dispatched += 1
 
@@ -563,6 +608,7 @@ class IterationScheduler:
             """Book one finished experiment and refill its slot at once, before the books
             of any other finished experiment (so a slot waits for its own bookkeeping only)."""
             h, slot, k = inflight.pop(token)
+            deadlines.discard(token)
             heapq.heappush(free, slot)
             if not by_dispatch:
                 self._on_outcome(h, slot, outcome, results, failed, triggers, papers, side,
@@ -617,13 +663,39 @@ class IterationScheduler:
                 if not inflight:
                     break
                 # 2. sleep until any experiment finishes (or the wall-clock budget runs out)
-                timeout = None
+                now = self._now()
+                waits = [deadlines.next_in(now)]
+                if hard is not None:
+                    waits.append(max(0.0, hard - now))
                 if (self.max_seconds is not None and stop_reason is None
                         and ledger.has_work()):
-                    timeout = max(0.0, self.max_seconds - self._now())
+                    waits.append(max(0.0, self.max_seconds - now))
+                timeout = min((w for w in waits if w is not None), default=None)
                 for token, outcome in await backend.wait(timeout):
                     if token in inflight:       # not yet settled by the completion hook
                         settle(token, outcome)
+                if crashed:
+                    raise crashed[0]
+                # 3. experiments past their timeout fail; past the run's deadline, all stop
+                for token in deadlines.expired(self._now()):
+                    if token in inflight:
+                        h = inflight[token][0]
+                        await backend.cancel(token)
+                        timed_out.append(h.id)
+                        settle(token, Result.failure(h, ExperimentTimeout(
+                            f"{h.id!r} ran longer than timeout={self.timeout:g} s and was "
+                            "cancelled (research.experiments.timeout)"), self.timeout))
+                if hard is not None and inflight and self._now() >= hard:
+                    for token in list(inflight):
+                        h, slot, _ = inflight.pop(token)
+                        deadlines.discard(token)
+                        await backend.cancel(token)
+                        heapq.heappush(free, slot)
+                        cancelled.append(h.id)
+                        self._carry.append(h)
+                        self._emit("cancel", h.branch, h.id, slot, reason=(
+                            f"still running {self.cancel_grace:g} s after max_seconds="
+                            f"{self.max_seconds:g}"))
                 if crashed:
                     raise crashed[0]
                 if bar is not None:         # update() redraws at most every 0.1 s
@@ -633,8 +705,13 @@ class IterationScheduler:
             if stop_reason is None:
                 stop_reason = "queue_empty"
                 self._emit("stop", reason=stop_reason, in_flight=0)
-            if side:
-                await asyncio.gather(*side, return_exceptions=True)
+            if side:                        # paper writers, within the run's deadline
+                left = None if hard is None else max(0.0, hard - self._now())
+                _, late = await asyncio.wait(side, timeout=left)
+                for fut in late:
+                    fut.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
             if self.log_events and self.client is not None:
                 backend.ship(self._records(trace, shipped, run_id))
         finally:
@@ -664,6 +741,8 @@ class IterationScheduler:
             pareto_front=self._pareto_front(),
             policy=self.policy.name,
             apply_order=self.apply_order,
+            cancelled=cancelled,
+            timed_out=timed_out,
         )
 
     def _select_data(self, i: int, h: Hypothesis) -> dict[str, Any]:
@@ -790,6 +869,8 @@ class IterationScheduler:
                     self._journal_write({"kind": "output", "branch": branch,
                                          "output": _jsonable(papers[branch])})
                 self._emit("paper.done", branch=branch)
+            except asyncio.CancelledError:   # the run's deadline: written again on resume
+                papers[branch] = "<cancelled: still writing at the run's deadline>"
             except Exception as exc:  # noqa: BLE001 - a failed paper never stops the loop
                 papers[branch] = f"<{type(exc).__name__}: {exc}>"
                 self._emit("paper.failed", branch=branch, error=f"{type(exc).__name__}: {exc}")
