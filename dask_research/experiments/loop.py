@@ -35,6 +35,7 @@ from .limits import check_batch_memory
 from .options import number as _number
 from .options import parse_objectives, parse_threshold, parse_weights
 from .pareto import pareto_front
+from .progress import ProgressBar
 from .report import Report
 from .resume import Restored, restore
 from .scoring import Policy, make_policy
@@ -103,7 +104,9 @@ class IterationScheduler:
         Rewards lie in [0, 1] (``research.experiments.bounded-rewards``). Then ``prune_floor``
         and ``paper_threshold`` must lie in [0, 1] and rewards outside it are failures.
     progress : bool, optional
-        Show a ``tqdm.auto`` progress bar (``research.experiments.progress``).
+        Show a progress bar (``research.experiments.progress``): its total is
+        ``max_experiments`` when given, it ends at 100 % whatever stops the run, and in a
+        notebook without ipywidgets it is tqdm's text bar (:mod:`.progress`).
     policy : callable, optional
         ``policy(mean, n, c, total) -> scores`` over numpy arrays in branch order
         (default :func:`~.policies.ucb1_scores`); for baselines and experiments with policies.
@@ -549,7 +552,7 @@ class IterationScheduler:
         else:
             backend = DaskBackend(self.client, self.runner, self.bounded,
                                   self.topic if self.log_events else None, run_id, objectives)
-        bar = self._progress_bar()
+        bar = self._progress_bar(len(results) + len(failed))
         free = list(range(self.slots))
         inflight: dict[Any, tuple[Hypothesis, int, int]] = {}
         buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
@@ -699,9 +702,7 @@ class IterationScheduler:
                 if crashed:
                     raise crashed[0]
                 if bar is not None:         # update() redraws at most every 0.1 s
-                    done = len(results) + len(failed)
-                    bar.total = done + len(inflight) + ledger.total_queued
-                    bar.update(done - bar.n)
+                    bar.update(len(results) + len(failed), len(inflight), ledger.total_queued)
             if stop_reason is None:
                 stop_reason = "queue_empty"
                 self._emit("stop", reason=stop_reason, in_flight=0)
@@ -715,8 +716,8 @@ class IterationScheduler:
             if self.log_events and self.client is not None:
                 backend.ship(self._records(trace, shipped, run_id))
         finally:
-            if bar is not None:
-                bar.close()
+            if bar is not None:             # 100 % of what was done, whatever stopped it
+                bar.finish(len(results) + len(failed), stop_reason)
             await backend.close()
             if self._journal is not None:
                 self._journal.close()
@@ -788,13 +789,10 @@ class IterationScheduler:
             out.append(d)
         return out
 
-    def _progress_bar(self) -> Any:
+    def _progress_bar(self, done: int) -> ProgressBar | None:
         if not self.progress:
             return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.ledger.total_queued, desc="experiments", unit="exp",
-                    leave=False)
+        return ProgressBar(self.max_experiments, done, self.ledger.total_queued)
 
     def _on_outcome(self, h: Hypothesis, slot: int | None, outcome: Any,  # noqa: C901
                     results: list[Result],
