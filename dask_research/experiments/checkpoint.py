@@ -100,6 +100,18 @@ def _encode(rec: dict[str, Any]) -> str:
     return f'{body[:-1]}, "crc": "{crc:08x}"}}'
 
 
+def _lines(data: bytes) -> Any:
+    """``(line, ends with a newline)`` for each line of ``data``, without copying it whole."""
+    start, end = 0, len(data)
+    while start < end:
+        stop = data.find(b"\n", start)
+        if stop < 0:
+            yield data[start:], False
+            return
+        yield data[start:stop], True
+        start = stop + 1
+
+
 def _decode(line: str) -> tuple[dict[str, Any], bool]:
     """``(record, checked)`` of one line; ``ValueError`` (saying what is wrong) when the line
     is not a JSON object or its checksum does not match. ``checked`` is False for a line
@@ -249,8 +261,12 @@ class Journal:
         fs = self._remote()
         return fs.cat_file(self.path) if fs.exists(self.path) else None
 
-    def load(self) -> JournalState | None:
+    def load(self, lazy: bool = False) -> JournalState | None:
         """Read the journal; ``None`` if it does not exist or is empty.
+
+        With ``lazy=True`` only the header is read now, and ``records`` is an iterator that
+        parses (and checks) one line at a time as it is consumed, so a resume never holds
+        every record at once; the errors below are raised while iterating.
 
         Raises :class:`CheckpointError` (naming the file and the line) for anything that is
         not a complete journal of this format: a record whose checksum does not match, a
@@ -261,37 +277,44 @@ class Journal:
         self._seen = len(data or b"")
         if not data:
             return None
-        return self._parse(data)[0]
+        if not lazy:
+            return self._parse(data)[0]
+        scan = self._scan(data, {"good": 0})
+        settings = next(scan, None)
+        return None if settings is None else JournalState(settings, scan)  # type: ignore[arg-type]
 
     def _parse(self, data: bytes) -> tuple[JournalState | None, int]:
         """``(state, good)``: the records, and how many leading bytes of ``data`` hold whole
         records (what an append keeps: a torn tail after them is cut off)."""
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if exc.reason != "unexpected end of data" or b"\n" in data[exc.start:]:
-                raise CheckpointError(
-                    self.url, "is not a UTF-8 JSON-lines journal (binary content, e.g. a "
-                    "pickle); checkpoints are JSON only and are never unpickled") from None
-            # a multi-byte character cut at the very end: a torn last line
-            text = data[:exc.start].decode("utf-8") + "\x00"
-        lines = text.split("\n")
-        complete_last = lines[-1] == ""          # every complete record ends with "\n"
-        if complete_last:
-            lines.pop()
-        state = JournalState()
-        good = 0
+        box = {"good": 0}
+        scan = self._scan(data, box)
+        settings = next(scan, None)
+        if settings is None:
+            return None, 0
+        state = JournalState(settings)
+        state.records.extend(scan)
+        return state, box["good"]
+
+    def _scan(self, data: bytes, box: dict[str, int]) -> Any:
+        """Yield the header's settings, then each record; ``box["good"]`` counts the bytes of
+        whole lines read so far. Yields nothing if the header itself is torn."""
         legacy = False
-        for n, line in enumerate(lines, start=1):
-            last = n == len(lines)
-            torn_ok = last and not complete_last   # only an unterminated last line may be torn
+        for n, (raw, terminated) in enumerate(_lines(data), start=1):
+            torn_ok = not terminated            # only an unterminated last line may be torn
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if not (torn_ok and exc.reason == "unexpected end of data"):
+                    raise CheckpointError(
+                        self.url, "is not a UTF-8 JSON-lines journal (binary content, e.g. a "
+                        "pickle); checkpoints are JSON only and are never unpickled") from None
+                line = "\x00"                   # a character cut at the very end: torn
             try:
                 rec, checked = _decode(line)
             except ValueError as exc:
                 if torn_ok:
-                    if n == 1:
-                        return None, 0           # died while writing the header
-                    break                        # torn write at a crash: ignore
+                    return                       # torn write at a crash: ignore (a torn
+                                                 # header: nothing was ever journaled)
                 raise CheckpointError(self.url, f"line {n} {exc}: {line[:60]!r}") from None
             if n == 1:
                 if rec.get("format") != FORMAT:
@@ -314,20 +337,21 @@ class Journal:
                                                     f"every line of a version-{VERSION} "
                                                     "journal carries one")
                 settings = rec.get("settings", {})
-                state.settings = settings if isinstance(settings, dict) else {}
+                box["good"] += len(raw) + terminated
+                yield settings if isinstance(settings, dict) else {}
+                continue
             else:
                 if not checked and not legacy:
                     if torn_ok:
-                        break
+                        return
                     raise CheckpointError(self.url, f"line {n} has no checksum; every record "
                                                     f"of a version-{VERSION} journal carries "
                                                     f"one: {line[:60]!r}")
                 if rec.get("kind") not in RECORD_KINDS:
                     raise CheckpointError(self.url, f"line {n} is not a journal record: "
                                                     f"{line[:60]!r}")
-                state.records.append(rec)
-            good += len(line.encode("utf-8")) + 1
-        return state, min(good, len(data))
+                box["good"] += len(raw) + terminated
+                yield rec
 
     # -- writing ------------------------------------------------------------------------
     def open(self, settings: dict[str, Any] | None = None) -> None:

@@ -28,7 +28,7 @@ from ..exceptions import CheckpointError, ExperimentError, InputError
 from . import policies
 from .backends import DaskBackend, LocalBackend
 from .checkpoint import Journal, hypothesis_to_json
-from .events import Event, Trace, _jsonable
+from .events import Event, Trace, _jsonable, top_scores
 from .execute import is_async_callable
 from .ledger import BranchLedger, ScoreFn
 from .limits import check_batch_memory
@@ -288,7 +288,7 @@ class IterationScheduler:
             journal = Journal(checkpoint)
             journal.acquire()                     # one driver per journal: refused at once
             try:
-                state = journal.load()
+                state = journal.load(lazy=True)   # one record at a time into the ledger
                 if state is not None:
                     self._restored = restore(state, self.ledger, journal.url)
                     self._known = self._restored.ids
@@ -343,7 +343,7 @@ class IterationScheduler:
         >>> sched = IterationScheduler.resume("runs/loop.jsonl", runner)   # doctest: +SKIP
         >>> report = sched.run()                                          # doctest: +SKIP
         """
-        state = Journal(path).load()
+        state = Journal(path).load(lazy=True)         # the header's settings only
         where = os.fspath(path)
         if state is None:
             raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
@@ -490,12 +490,17 @@ class IterationScheduler:
 
     def _emit(self, kind: str, branch: str | None = None, hypothesis: str | None = None,
               slot: int | None = None, scores: Any = None, journal: dict | None = None,
-              **data: Any) -> None:
+              chosen: int = 0, **data: Any) -> None:
         trace = self._trace
         assert trace is not None
         data["queued"] = self.ledger.n_queued
         ev = Event(len(trace._events), time.perf_counter() - self._t0, kind, branch,
                    hypothesis, slot, data, scores)
+        if scores is not None:
+            ev.scored = len(scores)
+            k = self.trace_scores
+            if k is not None and k < len(scores):     # bounded: the best k, not every branch
+                ev.scores, ev.top = None, top_scores(scores, k, chosen)
         trace._events.append(ev)
         if self._journal is not None:
             rec: dict[str, Any] = {"seq": ev.seq, "t": ev.t, "kind": kind}
@@ -583,7 +588,7 @@ class IterationScheduler:
                 extra = self._select_data(i, h)
                 rng = self.policy.rng_state()
                 self._emit("select", h.branch, h.id, None, scores, score=float(scores[i]),
-                           journal=None if rng is None else {"rng": rng}, **extra)
+                           journal=None if rng is None else {"rng": rng}, chosen=i, **extra)
                 start(h)
 
         def start(h: Hypothesis, **data: Any) -> None:
@@ -774,14 +779,18 @@ class IterationScheduler:
         "run": run_id, ...}``); select records keep only the best 32 scores."""
         out = []
         for ev in trace[start:]:
-            scores = ev.scores
+            scores, top = ev.scores, ev.top
             if scores is not None and len(scores) > _LOG_TOP_SCORES:
-                ev.scores = None
+                top = top_scores(scores, _LOG_TOP_SCORES,
+                                 trace.branches.index(ev.branch) if ev.branch else 0)
+            if top is not None:
+                kept = ev.top
+                ev.scores = ev.top = None
                 d = ev.to_dict()
-                ev.scores = scores
-                top = np.argsort(-scores, kind="stable")[:_LOG_TOP_SCORES].tolist()
-                d["scores"] = {trace.branches[j]: _jsonable(float(scores[j])) for j in top}
-                d["scores_truncated"] = len(scores)
+                ev.scores, ev.top = scores, kept
+                d["scores"] = {trace.branches[j]: _jsonable(s)
+                               for j, s in top[:_LOG_TOP_SCORES].tolist()}
+                d["scores_truncated"] = ev.scored
             else:
                 d = ev.to_dict(trace.branches)
             d["event"] = d.pop("kind")

@@ -24,11 +24,21 @@ import crash_scenario as cs
 HERE = pathlib.Path(__file__).resolve().parent
 
 DRIVER = """
-import sys
+import asyncio, os, sys
 sys.path.insert(0, {tests!r})
 import crash_scenario as cs
 from dask_research.exceptions import CheckpointError
-runner = cs.LoggingRunner({log!r}, {delay!r})
+
+
+class Gated(cs.LoggingRunner):
+    # after 4 experiments, each waits until the test creates the gate file
+    async def __call__(self, h):
+        while len(self.calls) >= 4 and not os.path.exists({gate!r}):
+            await asyncio.sleep(0.01)
+        return await super().__call__(h)
+
+
+runner = Gated({log!r}, {delay!r})
 try:
     report = cs.scheduler(runner, {path!r}, slots=2, prune=False).run()
 except CheckpointError as exc:
@@ -38,11 +48,14 @@ print("DONE", report.total_runs, report.replayed, flush=True)
 """
 
 
-def _driver(tmp_path, name, path, delay, env=None):
+def _driver(tmp_path, name, path, delay, env=None, gate=None):
     script = tmp_path / f"{name}.py"
     log = tmp_path / f"{name}.log"
+    gate = str(gate or tmp_path / "open-gate")
+    if not gate.endswith("closed-gate"):
+        pathlib.Path(gate).touch()
     script.write_text(textwrap.dedent(DRIVER.format(tests=str(HERE), log=str(log),
-                                                    delay=delay, path=str(path))))
+                                                    delay=delay, path=str(path), gate=gate)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
@@ -80,10 +93,11 @@ def _each_once(path):
 @pytest.mark.timeout(120, method="thread")
 def test_a_second_driver_process_is_refused_at_once_naming_the_holder(tmp_path):
     path = tmp_path / "loop.jsonl"
-    first, first_log = _driver(tmp_path, "first", path, delay=0.05)
+    gate = tmp_path / "closed-gate"                    # the first waits after 4 experiments
+    first, first_log = _driver(tmp_path, "first", path, delay=0.01, gate=gate)
     second = None
     try:
-        _wait_results(path, 4, first)
+        _wait_results(path, 3, first)
         t0 = time.monotonic()
         second, second_log = _driver(tmp_path, "second", path, delay=0.0)
         out, err = second.communicate(timeout=60)
@@ -97,6 +111,7 @@ def test_a_second_driver_process_is_refused_at_once_naming_the_holder(tmp_path):
         with pytest.raises(CheckpointError, match=rf"in use by another driver: pid "
                                                   rf"{first.pid}"):
             IterationScheduler(lambda h: 0.5, checkpoint=path, progress=False)
+        gate.touch()
         out, err = first.communicate(timeout=90)
         assert first.returncode == 0 and out.startswith("DONE"), err
     finally:
