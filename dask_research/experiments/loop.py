@@ -45,6 +45,7 @@ from .types import BranchStats, Hypothesis, Result
 __all__ = ["IterationScheduler"]
 
 _LOG_TOP_SCORES = 32   # select events in the Dask event log carry the best 32 scores
+_CANCELLED = object()  # outcome of an experiment cancelled at the run's deadline: not counted
 
 
 def _trace_scores(value: Any) -> int | None:
@@ -619,16 +620,20 @@ class IterationScheduler:
             deadlines.discard(token)
             heapq.heappush(free, slot)
             if not by_dispatch:
-                self._on_outcome(h, slot, outcome, results, failed, triggers, papers, side,
-                                 backend)
+                if outcome is not _CANCELLED:
+                    self._on_outcome(h, slot, outcome, results, failed, triggers, papers,
+                                     side, backend)
                 fill()
                 return
-            self._emit("finish", h.branch, h.id, slot)
+            if outcome is not _CANCELLED:
+                self._emit("finish", h.branch, h.id, slot)
             buffered[k] = (h, slot, outcome)
             while seq["applied"] in buffered:   # apply in dispatch order, and make decision
                 hh, ss, oo = buffered.pop(seq["applied"])   # k right after result k - slots
                 seq["applied"] += 1
-                self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side, backend)
+                if oo is not _CANCELLED:        # a cancelled one is skipped, not waited for
+                    self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side,
+                                     backend)
                 fill()
 
         crashed: list[BaseException] = []
@@ -689,21 +694,24 @@ class IterationScheduler:
                     if token in inflight:
                         h = inflight[token][0]
                         await backend.cancel(token)
+                        if token not in inflight:       # it finished meanwhile after all
+                            continue
                         timed_out.append(h.id)
                         settle(token, Result.failure(h, ExperimentTimeout(
                             f"{h.id!r} ran longer than timeout={self.timeout:g} s and was "
                             "cancelled (research.experiments.timeout)"), self.timeout))
                 if hard is not None and inflight and self._now() >= hard:
                     for token in list(inflight):
-                        h, slot, _ = inflight.pop(token)
-                        deadlines.discard(token)
                         await backend.cancel(token)
-                        heapq.heappush(free, slot)
+                        if token not in inflight:       # it finished meanwhile after all
+                            continue
+                        h, slot, _ = inflight[token]
                         cancelled.append(h.id)
                         self._carry.append(h)
                         self._emit("cancel", h.branch, h.id, slot, reason=(
                             f"still running {self.cancel_grace:g} s after max_seconds="
                             f"{self.max_seconds:g}"))
+                        settle(token, _CANCELLED)
                 if crashed:
                     raise crashed[0]
                 if bar is not None:         # update() redraws at most every 0.1 s

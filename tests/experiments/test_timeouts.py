@@ -89,6 +89,19 @@ def test_max_seconds_bounds_the_run_and_cancels_in_flight_work(runner):
 
 
 @pytest.mark.timeout(60, method="thread")
+def test_with_dispatch_order_results_after_a_cancelled_one_are_still_counted():
+    sched = IterationScheduler(sync_runner, slots=2, max_seconds=1.0, cancel_grace=0.2,
+                               prune_floor=0.0, apply_order="dispatch", progress=False)
+    sched.add(_hyps(hang=("good-0",), n=4))
+    report = sched.run()
+    assert report.cancelled == ["good-0"]
+    finished = [e.hypothesis for e in report.events.of("finish")]
+    # every experiment that finished behind the stuck one is counted, in dispatch order
+    assert finished and sorted(r.hypothesis.id for r in report.results) == sorted(finished)
+    assert report.total_runs == len(finished) and not report.failed
+
+
+@pytest.mark.timeout(60, method="thread")
 def test_a_cancelled_experiment_resumes_from_the_checkpoint(tmp_path):
     path = tmp_path / "loop.jsonl"
     sched = IterationScheduler(sync_runner, slots=1, max_seconds=0.5, cancel_grace=0.1,
