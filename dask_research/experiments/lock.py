@@ -168,7 +168,12 @@ class JournalLock:
             self._put(f, self._mine())
             return None
 
-        outcome = self._locked(take)
+        try:
+            outcome = self._locked(take)
+        except OSError as exc:
+            raise CheckpointError(self.journal, f"cannot lock it: {self.path}: "
+                                                f"{exc.strerror or exc}; the journal's folder "
+                                                "must be writable") from None
         if outcome is not None and outcome[0] == "busy":
             raise CheckpointError(
                 self.journal, f"is in use by another driver: {describe(outcome[1])}; one "

@@ -221,3 +221,11 @@ def test_a_lock_taken_over_in_flight_stops_the_run(tmp_path):
     assert len(calls) == 2 and _each_once(path) == ["h0"]
     assert JournalLock(str(path)).stale_reason(json.loads(
         (tmp_path / "loop.jsonl.lock").read_text())) is None
+
+
+def test_a_journal_in_a_folder_that_cannot_hold_its_lock_is_a_checkpoint_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CheckpointError, match=r"file/loop.jsonl: cannot lock it: .*"
+                                              r"loop.jsonl.lock: .*must be writable"):
+        IterationScheduler(lambda h: 0.5, checkpoint=blocker / "loop.jsonl", progress=False)

@@ -173,3 +173,26 @@ def test_a_process_with_a_stuck_sync_runner_returns_and_exits(tmp_path):
             proc.wait(30)
     assert proc.returncode == 0, err
     assert "REPORT queue_empty ['a-1']" in out        # the queue emptied; a-1 never returned
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_worker_processes_a_hanging_runner_times_out_and_the_deadline_holds(client):
+    # `client`: distributed.utils_test's cluster of real worker processes
+    def runner(h):
+        if h.payload == "hang":
+            time.sleep(30)              # never returns within the run
+        return 0.8 if h.branch == "good" else 0.4
+
+    sched = IterationScheduler(runner, slots=2, timeout=1.0, prune_floor=0.0,
+                               client=client, progress=False)
+    sched.add(_hyps())
+    report = sched.run()
+    assert report.timed_out == ["good-1"] and report.total_runs == 5
+    assert report.failed[0].error.startswith("ExperimentTimeout: 'good-1' ran longer")
+
+    sched = IterationScheduler(runner, slots=2, max_seconds=1.0, cancel_grace=0.5,
+                               prune_floor=0.0, client=client, progress=False)
+    sched.add(_hyps(hang=("good-0", "fair-0")))
+    report = sched.run()
+    assert report.stop_reason == "max_seconds"
+    assert sorted(report.cancelled) == ["fair-0", "good-0"]
