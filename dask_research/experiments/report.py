@@ -156,8 +156,9 @@ class Report:
             d["pareto_front"] = self.front_table()
         if events:
             names = self.events.branches
-            d["events"] = [ev.to_dict(names) if scores or ev.scores is None else
-                           {k: v for k, v in ev.to_dict(names).items() if k != "scores"}
+            d["events"] = [ev.to_dict(names) if scores or (ev.scores is None and ev.top is None)
+                           else {k: v for k, v in ev.to_dict(names).items()
+                                 if k not in ("scores", "scores_truncated")}
                            for ev in self.events]
         return _jsonable(d)
 

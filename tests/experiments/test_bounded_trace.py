@@ -1,6 +1,7 @@
 """The trace stays bounded (issue 14): select events keep the best ``trace_scores`` branch
 scores, not every branch's, and a resume reads the journal one record at a time."""
 import gc
+import json
 import tracemalloc
 
 import numpy as np
@@ -48,6 +49,8 @@ def test_select_events_keep_the_best_scores_and_the_pick():
         assert values == sorted(values, reverse=True)
     d = selects[-1].to_dict(report.events.branches)
     assert len(d["scores"]) == 32 and d["scores_truncated"] == BRANCHES
+    slim = json.loads(report.to_json(scores=False))
+    assert not any("scores" in e or "scores_truncated" in e for e in slim["events"])
     # the same decisions as with every score kept
     full = _run(1200, trace_scores="all")
     assert full.events.picks() == report.events.picks()
