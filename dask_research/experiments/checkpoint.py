@@ -116,7 +116,7 @@ def _decode(line: str) -> tuple[dict[str, Any], bool]:
     """``(record, checked)`` of one line; ``ValueError`` (saying what is wrong) when the line
     is not a JSON object or its checksum does not match. ``checked`` is False for a line
     without a checksum (legacy journals)."""
-    m = _CRC.search(line)
+    m = _CRC.search(line, max(0, len(line) - 21))     # the last 21 characters, if anywhere
     if m is not None:
         body = line[:m.start()] + "}"
         if zlib.crc32(body.encode("utf-8")) != int(m.group(1), 16):
