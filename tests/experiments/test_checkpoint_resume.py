@@ -18,7 +18,8 @@ from dask_research.experiments import (
     deterministic_expander,
     make_deterministic_runner,
 )
-from dask_research.experiments.checkpoint import Journal, JournalLegacyWarning, _encode
+from dask_research.experiments.checkpoint import Journal, _encode
+from dask_research.experiments.lock import JournalLockWarning
 
 import crash_scenario as cs
 from exp_scenarios import summary
@@ -198,7 +199,10 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run_slots1(tmp_path
     done_before = open(log).read().split()
     assert 12 <= len(done_before) < 50                     # killed mid-run
     runner = cs.LoggingRunner(log, 0.0)
-    report = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False).run()
+    with pytest.warns(JournalLockWarning, match=r"took over the lock of pid \d+ .* is no "
+                                                r"longer running on this host"):
+        sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
+    report = sched.run()
     whole = cs.scheduler(cs.LoggingRunner(None, 0.0)).run()
     assert _stats(report) == _stats(whole)                 # the same statistics, bit for bit
     assert report.paper_triggers == whole.paper_triggers
@@ -211,7 +215,8 @@ def test_sigkill_mid_run_with_three_slots_runs_every_hypothesis_exactly_once(tmp
     before = open(log).read().split()
     state = Journal(path).load()
     runner = cs.LoggingRunner(log, 0.0)
-    sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
+    with pytest.warns(JournalLockWarning, match="is no longer running on this host"):
+        sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
     in_flight = {h.id for h in sched._restored.retry}
     report = sched.run()
     ids = [r.hypothesis.id for r in report.results]
