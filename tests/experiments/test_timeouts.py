@@ -49,14 +49,14 @@ def _hyps(hang=("good-1",), n=3):
 @pytest.mark.timeout(60, method="thread")
 @pytest.mark.parametrize("runner", [sync_runner, async_runner], ids=["sync", "async"])
 def test_an_experiment_past_its_timeout_is_a_failure(runner):
-    sched = IterationScheduler(runner, slots=2, timeout=0.5, prune_floor=0.0,
+    sched = IterationScheduler(runner, slots=2, timeout=2.0, prune_floor=0.0,
                                progress=False)
     sched.add(_hyps())
     report = sched.run()
     assert report.stop_reason == "queue_empty" and report.timed_out == ["good-1"]
     assert [r.hypothesis.id for r in report.failed] == ["good-1"]
     assert report.failed[0].error.startswith(
-        "ExperimentTimeout: 'good-1' ran longer than timeout=0.5 s and was cancelled")
+        "ExperimentTimeout: 'good-1' ran longer than timeout=2 s and was cancelled")
     assert report.branches["good"].failures == 1 and report.branches["good"].runs == 2
     assert report.total_runs == 5 and not report.cancelled
     fail = report.events.of("failure")[0]
@@ -81,7 +81,7 @@ def test_max_seconds_bounds_the_run_and_cancels_in_flight_work(runner):
     assert "cancelled at the deadline (2, not counted)" in str(report)
     # the next run dispatches the cancelled ones again first (here they hang again: a
     # larger budget and a timeout turn them into failures)
-    sched.max_seconds, sched.timeout = None, 0.3
+    sched.max_seconds, sched.timeout = None, 1.5
     again = sched.run()
     first = [e.hypothesis for e in again.events.of("dispatch") if not e.data.get("restored")]
     assert sorted(first[:2]) == ["fair-0", "good-0"]
@@ -124,7 +124,7 @@ def test_timeout_settings_are_checked():
 
 @gen_cluster(client=True, timeout=60)
 async def test_dask_futures_time_out_and_are_cancelled(c, s, a, b):
-    sched = IterationScheduler(sync_runner, slots=2, timeout=0.5, prune_floor=0.0,
+    sched = IterationScheduler(sync_runner, slots=2, timeout=2.0, prune_floor=0.0,
                                client=c, progress=False)
     sched.add(_hyps())
     report = await sched.run_async()
@@ -183,7 +183,7 @@ def test_worker_processes_a_hanging_runner_times_out_and_the_deadline_holds(clie
             time.sleep(30)              # never returns within the run
         return 0.8 if h.branch == "good" else 0.4
 
-    sched = IterationScheduler(runner, slots=2, timeout=1.0, prune_floor=0.0,
+    sched = IterationScheduler(runner, slots=2, timeout=3.0, prune_floor=0.0,
                                client=client, progress=False)
     sched.add(_hyps())
     report = sched.run()
