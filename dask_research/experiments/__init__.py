@@ -7,8 +7,9 @@ trigger a paper stage once, and an expander can queue follow-ups. Every decision
 
 Other policies (``policy=``): UCB1-Tuned, KL-UCB, Thompson sampling, discounted UCB for
 drifting rewards, Pareto UCB1 for vector rewards (``objectives=``) and LinUCB over hypothesis
-features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`), and
-``apply_order="dispatch"`` makes it reproducible under parallelism.
+features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`; one driver
+per journal, every record checksummed), ``timeout=`` and ``max_seconds`` keep a hanging runner
+from holding the run, and ``apply_order="dispatch"`` makes it reproducible under parallelism.
 
 Examples
 --------
@@ -27,7 +28,9 @@ from .discounted import discounted_ucb_scores
 from .events import EVENT_KINDS, Event, Interval, Trace
 from .klucb import kl_ucb_scores
 from .ledger import BranchLedger
+from .checkpoint import JournalLegacyWarning
 from .linucb import LinUCBModel
+from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
 from .pareto import pareto_front, pareto_ucb1_indices
 from .policies import select, ucb1_score, ucb1_scores
@@ -35,6 +38,7 @@ from .report import Report
 from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
 from .scoring import POLICY_NAMES, Policy, make_policy
 from .thompson import thompson_scores
+from .timeouts import ExperimentTimeout
 from .tuned import ucb1_tuned_scores
 from .types import BranchStats, Hypothesis, Result
 
@@ -65,4 +69,8 @@ __all__ = [
     "pareto_ucb1_indices",
     "pareto_front",
     "LinUCBModel",
+    "JournalLock",
+    "JournalLockWarning",
+    "JournalLegacyWarning",
+    "ExperimentTimeout",
 ]
