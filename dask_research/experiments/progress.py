@@ -13,33 +13,11 @@ every later redraw: the bars that froze at 12 % and 61 %), and there is no monit
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from typing import Any
 
+from ..progress import bar_class, make_bar
+
 __all__ = ["bar_class", "ProgressBar"]
-
-
-def _in_kernel() -> bool:
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-        return shell is not None and "IPKernelApp" in shell.config
-    except Exception:  # noqa: BLE001 - an odd IPython: treat as a terminal
-        return False
-
-
-def bar_class() -> type:
-    """``tqdm.notebook.tqdm`` in a Jupyter kernel with ipywidgets, else ``tqdm.std.tqdm``."""
-    if _in_kernel() and importlib.util.find_spec("ipywidgets") is not None:
-        from tqdm.notebook import tqdm as notebook_tqdm
-
-        return notebook_tqdm
-    from tqdm.std import tqdm as text_tqdm
-
-    return text_tqdm
 
 
 class ProgressBar:
@@ -56,15 +34,10 @@ class ProgressBar:
     """
 
     def __init__(self, budget: int | None, done: int, queued: int, **kw: Any):
-        cls = bar_class()
         self.budget = budget
         total = budget if budget is not None else done + queued
-        self.bar = cls(total=max(total, done), initial=done, desc="experiments", unit="exp",
-                       miniters=1, mininterval=0.1, leave=True, **kw)
-        try:
-            self.bar.monitor_interval = 0
-        except Exception:  # noqa: BLE001 - not every tqdm has it
-            pass
+        self.bar = make_bar(total=max(total, done), initial=done, desc="experiments", unit="exp",
+                            leave=True, **kw)
 
     def update(self, done: int, in_flight: int, queued: int) -> None:
         """Show ``done`` outcomes (redrawn at most every 0.1 s)."""

@@ -51,13 +51,10 @@ def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: i
 
 
 def _progress_bar(total: int, enabled: bool, desc: str):
-    """A tqdm.auto bar (a widget in Jupyter) without tqdm's monitor thread."""
-    from tqdm.auto import tqdm
+    """A bar that updates in a terminal and in a notebook (:mod:`dask_research.progress`)."""
+    from ..progress import make_bar
 
-    class Bar(tqdm):
-        monitor_interval = 0
-
-    return Bar(total=total, unit="shard", desc=desc, disable=not enabled, leave=False)
+    return make_bar(total=total, unit="shard", desc=desc, disable=not enabled, leave=False)
 
 
 def open_store(store: Any, must_exist: bool = False) -> RunStore | None:
