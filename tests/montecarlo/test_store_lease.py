@@ -189,12 +189,14 @@ def test_a_live_holder_is_named_and_lease_wait_bounds_the_wait(leased, one_worke
             with pytest.raises(StoreError, match=rf"held by another run: alice on host .*, pid {sleeper.pid} "
                                                  r".*gave up after waiting 0.5 s"):
                 mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
-        # The same lease, its heartbeat older than lease-timeout: stale, taken over.
+        # The same lease on another host, unchanged for lease-timeout seconds of our own clock
+        # (its heartbeat's timestamp is never trusted): stale, taken over.
         doc = json.loads(lease.read_text())
         doc["heartbeat"] = time.time() - 3600
         doc["host"] = "another-host"
         lease.write_text(json.dumps(doc))
-        res = mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
+        with dask.config.set({"research.montecarlo.lease-timeout": 1.0}):
+            res = mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
         assert res.computed_shards == 16 and not lease.exists()
     finally:
         sleeper.kill()
