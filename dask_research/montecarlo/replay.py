@@ -365,7 +365,9 @@ def _checked_result(result: dict, stored: dict, shards: int, where: str) -> dict
                  "min": m.min, "max": m.max}
         bad = []
         for k, v in fresh.items():
-            old = result.get(k)
+            if k not in result:
+                continue      # not claimed by the file (an older or partial summary): nothing to compare
+            old = result[k]
             if old is None and not math.isfinite(v):
                 continue
             if not isinstance(old, (int, float)) or isinstance(old, bool) or not math.isclose(

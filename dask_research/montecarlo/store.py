@@ -686,7 +686,7 @@ class Lease:
         try:
             ago = time.time() - float(h.get("heartbeat"))
             # Another host's clock, or a forged value: a future or non-finite heartbeat is not a time.
-            age = f", heartbeat {ago:.0f} s ago by its clock" if 0 <= ago < float("inf") else ", heartbeat unknown"
+            age = f", heartbeat {ago:.0f} s ago by its clock" if 0 <= ago < 1e9 else ", heartbeat unknown"
         except (TypeError, ValueError, OverflowError):
             age = ", heartbeat unknown"
         return f"{h.get('owner', '?')} on host {h.get('host', '?')}, pid {h.get('pid', '?')} (since {when}{age})"
