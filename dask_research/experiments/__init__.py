@@ -8,7 +8,10 @@ trigger a paper stage once, and an expander can queue follow-ups. Every decision
 Other policies (``policy=``): UCB1-Tuned, KL-UCB, Thompson sampling, discounted UCB for
 drifting rewards, Pareto UCB1 for vector rewards (``objectives=``) and LinUCB over hypothesis
 features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`), and
-``apply_order="dispatch"`` makes it reproducible under parallelism.
+``apply_order="dispatch"`` makes it reproducible under parallelism. For searches,
+``objective="max"`` looks for the branch of the best single result, ``ask``/``tell`` let your
+own loop run the experiments, and ``Branch(name, propose=...)`` (e.g. an
+:class:`OptunaSource`) proposes hypotheses lazily.
 
 Examples
 --------
@@ -29,11 +32,15 @@ from .klucb import kl_ucb_scores
 from .ledger import BranchLedger
 from .linucb import LinUCBModel
 from .loop import IterationScheduler
+from .maxbandit import (MAX_POLICY_NAMES, QuantileUCBPolicy, ThresholdAscentPolicy,
+                        quantile_ucb_index, threshold_ascent_index)
+from .objectives import OBJECTIVES
 from .pareto import pareto_front, pareto_ucb1_indices
 from .policies import select, ucb1_score, ucb1_scores
 from .report import Report
 from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
 from .scoring import POLICY_NAMES, Policy, make_policy
+from .sources import Branch, HypothesisSource
 from .thompson import thompson_scores
 from .tuned import ucb1_tuned_scores
 from .types import BranchStats, Hypothesis, Result
@@ -65,4 +72,21 @@ __all__ = [
     "pareto_ucb1_indices",
     "pareto_front",
     "LinUCBModel",
+    "Branch",
+    "HypothesisSource",
+    "OBJECTIVES",
+    "MAX_POLICY_NAMES",
+    "QuantileUCBPolicy",
+    "ThresholdAscentPolicy",
+    "quantile_ucb_index",
+    "threshold_ascent_index",
+    "OptunaSource",
 ]
+
+
+def __getattr__(name: str):  # lazy: optuna is an optional extra
+    if name == "OptunaSource":
+        from .optuna_source import OptunaSource
+
+        return OptunaSource
+    raise AttributeError(name)
