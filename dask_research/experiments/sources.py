@@ -29,6 +29,7 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,9 @@ class HypothesisSource:
 
     ``propose(branch) -> Hypothesis | list[Hypothesis] | payload | None`` is required;
     ``observe(result)`` is optional and receives every :class:`~.types.Result` (successful
-    or failed) of the branch.
+    or failed) of the branch. ``renamed(old_id, new_id)`` is optional: when a proposed id is
+    already taken (say, by a hypothesis from before a resume), the scheduler gives the
+    hypothesis a fresh id and tells a source that has this method.
     """
 
     def propose(self, branch: str) -> Any:  # pragma: no cover - protocol
@@ -143,6 +146,13 @@ class SourceTable:
             raise ExperimentError(f"the source of branch {name!r} proposed hypotheses of other "
                                   f"branches: {wrong}; a source proposes for its own branch",
                                   branch=name)
+        renamed = getattr(self.by_branch.get(name), "renamed", None)
+        if renamed is not None:             # the source keeps its own ids: resolve clashes
+            for k, h in enumerate(out):     # (e.g. with ids from before a resume)
+                if h.id in led.ids:
+                    new = dataclasses.replace(h, id=self._fresh_id(led, name))
+                    renamed(h.id, new.id)
+                    out[k] = new
         return out
 
     def propose(self, sched: IterationScheduler, i: int) -> bool:
