@@ -99,8 +99,8 @@ class Problem:
         self.lookups, self.lookup_s, self.eval_s = 0, 0.0, 0.0
 
 
-def run_ours(prob: Problem, seed: int, objective: str, policy: str | None, sampler: bool,
-             **kw: Any) -> dict[str, Any]:
+def run_ours(prob: Problem, seed: int, objective: str, max_policy: str | None,
+             sampler: bool, startup: int = 5, **kw: Any) -> dict[str, Any]:
     from dask_research.experiments import Branch, Hypothesis, IterationScheduler, OptunaSource
 
     def runner(h: Any) -> float:
@@ -111,12 +111,13 @@ def run_ours(prob: Problem, seed: int, objective: str, policy: str | None, sampl
                                 progress=False, apply_order="dispatch", seed=seed,
                                 prune_floor=0.0 if objective == "mean" else None)
     if objective == "max":
-        args["max_policy"] = policy
+        args["max_policy"] = max_policy
     args.update(kw)
     sched = IterationScheduler(runner, **args)
     rng = np.random.default_rng(seed)
     if sampler:
-        sched.add([Branch(f, propose=OptunaSource(_encode(f), seed=seed * 10 + k))
+        sched.add([Branch(f, propose=OptunaSource(_encode(f), seed=seed * 10 + k,
+                                                    startup=startup))
                    for k, f in enumerate(sp.FAMILIES)])
     else:
         hyps = []
