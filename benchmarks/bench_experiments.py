@@ -37,6 +37,12 @@ Figures (written to ``benchmarks/results/bench_experiments.json``):
 5. **Costs** of ``apply_order="dispatch"`` (occupancy and the delay before a result is counted,
    real asyncio runs with random durations) and of the checkpoint journal (loop time per
    experiment, bytes per experiment, time to resume).
+6. **Memory per experiment** over 1,000 branches (instant runner, 3 slots, with a journal):
+   what the trace and results hold after a run, and the peak and held memory of a resume
+   (``tracemalloc``), with the bounded trace (``trace_scores=32``, the default) and with every
+   score kept (``trace_scores="all"``), extrapolated to 100,000 experiments. Only this
+   section: ``--memory-only`` (``--memory-experiments N``, default 20,000; 3,000 with
+   ``--quick``).
 """
 from __future__ import annotations
 
@@ -748,6 +754,55 @@ def checkpoint_cost(n: int, tmp: pathlib.Path) -> dict:
     return out
 
 
+def trace_memory(n: int, tmp: pathlib.Path, branches: int = 1_000) -> dict:
+    """Bytes per experiment held by a run's trace and results, and by a resume."""
+    import gc
+    import tracemalloc
+
+    out: dict = {}
+    for mode in (32, "all"):
+        path = tmp / f"mem-{mode}.jsonl"
+        sched = IterationScheduler(_instant, slots=3, progress=False, prune_floor=0.0,
+                                   paper_threshold=1.0, trace_scores=mode, checkpoint=path)
+        sched.add(_hypotheses(n, branches))
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        report = sched.run()
+        run_held = tracemalloc.get_traced_memory()[0] - base
+        del report, sched
+        gc.collect()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        again = IterationScheduler.resume(path, _instant, progress=False)
+        held, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        del again
+        out[f"trace_scores={mode}"] = {
+            "run_bytes_per_experiment": run_held / n,
+            "resume_peak_bytes_per_experiment": (peak - base) / n,
+            "resume_held_bytes_per_experiment": (held - base) / n,
+            "journal_bytes_per_experiment": path.stat().st_size / n,
+            "run_MiB_at_100k": run_held / n * 1e5 / 2 ** 20,
+            "resume_peak_MiB_at_100k": (peak - base) / n * 1e5 / 2 ** 20,
+        }
+        path.unlink()
+    out["setup"] = {"experiments": n, "branches": branches, "runner": "instant", "slots": 3,
+                    "measured_with": "tracemalloc (Python and numpy allocations)"}
+    return out
+
+
+def _print_memory(mem: dict) -> None:
+    print_table([(k, f"{v['run_bytes_per_experiment']:,.0f}",
+                  f"{v['resume_peak_bytes_per_experiment']:,.0f}",
+                  f"{v['resume_held_bytes_per_experiment']:,.0f}",
+                  f"{v['journal_bytes_per_experiment']:,.0f}",
+                  f"{v['run_MiB_at_100k']:,.0f} / {v['resume_peak_MiB_at_100k']:,.0f}")
+                 for k, v in mem.items() if k != "setup"],
+                ("trace", "run B/exp", "resume peak B/exp", "resume held B/exp",
+                 "journal B/exp", "MiB at 100k: run / resume"))
+
+
 def _optuna_available() -> bool:
     try:
         import optuna  # noqa: F401
@@ -768,9 +823,23 @@ def main() -> None:
                     help="seeds on which Optuna runs to horizon 300")
     ap.add_argument("--optuna-seeds-3000", type=int, default=2,
                     help="seeds on which Optuna runs to horizon 3000 (about 15 s each)")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only section 6, memory per experiment (short)")
+    ap.add_argument("--memory-experiments", type=int, default=None,
+                    help="experiments of section 6 (default 20,000; 3,000 with --quick)")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.optuna_seeds_300, args.optuna_seeds_3000 = 5, 3, 1
+    n_mem = args.memory_experiments or (3_000 if args.quick else 20_000)
+    if args.memory_only:
+        print(f"6. memory per experiment, {n_mem:,} experiments over 1,000 branches")
+        with tempfile.TemporaryDirectory() as tmp:
+            mem = trace_memory(n_mem, pathlib.Path(tmp))
+        _print_memory(mem)
+        path = write_results("bench_experiments_memory", {"memory": mem},
+                             notes="tracemalloc figures; MiB at 100k are extrapolated linearly")
+        print(f"wrote {path}")
+        return
     reps = 1 if args.quick else 3
     figures: dict = {}
     with LoadMonitor() as load:
@@ -905,6 +974,10 @@ def main() -> None:
                      for k, v in ck.items() if k != "setup"],
                     ("checkpoint", "loop us / experiment", "journal bytes / exp",
                      "resume s"))
+        print(f"\n6. memory per experiment, {n_mem:,} experiments over 1,000 branches")
+        with tempfile.TemporaryDirectory() as tmp:
+            figures["memory"] = mem = trace_memory(n_mem, pathlib.Path(tmp))
+        _print_memory(mem)
     figures["load"] = {"machine_busy": load.machine_busy, "own_busy": load.own_busy}
     foreign = load.machine_busy - load.own_busy
     print(f"\nmachine busy {100 * load.machine_busy:.0f} %, this process "

@@ -8,9 +8,15 @@ Examples
     dask-research mc pilot examples/saturating_pipeline.py:job --target-stderr 1e-5
     dask-research mc run examples/saturating_pipeline.py:job
     dask-research mc run examples/saturating_pipeline.py:job --scheduler tcp://10.0.0.5:8786
+    dask-research mc run examples/saturating_pipeline.py:job --cluster slurm --jobs 4 --cores 1 --memory 2GB
+    dask-research worker tcp://10.0.0.5:8786 --nthreads 1      # in a batch script
+
+Failures are one line on stderr: exit code 2 for what was typed (usage), 1 for what failed
+while running; ``dask-research --traceback ...`` shows the full traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -23,31 +29,100 @@ import click
 from ._version import __version__
 
 
+def _sibling_modules(directory: str, before: set[str]) -> list[str]:
+    """Modules imported since ``before`` from next to a job file (found through ``directory``).
+
+    A module counts if its top-level package was new and lies directly in ``directory``
+    (``directory/name.py``, ``directory/name/``): libraries imported by the job file, a
+    virtual environment inside the project, or submodules of a package imported before
+    (``dask_research`` itself, when the job file sits at the root of a checkout) do not.
+    """
+    def top_is_here(top: str) -> bool:
+        mod = sys.modules.get(top)
+        if mod is None:
+            return False
+        places = [os.path.dirname(mod.__file__)] if getattr(mod, "__file__", None) else []
+        if hasattr(mod, "__path__"):            # a package: where its folder is
+            places = [os.path.dirname(os.path.abspath(p)) for p in mod.__path__]
+        return any(os.path.abspath(p) == directory for p in places)
+
+    new = [n for n in list(sys.modules) if n not in before]
+    tops = {n.partition(".")[0] for n in new}
+    local = {t for t in tops if t not in before and top_is_here(t)}
+    return [n for n in new if n.partition(".")[0] in local]
+
+
+def _exec_job_file(path: str):
+    """Execute the file ``path`` as a module that Dask ships to workers by value.
+
+    The module runs with its directory first on ``sys.path`` (as ``python FILE`` would), so it
+    may import modules next to it. Afterwards it and those sibling modules are taken out of
+    ``sys.modules`` and the directory out of ``sys.path``: for pickle and cloudpickle they are
+    then dynamic modules, so the pipeline, the helpers in the file and the sibling modules'
+    functions travel by value to workers that do not have the files (plain pickle cannot find
+    them and Dask falls back to cloudpickle, which pickles code of unimported modules by value;
+    ``cloudpickle.register_pickle_by_value`` alone is not enough, because Dask consults it only
+    for the outermost object it pickles). The content address is unaffected: it hashes the
+    source text, not the module name.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    mod_name = f"_dask_research_user_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise click.BadParameter(f"{path!r} is not a Python file (expected a .py file)")
+    module = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
+    sys.modules[mod_name] = module          # dataclasses and friends look the module up while it runs
+    sys.path.insert(0, directory)
+    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True   # as `python FILE`: no __pycache__
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        where = f"{e.filename or path}, line {e.lineno}" if e.lineno else path
+        raise click.BadParameter(f"{where}: syntax error: {e.msg}") from None
+    except (Exception, SystemExit) as e:
+        raise click.BadParameter(f"loading {path} failed: {_one_line(e)}") from None
+    finally:
+        sys.dont_write_bytecode = write_bytecode
+        try:
+            sys.path.remove(directory)
+        except ValueError:
+            pass
+        for name in _sibling_modules(directory, before):
+            sys.modules.pop(name, None)
+        sys.modules.pop(mod_name, None)
+    return module
+
+
 def load_object(ref: str) -> Any:
     """Load ``MODULE:NAME`` where MODULE is a dotted module name or a path to a ``.py`` file.
 
-    A file is loaded under a private module name and registered with cloudpickle to be
-    pickled by value, so worker processes that cannot import it still get the pipeline.
+    A file is executed as a private module that is not left in ``sys.modules``, so Dask ships
+    its functions (and those of modules next to it that it imports) to workers by value; see
+    :func:`_exec_job_file`. Bad references raise :class:`click.BadParameter` with one line.
     """
-    if ":" not in ref:
+    if not isinstance(ref, str) or ":" not in ref:
         raise click.BadParameter(f"{ref!r} is not MODULE:NAME (e.g. examples/saturating_pipeline.py:job)")
     mod_ref, _, name = ref.rpartition(":")
-    if mod_ref.endswith(".py") or os.sep in mod_ref:
+    if not name.isidentifier():
+        raise click.BadParameter(f"{name!r} in {ref!r} is not a Python name (expected MODULE:NAME)")
+    if mod_ref.endswith(".py") or os.sep in mod_ref or (os.altsep and os.altsep in mod_ref):
         if not os.path.exists(mod_ref):
             raise click.BadParameter(f"file {mod_ref!r} does not exist")
-        mod_name = f"_dask_research_user_{uuid.uuid4().hex[:8]}"
-        spec = importlib.util.spec_from_file_location(mod_name, mod_ref)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
-        import cloudpickle
-
-        cloudpickle.register_pickle_by_value(module)
+        if not os.path.isfile(mod_ref) or not mod_ref.endswith(".py"):
+            raise click.BadParameter(f"{mod_ref!r} is not a Python file (expected a .py file or a module name)")
+        module = _exec_job_file(mod_ref)
     else:
+        if not all(part.isidentifier() for part in mod_ref.split(".")):
+            raise click.BadParameter(f"{mod_ref!r} is not a module name or a .py file")
         try:
             module = importlib.import_module(mod_ref)
         except ImportError as e:
             raise click.BadParameter(f"cannot import module {mod_ref!r}: {e}") from None
+        except SyntaxError as e:
+            raise click.BadParameter(f"{e.filename}, line {e.lineno}: syntax error: {e.msg}") from None
+        except (Exception, SystemExit) as e:
+            raise click.BadParameter(f"importing {mod_ref} failed: {_one_line(e)}") from None
     try:
         obj = getattr(module, name)
     except AttributeError:
@@ -56,32 +131,150 @@ def load_object(ref: str) -> Any:
     return obj
 
 
+def _one_line(e: BaseException) -> str:
+    """``Type: message`` on one line (the first line of the message)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
 def _load_job(ref: str):
     from .montecarlo import Job
 
-    obj = load_object(ref)
+    try:
+        obj = load_object(ref)
+    except click.BadParameter as e:
+        if e.param is None and e.param_hint is None:
+            e.param_hint = "MODULE:JOB"
+        raise
     if callable(obj) and not isinstance(obj, Job):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as e:
+            raise click.BadParameter(f"{ref}() failed: {_one_line(e)}", param_hint="MODULE:JOB") from None
     if not isinstance(obj, Job):
         raise click.BadParameter(f"{ref} is a {type(obj).__name__}, not a dask_research.montecarlo.Job "
-                                 "(or a function returning one)")
+                                 "(or a function returning one)", param_hint="MODULE:JOB")
     return obj
 
 
-def _client(scheduler: str | None):
-    import contextlib
+def _check_address(address: str) -> str:
+    """``address`` if it is a scheduler address Dask can connect to; else a usage error."""
+    from distributed.comm import get_address_host_port
+    from distributed.comm.registry import get_backend
 
+    expected = "expected PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786"
+    text = str(address).strip()
+    scheme = text.split("://", 1)[0] if "://" in text else "tcp"
+    try:
+        get_backend(scheme)
+    except ValueError:
+        raise click.BadParameter(f"{address!r} has an unknown protocol {scheme!r}; {expected}",
+                                 param_hint="--scheduler") from None
+    try:
+        host, port = get_address_host_port(text if "://" in text else f"tcp://{text}")
+    except (ValueError, TypeError) as e:
+        raise click.BadParameter(f"{address!r} is not a scheduler address ({e}); {expected}",
+                                 param_hint="--scheduler") from None
+    if not host or port is None or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{address!r} is not a scheduler address; {expected}", param_hint="--scheduler")
+    return text
+
+
+def _scheduler_callback(ctx, param, value):
+    """Check ``--scheduler`` while the arguments are parsed, before any work starts."""
+    return None if value is None else _check_address(value)
+
+
+@contextlib.contextmanager
+def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int | None = None,
+            **cluster_options: Any):
+    """The client of ``--scheduler`` or ``--cluster``, or ``None`` (the embedded cluster)."""
+    if scheduler is not None and cluster is not None:
+        raise click.UsageError("give --scheduler or --cluster, not both")
+    if cluster is not None:
+        from .hpc import jobqueue_client
+
+        with jobqueue_client(cluster, jobs=jobs or 1, **cluster_options) as client:
+            yield client
+        return
     if scheduler is None:
-        return contextlib.nullcontext(None)
+        yield None
+        return
+    import dask
     from distributed import Client
 
-    return Client(scheduler)
+    from . import config
+
+    address = _check_address(scheduler)
+    timeout = config.get("cli.connect-timeout")
+    seconds = dask.utils.parse_timedelta(timeout, default="s")
+    try:
+        client = Client(address, timeout=seconds)
+    except (OSError, TimeoutError) as e:
+        reason = (f"no answer within {seconds:g} s (research.cli.connect-timeout)"
+                  if "timed out" in str(e).lower() or isinstance(e, TimeoutError) else _one_line(e))
+        raise click.ClickException(f"cannot reach the scheduler at {address}: {reason}") from None
+    with client:
+        yield client
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _UsageError(click.UsageError):
+    """A usage error shown on one line (exit code 2): the problem, then where help is."""
+
+    def show(self, file=None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"Error: {self.format_message()}{hint}", err=True, file=file)
+
+
+def _one_line_usage(e: click.UsageError) -> _UsageError:
+    if isinstance(e, _UsageError):
+        return e
+    return _UsageError(e.format_message(), e.ctx)
+
+
+class _Main(click.Group):
+    """The command group. Every failure is one line on stderr: usage errors (what was typed:
+    arguments, options, the job file) exit with 2, failures while running (a scheduler that
+    does not answer, a store, the pipeline) with 1; a traceback only with ``--traceback``."""
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            raise _one_line_usage(e) from None
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            raise _one_line_usage(e) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
+                KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if ctx.meta.get("dask_research.traceback"):
+                raise
+            raise click.ClickException(_describe_failure(e)) from None
+
+
+def _describe_failure(e: BaseException) -> str:
+    from .exceptions import InputError, ResearchError
+
+    if isinstance(e, InputError):
+        return str(e)
+    if isinstance(e, ResearchError):
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{_one_line(e)} (run with dask-research --traceback ... for details)"
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dask-research")
-def main() -> None:
+@click.option("--traceback", "show_traceback", is_flag=True,
+              help="Show the full Python traceback of a failure instead of one line.")
+@click.pass_context
+def main(ctx: click.Context, show_traceback: bool) -> None:
     """Research workflows on Dask: Monte-Carlo, experiment scheduling, experience replay."""
+    ctx.meta["dask_research.traceback"] = show_traceback
 
 
 @main.group()
@@ -99,31 +292,85 @@ def _job_options(f):
 
 
 def _apply_overrides(job, shards, seed):
+    from .exceptions import InputError
+
     changes = {k: v for k, v in (("shards", shards), ("seed", seed)) if v is not None}
-    return job.replace(**changes) if changes else job
+    try:
+        return job.replace(**changes) if changes else job
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.name}" if e.name in changes else None) from None
+
+
+class _PositiveFloat(click.ParamType):
+    """A finite number above zero (``nan``, ``inf`` and ``-1`` are usage errors)."""
+
+    name = "POSITIVE_NUMBER"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number; expected a finite number above 0", param, ctx)
+        if not (math.isfinite(x) and x > 0):
+            self.fail(f"{value!r} is invalid; expected a finite number above 0", param, ctx)
+        return x
+
+
+def _scheduler_options(f):
+    """``--scheduler`` and the dask-jobqueue options (``--cluster NAME --jobs N ...``)."""
+    from .hpc import JOBQUEUE_CLUSTERS
+
+    opts = [
+        click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,
+                     help="A running scheduler (tcp://HOST:PORT); default: an embedded LocalCluster."),
+        click.option("--cluster", type=click.Choice(sorted(JOBQUEUE_CLUSTERS), case_sensitive=False),
+                     help="Start a dask-jobqueue cluster of this kind (its settings: jobqueue.<name>.*)."),
+        click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="With --cluster: batch jobs to submit."),
+        click.option("--queue", help="With --cluster: the queue or partition."),
+        click.option("--account", help="With --cluster: the account to charge."),
+        click.option("--cores", type=click.IntRange(min=1), help="With --cluster: cores per job."),
+        click.option("--memory", help="With --cluster: memory per job, e.g. 4GB."),
+        click.option("--walltime", help="With --cluster: the job's time limit, e.g. 01:00:00."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime):
+    given = {"--queue": queue, "--account": account, "--cores": cores, "--memory": memory, "--walltime": walltime}
+    if cluster is None and any(v is not None for v in given.values()):
+        flag = next(k for k, v in given.items() if v is not None)
+        raise click.UsageError(f"{flag} applies only with --cluster NAME (a dask-jobqueue cluster)")
+    return _client(scheduler, cluster, jobs, queue=queue, account=account, cores=cores, memory=memory,
+                   walltime=walltime)
 
 
 @mc.command("run")
 @_job_arg
 @_job_options
-@click.option("--scheduler", metavar="ADDRESS", help="A running scheduler; default: an embedded LocalCluster.")
+@_scheduler_options
 @click.option("--store", metavar="URL", help="Run store (path or fsspec URL): persist shards, resume, replay.")
 @click.option("--verify", type=click.IntRange(min=0), help="Shards re-checked on another worker (default from config).")
-@click.option("--shards-per-task", type=int, help="A power of two; default from pilot timing.")
+@click.option("--shards-per-task", type=click.IntRange(min=1), help="A power of two; default from pilot timing.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default from config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def mc_run(job_ref, shards, seed, scheduler, store, verify, shards_per_task, progress, as_json):
-    """Run the Job object JOB defined in MODULE (a file path or module name)."""
+def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, cores, memory, walltime,
+           store, verify, shards_per_task, progress, as_json):
+    """Run the Job object JOB defined in MODULE (a file path or module name).
+
+    On an embedded LocalCluster by default, on a running scheduler with --scheduler, or on
+    batch jobs with --cluster slurm --jobs N (closed at the end).
+    """
     from . import montecarlo
-    from .exceptions import ResearchError
 
     job = _apply_overrides(_load_job(job_ref), shards, seed)
-    try:
-        with _client(scheduler) as client:
-            result = montecarlo.run(job, client=client, store=store, verify=verify,
-                                    shards_per_task=shards_per_task, progress=progress)
-    except ResearchError as e:
-        raise click.ClickException(str(e)) from None
+    with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
+        result = montecarlo.run(job, client=client, store=store, verify=verify,
+                                shards_per_task=shards_per_task, progress=progress)
     click.echo(result.to_json() if as_json else str(result))
     if store and not as_json:
         click.echo(f"  stored       runs/{result.run_id} in {_redact(store)}")
@@ -136,25 +383,10 @@ def _redact(url: str) -> str:
 
 
 _store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
-_job_opt = click.option("--job", "job_ref", metavar="MODULE:JOB",
-                        help="The job, if the pipeline cannot be found from the manifest.")
+_job_opt = click.option("--job", "job_ref", metavar="FILE:JOB or MODULE:JOB",
+                        help="The job that ran: the pipeline always comes from you, never from the store.")
 _trust_opt = click.option("--trust-origin", is_flag=True,
-                          help="Load the pipeline file the manifest names even outside this directory.")
-
-
-def _research_errors(fn):
-    import functools
-
-    from .exceptions import ResearchError
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ResearchError as e:
-            raise click.ClickException(str(e)) from None
-
-    return wrapper
+                          help="Import the module or file the manifest names (only for stores you trust).")
 
 
 @mc.command("replay")
@@ -163,7 +395,6 @@ def _research_errors(fn):
 @_store_opt
 @_job_opt
 @_trust_opt
-@_research_errors
 def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
@@ -184,7 +415,6 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
 @_store_opt
 @_job_opt
 @_trust_opt
-@_research_errors
 def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
@@ -209,7 +439,6 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
 @click.argument("run_id", metavar="[RUN]", required=False)
 @_store_opt
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@_research_errors
 def mc_show(run_id, store, as_json):
     """List the runs in a store, or show one run (a prefix of its id is enough)."""
     import json
@@ -233,16 +462,46 @@ def mc_show(run_id, store, as_json):
         click.echo(f"  mean {res['mean']:.6g} +- {res['stderr']:.3g}, sd {res['sd']:.6g}, n {res['n']:,}")
         v = res.get("verification") or {}
         if v:
-            click.echo(f"  verified {len(v.get('checked', []))} shards on other workers; "
-                       f"quarantined {v.get('quarantined_workers') or 'none'}")
+            click.echo(f"  {verification_sentence(v, res.get('workers'))}")
+
+
+def verification_sentence(record: dict, workers: Any = None) -> str:
+    """What a run's verification record says happened, in one line.
+
+    Parameters
+    ----------
+    record : dict
+        ``result.json``'s ``verification``: ``checked`` holds one record per check with
+        ``same_worker`` (true when the check re-ran on the worker that produced the shard).
+    workers : list, optional
+        The run's workers (``result.json``'s ``workers``), to say why checks stayed on one.
+
+    >>> verification_sentence({"checked": [{"same_worker": True}] * 4}, ["w1"])
+    'verified 4 shards: 0 on another worker, 4 re-run on the producing worker (one worker in the cluster); quarantined none'
+    """
+    checked = record.get("checked") or []
+    same = sum(1 for c in checked if c.get("same_worker"))
+    unknown = sum(1 for c in checked if "same_worker" not in c)
+    other = len(checked) - same - unknown
+    parts = [f"{other} on another worker"]
+    if same:
+        why = " (one worker in the cluster)" if workers is not None and len(workers) == 1 else ""
+        parts.append(f"{same} re-run on the producing worker{why}")
+    if unknown:
+        parts.append(f"{unknown} where the record does not say")
+    mismatched = [m.get("shard") for m in record.get("mismatches") or []]
+    tail = f"; mismatched shards {mismatched}" if mismatched else ""
+    return (f"verified {len(checked)} shards: {', '.join(parts)}{tail}; "
+            f"quarantined {', '.join(record.get('quarantined_workers') or []) or 'none'}")
 
 
 @mc.command("pilot")
 @_job_arg
 @_job_options
-@click.option("--target-stderr", type=float, help="Plan the shards needed for this standard error.")
-@click.option("--scheduler", metavar="ADDRESS", help="Plan for this cluster's threads.")
-def mc_pilot(job_ref, shards, seed, target_stderr, scheduler):
+@click.option("--target-stderr", type=_PositiveFloat(), help="Plan the shards needed for this standard error.")
+@_scheduler_options
+def mc_pilot(job_ref, shards, seed, target_stderr, scheduler, cluster, jobs, queue, account, cores, memory,
+             walltime):
     """Run the pilot shard of JOB: spread, histogram range, time per shard, and a plan."""
     from . import montecarlo
     from .exceptions import ResearchError
@@ -251,20 +510,34 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler):
     try:
         p = montecarlo.pilot(job)
     except ResearchError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(_describe_failure(e)) from None
     click.echo(f"job {job.id}")
     click.echo(f"pilot: mean {p.mean:.6g}, sigma {p.sigma:.6g}, range {p.range}, "
                f"{p.shard_seconds * 1e3:.2f} ms per shard of {job.samples_per_shard:,}")
     if target_stderr is not None:
-        with _client(scheduler) as client:
+        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
             click.echo(str(p.plan(target_stderr, client=client)))
+
+
+def _check_demo_paths(out: str, store: str | None) -> tuple[str, str | None]:
+    """The report path and run store, checked before the demo runs (one line if not usable)."""
+    from .demo import check_out_path, check_store_path
+    from .exceptions import InputError
+
+    try:
+        return check_out_path(out), (check_store_path(store) if store is not None else None)
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.name}") from None
 
 
 @main.command("demo")
 @click.option("--out", default="dask-research-report.html", show_default=True, help="Where to write the HTML report.")
 @click.option("--quick", is_flag=True, help="A smaller run (about 15 s).")
-@click.option("--scheduler", metavar="ADDRESS", help="Run on this cluster instead of an embedded one.")
-def demo(out, quick, scheduler):
+@click.option("--store", metavar="PATH", default=None,
+              help="Where to keep the demo's run store (default: dask-research-demo-store/ next to the report).")
+@click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,
+              help="Run on this cluster instead of an embedded one.")
+def demo(out, quick, store, scheduler):
     """Run all three capabilities on an embedded cluster and write an HTML report."""
     from .demo import run_demo
 
@@ -272,8 +545,9 @@ def demo(out, quick, scheduler):
         import bokeh  # noqa: F401
     except ImportError:
         raise click.ClickException("the demo's report needs bokeh: pip install 'dask-research[dashboard]'") from None
+    out, store = _check_demo_paths(out, store)
     with _client(scheduler) as client:
-        run_demo(out=out, quick=quick, client=client)
+        run_demo(out=out, quick=quick, client=client, store=store)
 
 
 def _add_worker_command() -> None:

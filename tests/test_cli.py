@@ -74,3 +74,144 @@ def test_bad_job_references_are_explained(job_file, ref, message):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "dask_research.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "Monte-Carlo" in out.stdout
+
+
+# -- bad input at the command line: one line, exit 2 (what was typed) or 1 (while running) -----
+EXAMPLE = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "saturating_pipeline.py")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bad_input_cases(tmp_path):
+    syntax = tmp_path / "broken_job.py"
+    syntax.write_text("import numpy as np\n\ndef pipeline(a:\n    return a\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a store")
+    port = _free_port()
+    job = f"{EXAMPLE}:job"
+    small = ["--shards", "2", "--no-progress"]
+    return {
+        "syntax error in the job file": (["mc", "run", f"{syntax}:job"], 2, f"{syntax}, line 3: syntax error"),
+        "unreachable scheduler": (["mc", "run", job, "--scheduler", f"tcp://127.0.0.1:{port}"], 1,
+                                  f"cannot reach the scheduler at tcp://127.0.0.1:{port}"),
+        "malformed scheduler address": (["mc", "run", job, "--scheduler", "tcp://127.0.0.1:notaport"], 2,
+                                        "'tcp://127.0.0.1:notaport' is not a scheduler address"),
+        "unknown scheduler protocol": (["mc", "pilot", job, "--target-stderr", "1e-3", "--scheduler", "htp://h:1"],
+                                       2, "unknown protocol 'htp'"),
+        "store is a file": (["mc", "run", job, "--store", str(a_file)] + small, 1, str(a_file)),
+        "store cannot be created": (["mc", "run", job, "--store", str(a_file / "runs")] + small, 1, str(a_file)),
+        "negative target stderr": (["mc", "pilot", job, "--target-stderr", "-1"], 2,
+                                   "'-1' is invalid; expected a finite number above 0"),
+        "demo into a missing directory": (["demo", "--out", "/bad/dir/r.html"], 2,
+                                          "(/bad/dir does not exist)"),
+        "demo store is a file": (["demo", "--quick", "--store", str(a_file / "store")], 2,
+                                 f"a folder for the run store ({a_file} is a file)"),
+        "not a python file": (["mc", "run", "/etc/passwd:x"], 2, "'/etc/passwd' is not a Python file"),
+        "mistyped store for show": (["mc", "show", "--store", str(tmp_path / "runz")], 1, "does not exist"),
+    }
+
+
+CASES = ["syntax error in the job file", "unreachable scheduler", "malformed scheduler address",
+         "unknown scheduler protocol", "store is a file", "store cannot be created", "negative target stderr",
+         "demo into a missing directory", "demo store is a file", "not a python file", "mistyped store for show"]
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gets_one_line_and_the_right_exit_code(tmp_path, case):
+    """The real console command (a process): one line on stderr naming the bad value, no traceback,
+    exit 2 for what was typed and 1 for what failed while running, and nothing written."""
+    import os
+
+    args, code, message = _bad_input_cases(tmp_path)[case]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    env = dict(os.environ, DASK_RESEARCH__CLI__CONNECT_TIMEOUT="0.5s")
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", *args], capture_output=True, text=True,
+                         timeout=100, cwd=tmp_path, env=env)
+    lines = out.stderr.strip().splitlines()
+    assert "Traceback" not in out.stderr + out.stdout
+    assert len(lines) == 1, out.stderr
+    assert out.returncode == code, out.stderr
+    assert message in lines[0], lines[0]
+    assert out.stdout == ""                       # nothing ran: the demo is refused before it starts
+    assert sorted(p.name for p in tmp_path.iterdir()) == before     # and nothing was written
+
+
+def test_traceback_flag_shows_the_full_error(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    args = ["mc", "run", f"{EXAMPLE}:job", "--store", str(a_file), "--shards", "2", "--no-progress"]
+    short = CliRunner().invoke(main, args)
+    assert short.exit_code == 1 and "Traceback" not in short.output
+    full = CliRunner().invoke(main, ["--traceback", *args])
+    assert full.exit_code == 1 and full.exception is not None and not isinstance(full.exception, SystemExit)
+
+
+def test_show_says_where_verification_ran_from_the_record():
+    from dask_research.cli import verification_sentence
+
+    same = [{"shard": s, "producer": "w", "verifier": "w", "same_worker": True, "match": True} for s in range(4)]
+    assert verification_sentence({"checked": same, "quarantined_workers": []}, {"w": 16}) == (
+        "verified 4 shards: 0 on another worker, 4 re-run on the producing worker (one worker in the "
+        "cluster); quarantined none")
+    mixed = same[:1] + [dict(c, verifier="v", same_worker=False) for c in same[1:]]
+    assert verification_sentence({"checked": mixed}, {"w": 8, "v": 8}).startswith(
+        "verified 4 shards: 3 on another worker, 1 re-run on the producing worker;")
+
+
+def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path):
+    store = str(tmp_path / "store")
+    run = CliRunner().invoke(main, ["mc", "run", f"{job_file}:job", "--no-progress", "--json", "--store", store])
+    assert run.exit_code == 0, run.output
+    summary = json.loads(run.output)
+    n = len(summary["verification"]["checked"])
+    assert all(c["same_worker"] for c in summary["verification"]["checked"])     # one embedded worker
+    show = CliRunner().invoke(main, ["mc", "show", summary["run_id"], "--store", store])
+    assert show.exit_code == 0, show.output
+    assert f"verified {n} shards: 0 on another worker, {n} re-run on the producing worker" in show.output
+    assert "on other workers" not in show.output
+
+
+def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, monkeypatch):
+    """The job file and the modules next to it leave sys.modules (so Dask pickles their code by
+    value); libraries it imports, from a virtual environment inside the project too, stay."""
+    import pickle
+
+    import cloudpickle
+
+    from dask_research.cli import load_object
+
+    project = tmp_path / "project"
+    (project / "venv_site" / "libpkg").mkdir(parents=True)
+    (project / "venv_site" / "libpkg" / "__init__.py").write_text("def lib_fn(x):\n    return x\n")
+    (project / "localpkg").mkdir()
+    (project / "localpkg" / "__init__.py").write_text("")
+    (project / "localpkg" / "tools.py").write_text("def twice(x):\n    return 2 * x\n")
+    (project / "job.py").write_text(textwrap.dedent("""
+        import libpkg
+        from localpkg.tools import twice
+        from dask_research import montecarlo as mc
+
+        def pipeline(a):
+            return libpkg.lib_fn(twice(a))
+
+        job = mc.Job(pipeline, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=8)
+    """))
+    monkeypatch.syspath_prepend(str(project / "venv_site"))     # like a project's .venv
+    before = set(sys.modules)
+    job = load_object(f"{project / 'job.py'}:job")
+    new = set(sys.modules) - before
+    assert "libpkg" in new                                          # a library: stays importable
+    assert not any(n.startswith(("localpkg", "_dask_research_user_")) for n in new)
+    assert not (project / "__pycache__").exists()                   # nothing written next to the job
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(job.pipeline)                                  # so Dask falls back to cloudpickle,
+    blob = cloudpickle.dumps(job.pipeline)                          # which sends the code itself
+    assert b"twice" in blob and job.pipeline(3.0) == 6.0
+    sys.modules.pop("libpkg", None)

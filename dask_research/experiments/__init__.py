@@ -7,8 +7,10 @@ trigger a paper stage once, and an expander can queue follow-ups. Every decision
 
 Other policies (``policy=``): UCB1-Tuned, KL-UCB, Thompson sampling, discounted UCB for
 drifting rewards, Pareto UCB1 for vector rewards (``objectives=``) and LinUCB over hypothesis
-features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`), and
-``apply_order="dispatch"`` makes it reproducible under parallelism. For searches,
+features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`; one driver
+per journal, every record checksummed), ``timeout=`` and ``max_seconds`` keep a hanging runner
+from holding the run, and ``apply_order="dispatch"`` makes it reproducible under parallelism.
+For searches,
 ``objective="max"`` looks for the branch of the best single result, ``ask``/``tell`` let your
 own loop run the experiments, and ``Branch(name, propose=...)`` (e.g. an
 :class:`OptunaSource`) proposes hypotheses lazily.
@@ -30,7 +32,9 @@ from .discounted import discounted_ucb_scores
 from .events import EVENT_KINDS, Event, Interval, Trace
 from .klucb import kl_ucb_scores
 from .ledger import BranchLedger
+from .checkpoint import JournalLegacyWarning
 from .linucb import LinUCBModel
+from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
 from .maxbandit import (MAX_POLICY_NAMES, QuantileUCBPolicy, ThresholdAscentPolicy,
                         quantile_ucb_index, threshold_ascent_index)
@@ -42,6 +46,7 @@ from .runners import deterministic_expander, make_deterministic_runner, make_fol
 from .scoring import POLICY_NAMES, Policy, make_policy
 from .sources import Branch, HypothesisSource
 from .thompson import thompson_scores
+from .timeouts import ExperimentTimeout
 from .tuned import ucb1_tuned_scores
 from .types import BranchStats, Hypothesis, Result
 
@@ -72,6 +77,10 @@ __all__ = [
     "pareto_ucb1_indices",
     "pareto_front",
     "LinUCBModel",
+    "JournalLock",
+    "JournalLockWarning",
+    "JournalLegacyWarning",
+    "ExperimentTimeout",
     "Branch",
     "HypothesisSource",
     "OBJECTIVES",

@@ -62,6 +62,8 @@ class AskTellSession:
         self.spent = 0
         self.dispatched = 0
         self.restored = restored
+        self.retry.extend(sched._carry)     # cancelled at a run's deadline: asked again first
+        sched._carry = []
         if restored is not None:
             sched._trace._events.extend(restored.events)
             self.results.extend(restored.results)
@@ -101,7 +103,7 @@ class AskTellSession:
             h = led.pop(i)
             rng = sched.policy.rng_state()
             sched._emit("select", h.branch, h.id, None, scores, score=float(scores[i]),
-                        journal=None if rng is None else {"rng": rng},
+                        journal=None if rng is None else {"rng": rng}, chosen=i,
                         **sched._select_data(i, h))
             sched._emit("dispatch", h.branch, h.id, None)
             self.pending[h.id] = h

@@ -7,10 +7,12 @@ Both backends offer the same small surface to the driver (:mod:`.loop`):
   finished, blocking until at least one has (or ``timeout`` passes);
 - ``side(fn, *args) -> awaitable``: run a side job (the paper writer) in parallel;
 - ``ship(records)``: forward event records to the Dask event log (a no-op locally);
+- ``await cancel(token)``: give one experiment up (timeouts and the run's deadline, see
+  :mod:`.timeouts`);
 - ``await close()``.
 
 :class:`LocalBackend` runs ``async def`` runners as tasks on the running loop and sync runners
-in a thread pool with one thread per slot; it waits with
+in a pool of daemon threads, one per slot, in which a stuck call can be abandoned; it waits with
 ``asyncio.wait(..., return_when=FIRST_COMPLETED)``. Its optional ``on_finish(token, result)``
 hook runs in the finished task's last step, so the driver can book a result and refill the
 slot without the two event-loop hops of waking the waiter (``wait`` still reports the task). :class:`DaskBackend` submits
@@ -22,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .execute import _run_coroutine, execute_async, execute_sync, is_async_callable
+from .timeouts import AbandonablePool
 from .types import Hypothesis, Result
 
 __all__ = ["LocalBackend", "DaskBackend"]
@@ -36,7 +38,16 @@ Outcome = tuple[Any, "Result | BaseException"]
 async def _call_side_async(fn: Callable[..., Any], args: tuple) -> Any:
     if is_async_callable(fn):
         return await fn(*args)
-    out = await asyncio.to_thread(fn, *args)
+    # a daemon thread of its own (not asyncio.to_thread: the default executor is joined when
+    # the loop closes, so a paper writer that hangs would hang the run's return)
+    pool = AbandonablePool(1, "paper")
+    cfut = pool.submit(fn, *args)
+    pool.shutdown()                     # the thread exits after this one call
+    try:
+        out = await asyncio.wrap_future(cfut)
+    except asyncio.CancelledError:
+        pool.abandon(cfut)
+        raise
     if asyncio.iscoroutine(out):
         out = await out
     return out
@@ -103,8 +114,7 @@ class LocalBackend:
         self.bounded = bounded
         self.objectives = objectives
         self._is_async = is_async_callable(runner)
-        self._executor = (None if self._is_async
-                          else ThreadPoolExecutor(slots, thread_name_prefix="experiment"))
+        self._executor = None if self._is_async else AbandonablePool(slots, "experiment")
         self._tasks: set[asyncio.Task] = set()
         self.on_finish: Callable[[asyncio.Task, Result], None] | None = None
 
@@ -127,8 +137,14 @@ class LocalBackend:
         out = []
         for task in done:
             self._tasks.discard(task)
-            out.append((task, task.exception() or task.result()))
+            if not task.cancelled():
+                out.append((task, task.exception() or task.result()))
         return out
+
+    async def cancel(self, token: asyncio.Task) -> None:
+        """Give up one experiment: its task is cancelled (a sync runner's thread abandoned)."""
+        self._tasks.discard(token)
+        token.cancel()
 
     def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         return asyncio.ensure_future(_call_side_async(fn, args))
@@ -140,7 +156,7 @@ class LocalBackend:
         for task in self._tasks:
             task.cancel()
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown()
 
 
 class DaskBackend:
@@ -206,6 +222,15 @@ class DaskBackend:
         while self._ac.has_ready():
             out.append(self._unpack(await self._ac.__anext__()))
         return out
+
+    async def cancel(self, token: Any) -> None:
+        """Cancel one experiment's future on the cluster (``Client.cancel``)."""
+        self._futures.discard(token)
+        try:
+            await self.client.cancel([token], asynchronous=True,
+                                     reason="dask-research: experiment timeout or run deadline")
+        except Exception:  # noqa: BLE001 - a lost scheduler: the future is released anyway
+            pass
 
     def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         fut = self.client.submit(_call_side_sync, fn, args, pure=False,

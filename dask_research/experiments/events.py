@@ -4,8 +4,8 @@ Kinds (``Event.kind``):
 
 ============== ==================================================================
 ``add``        hypotheses were queued (``data``: ``ids``)
-``select``     a branch was chosen (``data``: ``score``; ``Event.scores``: every
-               branch's score at that moment, in branch order)
+``select``     a branch was chosen (``data``: ``score``; the branch scores at that
+               moment: the best ``trace_scores`` of them, see below)
 ``dispatch``   a hypothesis started in ``slot``
 ``result``     an experiment finished (``data``: ``reward``, ``duration``, ``mean``)
 ``failure``    an experiment raised or returned something unusable (``data``: ``error``)
@@ -17,9 +17,19 @@ Kinds (``Event.kind``):
 ``stop``       dispatching stopped (``data``: ``reason``); in-flight work drains after it
 ``finish``     with ``apply_order="dispatch"`` only: an experiment left its slot; its
                ``result``/``failure`` follows when every earlier dispatch is applied
+``cancel``     an experiment still in flight when ``max_seconds`` plus the cancel grace
+               passed was cancelled (``data``: ``reason``); it is not counted
 ============== ==================================================================
 
 Events restored from a checkpoint carry ``data["restored"] = True`` (and no ``scores``).
+
+Bounded scores: a ``select`` event keeps the scores of the best ``trace_scores`` branches
+(``research.experiments.trace-scores``, default 32; the chosen branch always among them) in
+``Event.top``, a small structured array of ``(branch index, score)``, best first, and
+``Event.scored`` says how many branches were scored. With ``trace_scores="all"`` (or as many
+as there are branches) ``Event.scores`` holds every branch's score in branch order instead. A
+full score array costs 8 bytes per branch per decision: 100,000 decisions over 1,000 branches
+kept 0.8 GB of scores. :meth:`Trace.scores` reads either form.
 
 ``Event.t`` is seconds since the run started (``time.perf_counter``); ``Trace.started_at`` is
 the wall-clock (epoch) time of ``t = 0``. Slot occupancy is derived from ``dispatch`` and
@@ -49,12 +59,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Event", "Trace", "Interval", "EVENT_KINDS"]
+__all__ = ["Event", "Trace", "Interval", "EVENT_KINDS", "top_scores"]
 
 EVENT_KINDS = (
     "add", "select", "dispatch", "result", "failure", "prune", "drop",
-    "paper.trigger", "paper.done", "paper.failed", "expand", "stop", "finish",
+    "paper.trigger", "paper.done", "paper.failed", "expand", "stop", "finish", "cancel",
 )
+_ENDS = ("result", "failure", "finish", "cancel")     # kinds that free an experiment's slot
 
 
 def _jsonable(x: Any) -> Any:
@@ -73,9 +84,38 @@ def _jsonable(x: Any) -> Any:
     return repr(x)
 
 
+TOP_DTYPE = np.dtype([("branch", "<i4"), ("score", "<f8")])
+
+
+def top_scores(scores: np.ndarray, k: int, chosen: int) -> np.ndarray:
+    """The best ``k`` of ``scores`` as a :data:`TOP_DTYPE` array, best first (equal scores:
+    lower branch index first; which of several equal scores at the cut are kept is
+    deterministic but unspecified), always including branch ``chosen``.
+
+    >>> top_scores(np.array([0.1, 0.9, 0.5, 0.9]), 2, 0).tolist()
+    [(1, 0.9), (0, 0.1)]
+    """
+    n = len(scores)
+    if k < n:                                   # O(branches): no full sort per decision
+        idx = np.argpartition(scores, n - k)[n - k:]
+        idx.sort()
+        if chosen not in idx:
+            idx = idx[np.argsort(-scores[idx], kind="stable")]
+            idx[-1] = chosen
+            idx.sort()
+    else:
+        idx = np.arange(n)
+    idx = idx[np.argsort(-scores[idx], kind="stable")]
+    out = np.empty(len(idx), dtype=TOP_DTYPE)
+    out["branch"] = idx
+    out["score"] = scores[idx]
+    return out
+
+
 @dataclass(slots=True)
 class Event:
-    """One decision. ``scores`` is set on ``select`` events only (a copy, branch order)."""
+    """One decision. On ``select`` events, ``scores`` (every branch's, branch order) or ``top``
+    (the best few, see the module docstring) and ``scored`` (branches scored)."""
 
     seq: int
     t: float
@@ -85,6 +125,8 @@ class Event:
     slot: int | None = None
     data: dict[str, Any] = field(default_factory=dict)
     scores: np.ndarray | None = None
+    top: np.ndarray | None = None
+    scored: int = 0
 
     def to_dict(self, branches: Sequence[str] | None = None) -> dict[str, Any]:
         """Plain, JSON-ready dict; ``branches`` names the entries of ``scores``."""
@@ -98,6 +140,10 @@ class Event:
         if self.scores is not None:
             names = branches if branches is not None else range(len(self.scores))
             d["scores"] = {str(b): _jsonable(s) for b, s in zip(names, self.scores.tolist())}
+        elif self.top is not None:
+            d["scores"] = {str(branches[i] if branches is not None else i): _jsonable(s)
+                           for i, s in self.top.tolist()}
+            d["scores_truncated"] = self.scored
         return d
 
 
@@ -176,7 +222,10 @@ class Trace(Sequence[Event]):
         return [ev.branch for ev in self._events if ev.kind == "select"]  # type: ignore[misc]
 
     def scores(self, event: Event) -> dict[str, float]:
-        """``{branch: score}`` of a ``select`` event."""
+        """``{branch: score}`` of a ``select`` event: every branch, or the best
+        ``trace_scores`` of them, best first, when the trace is bounded."""
+        if event.top is not None:
+            return {self.branches[i]: s for i, s in event.top.tolist()}
         if event.scores is None:
             raise ValueError(f"event {event.seq} ({event.kind}) carries no scores")
         return dict(zip(self.branches, event.scores.tolist()))
@@ -188,7 +237,7 @@ class Trace(Sequence[Event]):
         for ev in self._events:
             if ev.kind == "dispatch":
                 open_[ev.hypothesis] = ev  # type: ignore[index]
-            elif ev.kind in ("result", "failure", "finish") and ev.hypothesis in open_:
+            elif ev.kind in _ENDS and ev.hypothesis in open_:
                 d = open_.pop(ev.hypothesis)  # type: ignore[arg-type]
                 out.append(Interval(d.slot, d.t, ev.t,  # type: ignore[arg-type]
                                     d.hypothesis, d.branch))
@@ -233,7 +282,7 @@ class Trace(Sequence[Event]):
             last = ev.t
             if ev.kind == "dispatch":
                 running.add(ev.hypothesis)
-            elif ev.kind in ("result", "failure", "finish"):
+            elif ev.kind in _ENDS:
                 running.discard(ev.hypothesis)     # restored results never had a slot here
             queued = ev.data.get("queued", queued)
         return num / den if den > 0 else math.nan
@@ -245,7 +294,7 @@ class Trace(Sequence[Event]):
         for ev in self._events:
             if ev.kind == "dispatch":
                 running.add(ev.hypothesis)      # a re-dispatch after a crash is not a second one
-            elif ev.kind in ("result", "failure", "finish"):
+            elif ev.kind in _ENDS:
                 running.discard(ev.hypothesis)
             else:
                 continue

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from .timeouts import AbandonablePool
 from .types import Hypothesis, Result
 
 __all__ = ["coerce_result", "execute_async", "execute_sync", "is_async_callable"]
@@ -141,7 +142,11 @@ async def execute_async(
     is_async: bool | None = None,
     objectives: tuple[str, ...] | None = None,
 ) -> Result:
-    """Run ``runner(hyp)`` on the current event loop (sync runners in ``executor``)."""
+    """Run ``runner(hyp)`` on the current event loop (sync runners in ``executor``).
+
+    Cancelling the coroutine cancels an ``async def`` runner; a sync runner already running
+    in an :class:`~.timeouts.AbandonablePool` is abandoned there (its thread goes on).
+    """
     t0 = time.perf_counter()
     if is_async is None:
         is_async = is_async_callable(runner)
@@ -149,8 +154,15 @@ async def execute_async(
         if is_async:
             out = await runner(hyp)
         else:
-            loop = asyncio.get_running_loop()
-            out = await loop.run_in_executor(executor, runner, hyp)
+            if isinstance(executor, AbandonablePool):
+                cfut = executor.submit(runner, hyp)
+                try:
+                    out = await asyncio.wrap_future(cfut)
+                except asyncio.CancelledError:
+                    executor.abandon(cfut)       # a thread cannot be killed: give it up
+                    raise
+            else:
+                out = await asyncio.get_running_loop().run_in_executor(executor, runner, hyp)
             if inspect.isawaitable(out):
                 out = await out
     except Exception as exc:  # noqa: BLE001 - a failing experiment must not kill the loop

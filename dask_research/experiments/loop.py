@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,7 +30,7 @@ from . import policies
 from .asktell import AskTellSession
 from .backends import DaskBackend, LocalBackend
 from .checkpoint import Journal, hypothesis_to_json
-from .events import Event, Trace, _jsonable
+from .events import Event, Trace, _jsonable, top_scores
 from .execute import is_async_callable
 from .ledger import BranchLedger, ScoreFn
 from .maxbandit import MAX_POLICY_NAMES, make_max_policy
@@ -37,15 +38,28 @@ from .limits import check_batch_memory
 from .options import number as _number
 from .options import parse_objectives, parse_threshold, parse_weights
 from .pareto import pareto_front
+from .progress import ProgressBar
 from .report import Report
 from .resume import Restored, restore
 from .scoring import Policy, make_policy
+from .timeouts import Deadlines, ExperimentTimeout
 from .sources import Branch, SourceTable, add_branches
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = ["IterationScheduler"]
 
 _LOG_TOP_SCORES = 32   # select events in the Dask event log carry the best 32 scores
+_CANCELLED = object()  # outcome of an experiment cancelled at the run's deadline: not counted
+
+
+def _trace_scores(value: Any) -> int | None:
+    """``research.experiments.trace-scores``: an int >= 1, or None / "all" for every score."""
+    value = config.get("experiments.trace-scores", value)
+    if value is None or value == "all":
+        return None
+    _number("trace_scores", value, 'an integer >= 1, or "all" (every branch\'s score)',
+            lambda v: v >= 1 and v == int(v))
+    return int(value)
 
 
 class IterationScheduler:
@@ -96,7 +110,9 @@ class IterationScheduler:
         Rewards lie in [0, 1] (``research.experiments.bounded-rewards``). Then ``prune_floor``
         and ``paper_threshold`` must lie in [0, 1] and rewards outside it are failures.
     progress : bool, optional
-        Show a ``tqdm.auto`` progress bar (``research.experiments.progress``).
+        Show a progress bar (``research.experiments.progress``): its total is
+        ``max_experiments`` when given, it ends at 100 % whatever stops the run, and in a
+        notebook without ipywidgets it is tqdm's text bar (:mod:`.progress`).
     policy : callable, optional
         ``policy(mean, n, c, total) -> scores`` over numpy arrays in branch order
         (default :func:`~.policies.ucb1_scores`); for baselines and experiments with policies.
@@ -130,7 +146,20 @@ class IterationScheduler:
     checkpoint : str, path or fsspec URL, optional
         A journal (JSON lines) of the scheduler's state, appended after every decision; a
         scheduler created with an existing journal continues from it (see
-        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`).
+        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`). A local journal is
+        locked for this scheduler (:mod:`~dask_research.experiments.lock`): a second driver
+        on it is refused with :class:`CheckpointError` naming the holder.
+    timeout : float, optional
+        Seconds one experiment may run (``research.experiments.timeout``; ``None``: no
+        limit). A longer one is cancelled and recorded as a failed experiment
+        (:mod:`~dask_research.experiments.timeouts`).
+    cancel_grace : float, optional
+        With ``max_seconds``: experiments still in flight this many seconds after it passed
+        are cancelled, not counted, and listed in ``Report.cancelled``
+        (``research.experiments.cancel-grace``).
+    trace_scores : int or "all", optional
+        ``select`` events keep the scores of the best this many branches
+        (``research.experiments.trace-scores``); ``"all"`` keeps every branch's score.
     objective : {"mean", "max"}, optional
         What a branch is worth (``research.experiments.objective``): ``"mean"`` its average
         reward; ``"max"`` its best single result, for searches that keep only the best
@@ -180,6 +209,9 @@ class IterationScheduler:
         objectives: Any = None,
         weights: Any = None,
         apply_order: str | None = None,
+        timeout: float | None = None,
+        cancel_grace: float | None = None,
+        trace_scores: int | str | None = None,
         objective: str | None = None,
         max_policy: str | None = None,
         max_quantile: float | None = None,
@@ -228,6 +260,15 @@ class IterationScheduler:
                     lambda v: v >= 0 and v == int(v))
         if max_seconds is not None:
             _number("max_seconds", max_seconds, "a number > 0 or None", lambda v: v > 0)
+        timeout = config.get("experiments.timeout", timeout)
+        if timeout is not None:
+            _number("timeout", timeout, "a number of seconds > 0, or None for no limit",
+                    lambda v: math.isfinite(v) and v > 0)
+        self.timeout: float | None = None if timeout is None else float(timeout)
+        self.cancel_grace = float(_number(
+            "cancel_grace", config.get("experiments.cancel-grace", cancel_grace),
+            "a number of seconds >= 0", lambda v: math.isfinite(v) and v >= 0))
+        self.trace_scores = _trace_scores(trace_scores)
         self.max_experiments = max_experiments
         self.max_seconds = max_seconds
         self.expander = expander
@@ -280,12 +321,20 @@ class IterationScheduler:
         self._dropped: list[str] = []
         self._trace: Trace | None = None
         self._t0 = 0.0
+        self._carry: list[Hypothesis] = []        # cancelled at the last run's deadline
         if checkpoint is not None:                # a bad checkpoint raises before anything runs
-            self._journal = Journal(checkpoint)
-            state = self._journal.load()
-            if state is not None:
-                self._restored = restore(state, self.ledger, self._journal.url)
-                self._known = self._restored.ids
+            journal = Journal(checkpoint)
+            journal.acquire()                     # one driver per journal: refused at once
+            try:
+                state = journal.load(lazy=True)   # one record at a time into the ledger
+                if state is not None:
+                    self._restored = restore(state, self.ledger, journal.url)
+                    self._known = self._restored.ids
+            except BaseException:
+                journal.release()
+                raise
+            self._journal = journal
+            weakref.finalize(self, journal.release)
 
     # -- construction helpers -----------------------------------------------------------
     def _new_ledger(self) -> BranchLedger:
@@ -315,6 +364,7 @@ class IterationScheduler:
             "gamma": self.gamma, "alpha": self.alpha, "seed": self.seed,
             "objectives": list(map(list, self.objectives.items())) if self.objectives else None,
             "weights": self.weights, "apply_order": self.apply_order,
+            "timeout": self.timeout, "cancel_grace": self.cancel_grace,
             "objective": self.objective, "max_quantile": self.max_quantile, "max_c": self.max_c,
         }
 
@@ -335,7 +385,7 @@ class IterationScheduler:
         >>> sched = IterationScheduler.resume("runs/loop.jsonl", runner)   # doctest: +SKIP
         >>> report = sched.run()                                          # doctest: +SKIP
         """
-        state = Journal(path).load()
+        state = Journal(path).load(lazy=True)         # the header's settings only
         where = os.fspath(path)
         if state is None:
             raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
@@ -360,6 +410,18 @@ class IterationScheduler:
                 raise
             raise CheckpointError(where, f"holds a setting that cannot be used ({exc}); the "
                                          "file is damaged or was edited") from exc
+
+    def close(self) -> None:
+        """Release the checkpoint's lock (a run releases it when it ends; the next ``add`` or
+        ``run`` takes it again if no other driver wrote to the journal meanwhile)."""
+        if self._journal is not None:
+            self._journal.close()
+
+    def __enter__(self) -> IterationScheduler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         mode = "dask" if self.client is not None else "asyncio"
@@ -512,12 +574,17 @@ class IterationScheduler:
 
     def _emit(self, kind: str, branch: str | None = None, hypothesis: str | None = None,
               slot: int | None = None, scores: Any = None, journal: dict | None = None,
-              **data: Any) -> None:
+              chosen: int = 0, **data: Any) -> None:
         trace = self._trace
         assert trace is not None
         data["queued"] = self.ledger.n_queued
         ev = Event(len(trace._events), time.perf_counter() - self._t0, kind, branch,
                    hypothesis, slot, data, scores)
+        if scores is not None:
+            ev.scored = len(scores)
+            k = self.trace_scores
+            if k is not None and k < len(scores):     # bounded: the best k, not every branch
+                ev.scores, ev.top = None, top_scores(scores, k, chosen)
         trace._events.append(ev)
         if self._journal is not None:
             rec: dict[str, Any] = {"seq": ev.seq, "t": ev.t, "kind": kind}
@@ -560,6 +627,12 @@ class IterationScheduler:
             self._dropped[:0] = restored.dropped
             retry.extend(restored.retry)
             spent = restored.spent
+        retry.extend(self._carry)                 # cancelled at the last deadline: again first
+        self._carry = []
+        deadlines = Deadlines(self.timeout)
+        cancelled: list[str] = []
+        timed_out: list[str] = []
+        hard = None if self.max_seconds is None else self.max_seconds + self.cancel_grace
         side: list[asyncio.Future] = []
         objectives = tuple(self.objectives) if self.objectives else None
         if self.client is None:
@@ -568,7 +641,7 @@ class IterationScheduler:
         else:
             backend = DaskBackend(self.client, self.runner, self.bounded,
                                   self.topic if self.log_events else None, run_id, objectives)
-        bar = self._progress_bar()
+        bar = self._progress_bar(len(results) + len(failed))
         free = list(range(self.slots))
         inflight: dict[Any, tuple[Hypothesis, int, int]] = {}
         buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
@@ -584,16 +657,16 @@ class IterationScheduler:
             while free and stop_reason is None:
                 if by_dispatch and seq["next"] - seq["applied"] >= self.slots:
                     return                    # decision k waits for result k - slots
-                if retry:                     # in flight at the crash: again, once
-                    start(retry.popleft(), requeued=True)
-                    continue
-                if not ledger.has_work():
+                if not retry and not ledger.has_work():
                     return
                 reason = self._budget_reason(spent + dispatched)
                 if reason is not None:
                     stop_reason = reason
                     self._emit("stop", reason=reason, in_flight=len(inflight))
                     return
+                if retry:                     # in flight at the crash: again, once
+                    start(retry.popleft(), requeued=True)
+                    continue
                 i, scores = ledger.select()  # type: ignore[misc]
                 if not ledger.queued[i] and not self._sources.propose(self, i):
                     continue                  # its source is exhausted: decide again
@@ -601,7 +674,7 @@ class IterationScheduler:
                 extra = self._select_data(i, h)
                 rng = self.policy.rng_state()
                 self._emit("select", h.branch, h.id, None, scores, score=float(scores[i]),
-                           journal=None if rng is None else {"rng": rng}, **extra)
+                           journal=None if rng is None else {"rng": rng}, chosen=i, **extra)
                 start(h)
 
         def start(h: Hypothesis, **data: Any) -> None:
@@ -621,6 +694,7 @@ class IterationScheduler:
                     "payload must pickle" if self.client is not None else ""),
                     id=h.id, branch=h.branch) from exc
             inflight[token] = (h, slot, seq["next"])
+            deadlines.start(token, self._now())
             seq["next"] += 1
             dispatched += 1
 
@@ -628,18 +702,23 @@ class IterationScheduler:
             """Book one finished experiment and refill its slot at once, before the books
             of any other finished experiment (so a slot waits for its own bookkeeping only)."""
             h, slot, k = inflight.pop(token)
+            deadlines.discard(token)
             heapq.heappush(free, slot)
             if not by_dispatch:
-                self._on_outcome(h, slot, outcome, results, failed, triggers, papers, side,
-                                 backend)
+                if outcome is not _CANCELLED:
+                    self._on_outcome(h, slot, outcome, results, failed, triggers, papers,
+                                     side, backend)
                 fill()
                 return
-            self._emit("finish", h.branch, h.id, slot)
+            if outcome is not _CANCELLED:
+                self._emit("finish", h.branch, h.id, slot)
             buffered[k] = (h, slot, outcome)
             while seq["applied"] in buffered:   # apply in dispatch order, and make decision
                 hh, ss, oo = buffered.pop(seq["applied"])   # k right after result k - slots
                 seq["applied"] += 1
-                self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side, backend)
+                if oo is not _CANCELLED:        # a cancelled one is skipped, not waited for
+                    self._on_outcome(hh, ss, oo, results, failed, triggers, papers, side,
+                                     backend)
                 fill()
 
         crashed: list[BaseException] = []
@@ -682,29 +761,61 @@ class IterationScheduler:
                 if not inflight:
                     break
                 # 2. sleep until any experiment finishes (or the wall-clock budget runs out)
-                timeout = None
+                now = self._now()
+                waits = [deadlines.next_in(now)]
+                if hard is not None:
+                    waits.append(max(0.0, hard - now))
                 if (self.max_seconds is not None and stop_reason is None
                         and ledger.has_work()):
-                    timeout = max(0.0, self.max_seconds - self._now())
+                    waits.append(max(0.0, self.max_seconds - now))
+                timeout = min((w for w in waits if w is not None), default=None)
                 for token, outcome in await backend.wait(timeout):
                     if token in inflight:       # not yet settled by the completion hook
                         settle(token, outcome)
                 if crashed:
                     raise crashed[0]
+                # 3. experiments past their timeout fail; past the run's deadline, all stop
+                for token in deadlines.expired(self._now()):
+                    if token in inflight:
+                        h = inflight[token][0]
+                        await backend.cancel(token)
+                        if token not in inflight:       # it finished meanwhile after all
+                            continue
+                        timed_out.append(h.id)
+                        settle(token, Result.failure(h, ExperimentTimeout(
+                            f"{h.id!r} ran longer than timeout={self.timeout:g} s and was "
+                            "cancelled (research.experiments.timeout)"), self.timeout))
+                if hard is not None and inflight and self._now() >= hard:
+                    for token in list(inflight):
+                        await backend.cancel(token)
+                        if token not in inflight:       # it finished meanwhile after all
+                            continue
+                        h, slot, _ = inflight[token]
+                        cancelled.append(h.id)
+                        self._carry.append(h)
+                        self._emit("cancel", h.branch, h.id, slot, reason=(
+                            f"still running {self.cancel_grace:g} s after max_seconds="
+                            f"{self.max_seconds:g}"))
+                        settle(token, _CANCELLED)
+                if crashed:
+                    raise crashed[0]
                 if bar is not None:         # update() redraws at most every 0.1 s
-                    done = len(results) + len(failed)
-                    bar.total = done + len(inflight) + ledger.total_queued
-                    bar.update(done - bar.n)
+                    bar.update(len(results) + len(failed), len(inflight), ledger.total_queued)
             if stop_reason is None:
                 stop_reason = "queue_empty"
                 self._emit("stop", reason=stop_reason, in_flight=0)
-            if side:
-                await asyncio.gather(*side, return_exceptions=True)
+            if side:                        # paper writers, within the run's deadline
+                left = None if hard is None else max(0.0, hard - self._now())
+                _, late = await asyncio.wait(side, timeout=left)
+                for fut in late:
+                    fut.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
             if self.log_events and self.client is not None:
                 backend.ship(self._records(trace, shipped, run_id))
         finally:
-            if bar is not None:
-                bar.close()
+            if bar is not None:             # 100 % of what was done, whatever stopped it
+                bar.finish(len(results) + len(failed), stop_reason)
             await backend.close()
             if self._journal is not None:
                 self._journal.close()
@@ -729,6 +840,8 @@ class IterationScheduler:
             pareto_front=self._pareto_front(),
             policy=self.policy.name,
             apply_order=self.apply_order,
+            cancelled=cancelled,
+            timed_out=timed_out,
             objective=self.objective,
         )
 
@@ -760,14 +873,18 @@ class IterationScheduler:
         "run": run_id, ...}``); select records keep only the best 32 scores."""
         out = []
         for ev in trace[start:]:
-            scores = ev.scores
+            scores, top = ev.scores, ev.top
             if scores is not None and len(scores) > _LOG_TOP_SCORES:
-                ev.scores = None
+                top = top_scores(scores, _LOG_TOP_SCORES,
+                                 trace.branches.index(ev.branch) if ev.branch else 0)
+            if top is not None:
+                kept = ev.top
+                ev.scores = ev.top = None
                 d = ev.to_dict()
-                ev.scores = scores
-                top = np.argsort(-scores, kind="stable")[:_LOG_TOP_SCORES].tolist()
-                d["scores"] = {trace.branches[j]: _jsonable(float(scores[j])) for j in top}
-                d["scores_truncated"] = len(scores)
+                ev.scores, ev.top = scores, kept
+                d["scores"] = {trace.branches[j]: _jsonable(s)
+                               for j, s in top[:_LOG_TOP_SCORES].tolist()}
+                d["scores_truncated"] = ev.scored
             else:
                 d = ev.to_dict(trace.branches)
             d["event"] = d.pop("kind")
@@ -775,13 +892,10 @@ class IterationScheduler:
             out.append(d)
         return out
 
-    def _progress_bar(self) -> Any:
+    def _progress_bar(self, done: int) -> ProgressBar | None:
         if not self.progress:
             return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.ledger.total_queued, desc="experiments", unit="exp",
-                    leave=False)
+        return ProgressBar(self.max_experiments, done, self.ledger.total_queued)
 
     def _on_outcome(self, h: Hypothesis, slot: int | None, outcome: Any,  # noqa: C901
                     results: list[Result],
@@ -867,6 +981,8 @@ class IterationScheduler:
                     self._journal_write({"kind": "output", "branch": branch,
                                          "output": _jsonable(papers[branch])})
                 self._emit("paper.done", branch=branch)
+            except asyncio.CancelledError:   # the run's deadline: written again on resume
+                papers[branch] = "<cancelled: still writing at the run's deadline>"
             except Exception as exc:  # noqa: BLE001 - a failed paper never stops the loop
                 papers[branch] = f"<{type(exc).__name__}: {exc}>"
                 self._emit("paper.failed", branch=branch, error=f"{type(exc).__name__}: {exc}")

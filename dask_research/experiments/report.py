@@ -79,6 +79,11 @@ class Report:
         Name of the selection policy.
     apply_order : str
         ``"completion"`` or ``"dispatch"``.
+    cancelled : list of str
+        Ids of experiments still in flight when ``max_seconds`` plus the cancel grace passed:
+        cancelled, not counted; the next ``run()`` (or a resume) dispatches them again first.
+    timed_out : list of str
+        Ids of experiments that ran past the per-experiment ``timeout`` (also in ``failed``).
     objective : str
         ``"mean"`` or ``"max"``: what :attr:`best` ranks branches by.
     """
@@ -102,6 +107,8 @@ class Report:
     pareto_front: list[str] = field(default_factory=list)
     policy: str = "ucb1"
     apply_order: str = "completion"
+    cancelled: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
     objective: str = "mean"
 
     def front_table(self) -> list[dict[str, Any]]:
@@ -163,6 +170,8 @@ class Report:
             "papers": {b: repr(p) if not isinstance(p, (str, int, float, type(None))) else p
                        for b, p in self.papers.items()},
             "dropped": list(self.dropped),
+            "cancelled": list(self.cancelled),
+            "timed_out": list(self.timed_out),
             "branches": {b: s.to_dict() for b, s in self.branches.items()},
             "failed": [{"id": r.hypothesis.id, "branch": r.hypothesis.branch, "error": r.error}
                        for r in self.failed],
@@ -172,8 +181,9 @@ class Report:
             d["pareto_front"] = self.front_table()
         if events:
             names = self.events.branches
-            d["events"] = [ev.to_dict(names) if scores or ev.scores is None else
-                           {k: v for k, v in ev.to_dict(names).items() if k != "scores"}
+            d["events"] = [ev.to_dict(names) if scores or (ev.scores is None and ev.top is None)
+                           else {k: v for k, v in ev.to_dict(names).items()
+                                 if k not in ("scores", "scores_truncated")}
                            for ev in self.events]
         return _jsonable(d)
 
@@ -207,6 +217,14 @@ class Report:
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in shown]
         if len(rows) > limit:
             lines.append(f"... {len(rows) - limit} more branches (best {limit} by mean shown)")
+        if self.cancelled:
+            lines.append(f"cancelled at the deadline ({len(self.cancelled)}, not counted): "
+                         + ", ".join(self.cancelled[:20])
+                         + (" ..." if len(self.cancelled) > 20 else ""))
+        if self.timed_out:
+            lines.append(f"timed out ({len(self.timed_out)}, counted as failed): "
+                         + ", ".join(self.timed_out[:20])
+                         + (" ..." if len(self.timed_out) > 20 else ""))
         if self.paper_triggers:
             lines.append("paper triggers: " + ", ".join(self.paper_triggers))
         if self.objectives:

@@ -116,8 +116,59 @@ class Moments:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Moments":
+        """Inverse of :meth:`to_dict`; the result is :meth:`check`-ed (a stored state is untrusted)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"an accumulator is a dict, not a {type(d).__name__}")
+        n = d["n"]
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"count n={n!r} is not an integer")
         f = {k: float.fromhex(d[k]) for k in ("mean", "m2", "m3", "m4", "min", "max", "lo", "hi")}
-        return cls(int(d["n"]), hist=np.asarray(d["hist"], dtype=np.int64), **f)
+        hist = d["hist"]
+        if not isinstance(hist, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in hist):
+            raise ValueError("histogram is not a list of integer counts")
+        return cls(n, hist=np.asarray(hist, dtype=np.int64), **f).check()
+
+    def check(self) -> "Moments":
+        """Raise ``ValueError`` unless the accumulator is one that samples could have produced.
+
+        n >= 0; finite mean and central sums with M2 >= 0 and M4 >= 0 (M3, M4 may be infinite
+        only where ``n (max - min)^k`` overflows, as a real sum then does); lo < hi finite; a 1-d
+        histogram of at least 3 non-negative counters (underflow, bins, overflow) adding up to
+        n; min <= max (finite) when n > 0, and the exact empty state when n == 0.
+        """
+        problems = []
+        if self.n < 0:
+            problems.append(f"count n={self.n} is negative")
+        moments = {k: getattr(self, k) for k in ("mean", "m2", "m3", "m4")}
+        width = self.max - self.min if self.n > 0 else 0.0
+
+        def overflows(k: int) -> bool:   # |M_k| <= n (max - min)^k: a real sum can overflow only then
+            with np.errstate(over="ignore"):
+                return math.isinf(float(np.float64(self.n) * np.float64(width) ** k)) if math.isfinite(width) else True
+
+        bad = [k for k, v in moments.items() if math.isnan(v) or (math.isinf(v) and not (
+            k in ("m3", "m4") and overflows(int(k[1])) and (k == "m3" or v > 0)))]
+        if bad:
+            problems.append(f"non-finite {', '.join(f'{k}={moments[k]!r}' for k in bad)}")
+        for k in ("m2", "m4"):
+            if math.isfinite(moments[k]) and moments[k] < 0:
+                problems.append(f"{k}={moments[k]!r} is negative (a sum of even powers)")
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
+            problems.append(f"histogram range [{self.lo!r}, {self.hi!r}) is not finite lo < hi")
+        hist = self.hist
+        if hist.ndim != 1 or hist.size < 3:
+            problems.append(f"histogram has shape {hist.shape}; expected underflow, bins, overflow")
+        elif (hist < 0).any():
+            problems.append("histogram has negative counts")
+        elif int(hist.sum()) != self.n:
+            problems.append(f"histogram counts + underflow + overflow = {int(hist.sum()):,}, not n = {self.n:,}")
+        if self.n > 0 and not (math.isfinite(self.min) and math.isfinite(self.max) and self.min <= self.max):
+            problems.append(f"min={self.min!r} and max={self.max!r} are not finite min <= max")
+        if self.n == 0 and (self.mean, self.m2, self.m3, self.m4) != (0.0, 0.0, 0.0, 0.0):
+            problems.append("an empty accumulator (n=0) has non-zero moments")
+        if problems:
+            raise ValueError("invalid accumulator: " + "; ".join(problems))
+        return self
 
 
 def _same(a, b) -> bool:

@@ -31,6 +31,9 @@ from . import philox
 from .accumulators import MomentsReducer, Reducer
 from .address import pipeline_fingerprint, sha256_hex
 from .distributions import Distribution
+from .gpu import draws as gpu_draws
+from .gpu import placement as gpu_placement
+from .gpu import tolerance as gpu_tolerance
 
 __all__ = ["Job", "ENGINE"]
 
@@ -74,12 +77,16 @@ class Job:
         moments + histogram accumulator.
     name : str, optional
         A label for people; not part of the address.
+    device : {"cpu", "gpu", "any"}
+        Where shards may run (see :mod:`dask_research.montecarlo.gpu.placement`). ``"cpu"``
+        (default) is the exact NumPy path; ``"gpu"`` and ``"any"`` use the portable draw
+        algorithm, which the address records with its tolerance class.
     """
 
     def __init__(self, pipeline: Callable, inputs: Mapping, shards: int | None = None,
                  samples_per_shard: int | None = None, seed: int = 0, bins: int | None = None,
                  range: tuple[float, float] | None = None, reducer: Reducer | None = None,
-                 name: str | None = None):
+                 name: str | None = None, device: str = "cpu"):
         if not callable(pipeline):
             raise InputError("pipeline", pipeline, "a callable taking one array per input", where="Job")
         self.pipeline = pipeline
@@ -95,6 +102,10 @@ class Job:
                              where="Job")
         self.reducer = reducer
         self.name = name or getattr(pipeline, "__name__", "pipeline")
+        # -- device (issue 19): where shards may run; non-cpu jobs need portable draws
+        self.device = gpu_placement.check_device(device)
+        if self.device != "cpu":
+            gpu_draws.check_portable(self.inputs)
         self._check_signature()
         self._id: str | None = None
 
@@ -145,6 +156,9 @@ class Job:
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return
         accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if getattr(self, "device", "cpu") != "cpu":  # issue 19: device jobs pass the namespace
+            accepted.discard("xp")  # as `xp`, never as an input
+            params = [p for p in params if p.name != "xp"]
         unknown = [n for n in self.names if n not in accepted]
         if unknown:
             raise InputError("inputs", unknown, f"names the pipeline accepts: {sorted(accepted)}",
@@ -190,7 +204,7 @@ class Job:
         else:
             accumulate = {"bins": self.bins, "range": {"rule": PILOT_RULE,
                                                        "margin": float(config.get("montecarlo.range-margin"))}}
-        return {
+        out = {
             "pipeline": pipeline_fingerprint(self.pipeline),
             "inputs": inputs,
             "partitioning": {"scheme": "by_seed", "shards": self.shards,
@@ -201,6 +215,9 @@ class Job:
             "accumulate": accumulate,
             "engine": dict(ENGINE),
         }
+        if getattr(self, "device", "cpu") != "cpu":  # issue 19: the draw algorithm changes results, "gpu"/"any" do not
+            out["draws"] = {"algorithm": gpu_draws.ALGORITHM, "tolerance": gpu_tolerance.GPU_TOLERANCE}
+        return out
 
     @property
     def id(self) -> str:
@@ -213,7 +230,7 @@ class Job:
         """A copy with some constructor arguments changed."""
         kwargs = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
                       samples_per_shard=self.samples_per_shard, seed=self.seed, bins=self.bins,
-                      range=self.range, reducer=self.reducer, name=self.name)
+                      range=self.range, reducer=self.reducer, name=self.name, device=self.device)
         kwargs.update(changes)
         return Job(**kwargs)
 

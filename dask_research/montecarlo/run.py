@@ -11,9 +11,11 @@ Examples
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -58,13 +60,36 @@ def _progress_bar(total: int, enabled: bool, desc: str):
     return Bar(total=total, unit="shard", desc=desc, disable=not enabled, leave=False)
 
 
-def open_store(store: Any) -> RunStore | None:
-    """``None``, a :class:`RunStore`, or a path / fsspec URL to open as one."""
-    if store is None or isinstance(store, RunStore):
-        return store
-    if not isinstance(store, (str, bytes)) and not hasattr(store, "__fspath__"):
+def open_store(store: Any, must_exist: bool = False) -> RunStore | None:
+    """``None``, a :class:`RunStore`, or a path / fsspec URL to open as one.
+
+    With ``must_exist`` (readers: show, replay, verify) a store that does not exist raises
+    :class:`~dask_research.exceptions.StoreError` instead of looking empty.
+    """
+    if store is None:
+        return None
+    if isinstance(store, RunStore):
+        rs = store
+    elif not isinstance(store, (str, bytes)) and not hasattr(store, "__fspath__"):
         raise InputError("store", store, "a local path, an fsspec URL or a RunStore", where="run")
-    return RunStore(str(store))
+    else:
+        raw = store.decode() if isinstance(store, bytes) else str(getattr(store, "__fspath__", lambda: store)())
+        if not raw.strip():
+            raise InputError("store", store, "a non-empty local path or fsspec URL", where="run")
+        try:
+            rs = RunStore(raw)
+        except (ValueError, ImportError, OSError) as e:
+            raise StoreError(raw, f"cannot be opened as a store ({type(e).__name__}: {e})") from None
+    return rs.require() if must_exist else rs
+
+
+#: Jobs this process has run or rebuilt, by content address (weak: they live while the caller keeps them).
+_JOBS: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
+
+
+def remember_job(job: Job) -> None:
+    """Record ``job`` as one this process built, so ``replay(job.id, ...)`` finds its pipeline."""
+    _JOBS[job.id] = job
 
 
 def _manifest(job: Job, p: Pilot, origin: dict | None) -> dict:
@@ -104,18 +129,39 @@ def _origin(job: Job) -> dict:
 
 
 def _load_existing(store: RunStore, job: Job) -> tuple[dict, dict[int, Any], dict[int, str]]:
-    manifest = store.read_manifest(job.id)
-    path = store.display(store.run_dir(job.id) + "/manifest.json")
-    if manifest["engine"] != ENGINE:
-        raise StoreError(path, f"was written by engine {manifest['engine']}; this is {ENGINE}: "
-                         "results of different engines are never mixed (use another store)")
-    if manifest["job"] != job.describe():
-        raise StoreError(path, "describes a different job than the one with this id (edited or corrupt)")
-    rng = manifest["range"]
-    if rng is not None and not (isinstance(rng, list) and len(rng) == 2
-                                and all(isinstance(v, (int, float)) and math.isfinite(v) for v in rng)
-                                and rng[0] < rng[1]):
-        raise StoreError(path, f"has range {rng!r}; expected [lo, hi] with finite lo < hi")
+    """:func:`_holdings` of a run that must have its manifest (nothing is written)."""
+    return _holdings(store, job, None, None)
+
+
+def _holdings(store: RunStore, job: Job, p: Pilot | None, origin: dict | None) -> tuple[dict, dict[int, Any], dict[int, str]]:
+    """Ask the store once what it holds of ``job``: nothing, or these valid shards under this manifest.
+
+    A run with a manifest is checked against the job. Shards without a manifest (a deleted
+    manifest) are validated against the job and the pilot's range, which is a deterministic
+    function of the job, and reused; the manifest is then written again. The caller holds the
+    run's lease, so nobody else writes while this is read.
+    """
+    mpath = store.display(store.run_dir(job.id) + "/manifest.json")
+    store.refuse_links(job.id)
+    if store.has_run(job.id):
+        manifest = store.read_manifest(job.id)
+        if manifest["engine"] != ENGINE:
+            raise StoreError(mpath, f"was written by engine {manifest['engine']}; this is {ENGINE}: "
+                             "results of different engines are never mixed (use another store)")
+        if manifest["job"] != job.describe():
+            raise StoreError(mpath, "describes a different job than the one with this id (edited or corrupt)")
+        rng = manifest["range"]
+        if rng is not None and not (isinstance(rng, list) and len(rng) == 2
+                                    and all(isinstance(v, (int, float)) and math.isfinite(v) for v in rng)
+                                    and rng[0] < rng[1]):
+            raise StoreError(mpath, f"has range {rng!r}; expected [lo, hi] with finite lo < hi")
+        orphan = False
+    elif p is None:
+        manifest = store.read_manifest(job.id)      # raises: does not exist
+    else:
+        manifest = _manifest(job, p, origin)
+        rng = manifest["range"]
+        orphan = True
     stored = store.read_shards(job.id)
     reducer = job.make_reducer(tuple(rng) if rng is not None else None) if (rng or job.frozen) else None
     template = reducer.init() if reducer is not None else None
@@ -133,7 +179,12 @@ def _load_existing(store: RunStore, job: Job) -> tuple[dict, dict[int, Any], dic
         elif template is not None and type(state) is not type(template):
             problem = f"holds a {type(state).__name__} for shard {s}; the reducer's state is a {type(template).__name__}"
         if problem:
+            if orphan:
+                problem += (f"; the run's manifest is missing, so these shards cannot be reused: delete "
+                            f"{store.display(store.run_dir(job.id))} to compute the run again")
             raise StoreError(store.display(fpath), problem)
+    if orphan:
+        store.write_manifest(job.id, manifest)
     return manifest, {s: v[0] for s, v in stored.items()}, {s: v[1] for s, v in stored.items()}
 
 
@@ -177,19 +228,29 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         raise InputError("verify", verify, "a non-negative number of shards", where="run")
     speculate = float(config.get("montecarlo.speculate", speculate))
     rs = open_store(store)
+    if rs is not None:
+        rs.prepare()                      # a store that is a file or cannot be created: before any computing
     p = pilot if pilot is not None else _pilot(job)
-    known: dict[int, Any] = {}
-    producers: dict[int, str] = {}
-    resuming = rs is not None and rs.has_run(job.id)
-    if resuming:
-        manifest, known, producers = _load_existing(rs, job)
-        if manifest["range"] is not None:
-            p.range = tuple(manifest["range"])
-    reducer = job.make_reducer(p.range)
-    if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
-        _check_merger(reducer.merge, p.states, identity=reducer.init())
-    if rs is not None and not resuming:
-        rs.write_manifest(job.id, _manifest(job, p, origin))
+    # One writer per run: a second client of the same job on the same store waits here for the
+    # first, then resumes from what it stored (so it computes nothing the first one finished).
+    with rs.lease(job.id) if rs is not None else contextlib.nullcontext():
+        known: dict[int, Any] = {}
+        producers: dict[int, str] = {}
+        if rs is not None:
+            manifest, known, producers = _holdings(rs, job, p, origin)
+            if manifest["range"] is not None:
+                p.range = tuple(manifest["range"])
+        reducer = job.make_reducer(p.range)
+        if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
+            _check_merger(reducer.merge, p.states, identity=reducer.init())
+        result = _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_task,
+                          progress, speculate, window)
+    remember_job(job)
+    return result
+
+
+def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_task, progress,
+             speculate, window) -> Result:
     with get_client(client) as c:
         check_memory(c, p)
         t0 = time.perf_counter()

@@ -22,12 +22,19 @@ Examples
 """
 from __future__ import annotations
 
+import errno
+import getpass
 import hashlib
 import json
+import os
 import posixpath
 import re
+import socket
+import sys
+import threading
 import time
 import uuid
+import warnings
 from typing import Any
 
 import fsspec
@@ -36,12 +43,13 @@ from ..exceptions import StoreError
 from .address import canonical_json
 from .codec import CodecError, decode, encode
 
-__all__ = ["RunStore", "MANIFEST_FORMAT", "SHARDS_FORMAT", "RESULT_FORMAT"]
+__all__ = ["RunStore", "Lease", "StoreWarning", "MANIFEST_FORMAT", "SHARDS_FORMAT", "RESULT_FORMAT"]
 
 MANIFEST_FORMAT = "dask-research-run/1"
 SHARDS_FORMAT = "dask-research-shards/1"
 RESULT_FORMAT = "dask-research-result/1"
 _SHARD_FILE = re.compile(r"^(\d{12})-(\d{12})\.json$")
+_LOOKS_LIKE_SHARD = re.compile(r"^\d+-\d+\.json$")
 _RUN_ID = re.compile(r"^[0-9a-f]{64}$")
 #: Largest file the store reads (a shard file of a 4 KiB accumulator x 4096 shards is ~40 MiB).
 MAX_FILE_BYTES = 256 * 2**20
@@ -64,6 +72,32 @@ def _finite_json(obj: Any) -> Any:
             return str(obj)
         return f if f == f and abs(f) != float("inf") else None
     return obj
+
+
+class _Exists(StoreError):
+    """The file a no-overwrite write targets exists already."""
+
+
+def _oserror(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno, "") if e.errno else ""
+    return f"{e.strerror or e}{f' [{name}]' if name else ''}"
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_foreign(path: str) -> None:
+    if path not in _WARNED:
+        _WARNED.add(path)
+        warnings.warn(f"{path}: not a shard file (foreign name); ignored", StoreWarning, stacklevel=3)
+
+
+class StoreWarning(UserWarning):
+    """Something in a store that is not ours and was left alone (a foreign file in shards/)."""
+
+
+def _roundtrip(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, allow_nan=False))
 
 
 def redact(url: str) -> str:
@@ -94,18 +128,130 @@ class RunStore:
     def display(self, path: str) -> str:
         return redact(path)
 
+    # -- existence --------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """Whether the store's root exists (a directory, or a prefix holding files)."""
+        try:
+            return bool(self.fs.exists(self.root)) and not self.fs.isfile(self.root)
+        except OSError:
+            return False
+
+    def require(self) -> "RunStore":
+        """Raise :class:`StoreError` unless the store exists (readers never create one)."""
+        if self._local and os.path.lexists(self.root) and not os.path.isdir(self.root):
+            raise StoreError(self.display(self.root), "is a file, not a run store (a directory)")
+        if not self.exists():
+            raise StoreError(self.display(self.root), "does not exist; give the path or URL of the store "
+                             "the run was written to (mc run --store ...)")
+        return self
+
+    def prepare(self) -> "RunStore":
+        """Create the store's root for writing, or raise a one-line :class:`StoreError` why not."""
+        where = self.display(self.root)
+        if self._local:
+            if os.path.lexists(self.root) and not os.path.isdir(self.root):
+                raise StoreError(where, "is a file, not a run store; give a directory (it is created if missing)")
+            try:
+                os.makedirs(self.root, exist_ok=True)
+            except OSError as e:
+                raise StoreError(where, f"cannot be created ({e.strerror or e}); give a writable directory") from None
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                raise StoreError(where, "is not writable by this user; give a writable directory")
+            self._refuse_links(posixpath.join(self.root, "runs", "x"))
+            return self
+        try:
+            if self.fs.isfile(self.root):
+                raise StoreError(where, "is a file, not a run store; give a prefix")
+            self.fs.makedirs(self.root, exist_ok=True)
+        except StoreError:
+            raise
+        except (OSError, ValueError) as e:
+            raise StoreError(where, f"cannot be created ({type(e).__name__}: {e})") from None
+        return self
+
     # -- low level --------------------------------------------------------------------------
+    def _refuse_links(self, path: str) -> None:
+        """Refuse a symbolic link anywhere between the store's root and ``path`` (local stores).
+
+        Writes never follow a link inside a store: a linked ``runs/``, ``runs/<id>``,
+        ``shards/`` or file would put (or overwrite) files outside it. The root itself may be
+        a link (that is where you chose to put the store).
+        """
+        if not self._local:
+            return
+        rel = posixpath.relpath(path, self.root)
+        if rel.startswith(".."):
+            raise StoreError(self.display(path), f"lies outside the store {self.display(self.root)}")
+        cur = self.root
+        for part in rel.split("/"):
+            cur = posixpath.join(cur, part)
+            if os.path.islink(cur):
+                raise StoreError(self.display(cur), "is a symbolic link inside the store; writes never follow "
+                                 "links (replace it by a real directory or file, or point --store at the target)")
+            if not os.path.lexists(cur):
+                return
+
     def _write_json(self, path: str, obj: Any, overwrite: bool = False) -> None:
         data = json.dumps(obj, indent=None, separators=(",", ":"), allow_nan=False).encode()
-        if not overwrite and self.fs.exists(path):
-            raise StoreError(self.display(path), "already exists; refusing to overwrite it")
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         if self._local:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, path)
-        else:
-            self.fs.pipe_file(path, data)
+            self._write_local(path, data, overwrite)
+            return
+        try:
+            if not overwrite and self.fs.exists(path):
+                raise _Exists(self.display(path), "already exists; refusing to overwrite it")
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.fs.pipe_file(path, data)   # one put: an object appears whole or not at all
+        except StoreError:
+            raise
+        except OSError as e:
+            raise StoreError(self.display(path), f"could not be written ({_oserror(e)})") from None
+
+    def _write_local(self, path: str, data: bytes, overwrite: bool) -> None:
+        """Temporary file (exclusive, not following links), fsync, then an atomic link or rename."""
+        self._refuse_links(path)
+        parent = posixpath.dirname(path)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            raise StoreError(self.display(parent), f"cannot be created ({_oserror(e)})") from None
+        self._refuse_links(path)
+        if not overwrite and os.path.lexists(path):
+            raise _Exists(self.display(path), "already exists; refusing to overwrite it")
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)            # atomic and never replaces: a concurrent writer loses cleanly
+                except FileExistsError:
+                    raise _Exists(self.display(path), "already exists; refusing to overwrite it") from None
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                        raise
+                    if os.path.lexists(path):      # a file system without hard links
+                        raise _Exists(self.display(path), "already exists; refusing to overwrite it") from None
+                    os.replace(tmp, path)
+        except StoreError:
+            raise
+        except OSError as e:
+            raise StoreError(self.display(path), f"could not be written ({_oserror(e)}); nothing was stored "
+                             "under this name and the run can be resumed once the cause is fixed") from None
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:  # pragma: no cover - the directory vanished
+                pass
 
     def _read_json(self, path: str) -> Any:
         try:
@@ -114,7 +260,10 @@ class RunStore:
             raise StoreError(self.display(path), "does not exist") from None
         if size is not None and size > MAX_FILE_BYTES:
             raise StoreError(self.display(path), f"is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a store file may have")
-        raw = self.fs.cat_file(path)
+        try:
+            raw = self.fs.cat_file(path)
+        except OSError as e:
+            raise StoreError(self.display(path), f"cannot be read ({_oserror(e)})") from None
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
@@ -159,7 +308,11 @@ class RunStore:
 
     # -- shards -----------------------------------------------------------------------------
     def write_shards(self, run_id: str, states: dict[int, Any], worker: str, encoder=encode) -> str:
-        """Persist accepted shard states (one file for a contiguous set of shard indices)."""
+        """Persist accepted shard states (one file for a contiguous set of shard indices).
+
+        Idempotent: if the file exists with the same states (another writer of the same run got
+        there first), nothing is written; different states under the same name are refused.
+        """
         if not states:
             raise ValueError("no shard states to write")
         first, last = min(states), max(states)
@@ -170,26 +323,48 @@ class RunStore:
         doc = {"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker, "written": time.time(),
                "states": body, "checksum": _checksum(body)}
         path = self._path(run_id, "shards", f"{first:012d}-{last + 1:012d}.json")
-        self._write_json(path, doc)
+        try:
+            self._write_json(path, doc)
+        except _Exists:
+            old = self._read_json(path)
+            if not (isinstance(old, dict) and old.get("run_id") == run_id
+                    and canonical_json(old.get("states")) == canonical_json(_roundtrip(body))):
+                raise StoreError(self.display(path), "already exists with different states for the same shards "
+                                 "(another writer of this run disagrees); refusing to overwrite it") from None
         return path
 
     def shard_files(self, run_id: str) -> list[str]:
+        """The shard files of a run, in name order.
+
+        Names that do not claim to be shard files (``.DS_Store``, ``*.json~``, editor swap
+        files, interrupted writes ``*.tmp-*``) are ignored, with a warning once per name; a name
+        that looks like a shard file but is not ``<12 digits>-<12 digits>.json`` is refused.
+        """
         base = self._path(run_id, "shards")
         if not self.fs.exists(base):
             return []
         out = []
         for p in sorted(self.fs.ls(base, detail=False)):
-            name = posixpath.basename(p)
-            if ".tmp-" in name:
-                continue  # an interrupted write: never accepted
-            if not _SHARD_FILE.match(name):
-                raise StoreError(self.display(p), "is not a shard file of this store (unexpected name)")
-            out.append(p)
+            name = posixpath.basename(p.rstrip("/"))
+            if _SHARD_FILE.match(name):
+                out.append(p)
+            elif ".tmp-" in name:
+                continue  # an interrupted write of ours: never accepted, never a complaint
+            elif _LOOKS_LIKE_SHARD.match(name):
+                raise StoreError(self.display(p), "is named like a shard file but not <12 digits>-<12 digits>.json; "
+                                 "it is not a shard file of this store (move it out of shards/)")
+            else:
+                _warn_foreign(self.display(p))
         return out
 
     def read_shards(self, run_id: str, decoder=decode) -> dict[int, tuple[Any, str, str]]:
-        """``{shard: (state, worker, file)}`` for every stored shard."""
+        """``{shard: (state, worker, file)}`` for every stored shard.
+
+        A shard stored in two files (two writers with different task sizes) is accepted when
+        both hold the same state; different states are refused naming both files.
+        """
         out: dict[int, tuple[Any, str, str]] = {}
+        raw: dict[int, str] = {}
         for path in self.shard_files(run_id):
             doc = self._expect(path, self._read_json(path), SHARDS_FORMAT, run_id)
             body = doc.get("states")
@@ -199,21 +374,51 @@ class RunStore:
             for key, value in body.items():
                 if not key.isdigit() or not a <= int(key) < b:
                     raise StoreError(self.display(path), f"holds shard {key!r} outside its range [{a}, {b})")
-                if int(key) in out:
-                    raise StoreError(self.display(path), f"repeats shard {key}, already in {self.display(out[int(key)][2])}")
+                s = int(key)
+                text = canonical_json(value)
+                if s in out:
+                    if raw[s] == text:
+                        continue  # the same state written twice: harmless
+                    raise StoreError(self.display(path), f"holds shard {key} with a state different from the one in "
+                                     f"{self.display(out[s][2])}; one of the two files is wrong (replay the shard "
+                                     "to see which, then move that file aside)")
                 try:
-                    out[int(key)] = (decoder(value), str(doc.get("worker", "?")), path)
+                    out[s] = (decoder(value), str(doc.get("worker", "?")), path)
                 except (CodecError, ValueError, TypeError, KeyError) as e:
                     raise StoreError(self.display(path), f"shard {key} cannot be decoded: {e}") from None
+                raw[s] = text
         return out
 
     def quarantine(self, run_id: str, path: str, reason: str) -> str:
         """Move a shard file aside (never deleted) and record why."""
         dest = self._path(run_id, "quarantine", posixpath.basename(path))
+        self._refuse_links(path)
+        self._refuse_links(dest)
         self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
         self.fs.mv(path, dest)
         self._write_json(dest + ".reason.json", {"reason": reason, "time": time.time()}, overwrite=True)
         return dest
+
+    def refuse_links(self, run_id: str) -> None:
+        """Refuse, before any computing, a symbolic link in a run's directory tree (local stores)."""
+        if not self._local:
+            return
+        top = self.run_dir(run_id)
+        self._refuse_links(top)
+        if not os.path.isdir(top):
+            return
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                if os.path.islink(p):
+                    raise StoreError(self.display(p), "is a symbolic link inside the store; writes never follow "
+                                     "links (replace it by a real directory or file, or point --store at the target)")
+
+    # -- one writer per run -----------------------------------------------------------------
+    def lease(self, run_id: str, *, timeout: float | None = None, wait: float | None = None,
+              announce=None) -> "Lease":
+        """A :class:`Lease` on ``run_id``: enter it to become the run's only writer."""
+        return Lease(self, run_id, timeout=timeout, wait=wait, announce=announce)
 
     # -- result -----------------------------------------------------------------------------
     def write_result(self, run_id: str, summary: dict) -> None:
@@ -225,3 +430,213 @@ class RunStore:
         if not self.fs.exists(path):
             return None
         return self._expect(path, self._read_json(path), RESULT_FORMAT, run_id)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+class Lease:
+    """The one-writer lease of a run: ``runs/<id>/lease.json`` with owner, host, pid, heartbeat.
+
+    Created exclusively (local stores: ``O_CREAT | O_EXCL``; other protocols: write then read
+    back, the best an object store offers), refreshed by a heartbeat thread every quarter of
+    ``research.montecarlo.lease-timeout`` while the run lives, removed at the end. A lease whose
+    heartbeat is older than the timeout, or whose holder is a dead process on this host, is
+    stale and taken over (renamed aside first, so only one taker wins). While another live
+    writer holds it, :meth:`acquire` waits (saying once who holds it), at most
+    ``research.montecarlo.lease-wait`` seconds (``None``: as long as the holder lives).
+    """
+
+    POLL = 0.25
+
+    def __init__(self, store: RunStore, run_id: str, *, timeout: float | None = None,
+                 wait: float | None = None, announce=None):
+        from .. import config
+
+        self.store, self.run_id = store, run_id
+        self.path = store._path(run_id, "lease.json")
+        self.timeout = float(config.get("montecarlo.lease-timeout", timeout))
+        if not self.timeout > 0:
+            raise StoreError(store.display(self.path), f"lease-timeout {self.timeout!r} must be a positive number of seconds")
+        w = config.get("montecarlo.lease-wait", wait)
+        self.wait = None if w is None else float(w)
+        self.announce = announce if announce is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.token = uuid.uuid4().hex
+        self.waited: dict | None = None  # the holder this lease waited for, if any
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held = False
+
+    # -- what is in the file ----------------------------------------------------------------
+    def _doc(self, started: float) -> dict:
+        try:
+            user = getpass.getuser()
+        except Exception:  # pragma: no cover - no user name in this environment
+            user = "?"
+        return {"format": "dask-research-lease/1", "run_id": self.run_id, "token": self.token, "owner": user,
+                "host": socket.gethostname(), "pid": os.getpid(), "started": started, "heartbeat": time.time()}
+
+    def holder(self) -> dict | None:
+        """The lease file's content, or None if nobody holds the run."""
+        try:
+            raw = self.store.fs.cat_file(self.path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(self.store.display(self.path), f"cannot be read ({_oserror(e)})") from None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            doc = None
+        if not isinstance(doc, dict):
+            # A lease torn by a crash mid-write: stale as soon as its file is old.
+            try:
+                mtime = self.store.fs.modified(self.path).timestamp()
+            except Exception:
+                mtime = 0.0
+            return {"owner": "?", "host": "?", "pid": None, "started": mtime, "heartbeat": mtime, "torn": True}
+        return doc
+
+    def _stale(self, h: dict) -> bool:
+        try:
+            beat = float(h.get("heartbeat", 0))
+        except (TypeError, ValueError):
+            beat = 0.0
+        if time.time() - beat > self.timeout:
+            return True
+        pid = h.get("pid")
+        return (h.get("host") == socket.gethostname() and isinstance(pid, int) and pid != os.getpid()
+                and not _pid_alive(pid))
+
+    @staticmethod
+    def describe(h: dict) -> str:
+        started = h.get("started")
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) if isinstance(started, (int, float)) else "?"
+        try:
+            age = f", heartbeat {time.time() - float(h.get('heartbeat')):.0f} s ago"
+        except (TypeError, ValueError):
+            age = ""
+        return f"{h.get('owner', '?')} on host {h.get('host', '?')}, pid {h.get('pid', '?')} (since {when}{age})"
+
+    # -- taking it --------------------------------------------------------------------------
+    def _try_create(self, doc: dict) -> bool:
+        st, data = self.store, json.dumps(doc).encode()
+        if st._local:
+            # Written whole under a temporary name, then hard-linked to lease.json: the link is
+            # atomic and fails if the lease exists, so a lease is never seen half-written.
+            st._refuse_links(self.path)
+            tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+            try:
+                os.makedirs(posixpath.dirname(self.path), exist_ok=True)
+                st._refuse_links(self.path)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    return False
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                        raise
+                    # No hard links here: exclusive create, the content follows (a torn lease is stale after the timeout).
+                    try:
+                        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                    except FileExistsError:
+                        return False
+                    try:
+                        os.write(fd, data)
+                    finally:
+                        os.close(fd)
+                return True
+            except OSError as e:
+                raise StoreError(st.display(self.path), f"could not be created ({_oserror(e)})") from None
+            finally:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        if st.fs.exists(self.path):
+            return False
+        st.fs.makedirs(posixpath.dirname(self.path), exist_ok=True)
+        st.fs.pipe_file(self.path, data)
+        h = self.holder()                     # the last writer of a race wins; the others see its token
+        return bool(h) and h.get("token") == self.token
+
+    def _take_over(self) -> None:
+        st = self.store
+        aside = f"{self.path}.stale-{uuid.uuid4().hex[:8]}"
+        try:
+            if st._local:
+                os.rename(self.path, aside)   # one taker wins the rename; the others find no file
+                os.unlink(aside)
+            else:
+                st.fs.rm(self.path)
+        except FileNotFoundError:
+            pass
+
+    def acquire(self) -> "Lease":
+        started, t0, said = time.time(), time.monotonic(), False
+        while True:
+            if self._try_create(self._doc(started)):
+                break
+            h = self.holder()
+            if h is None:
+                continue
+            if self._stale(h):
+                self.announce(f"{self.store.display(self.path)}: taking over a stale lease of {self.describe(h)}")
+                self._take_over()
+                continue
+            if not said:
+                self.waited = h
+                self.announce(f"run {self.run_id[:12]} in {redact(self.store.url)} is being written by another run: "
+                              f"{self.describe(h)}; waiting for it, then resuming from what it stored")
+                said = True
+            if self.wait is not None and time.monotonic() - t0 > self.wait:
+                raise StoreError(self.store.display(self.path), f"run {self.run_id[:12]} is held by another run: "
+                                 f"{self.describe(h)}; gave up after waiting {self.wait:g} s "
+                                 "(research.montecarlo.lease-wait)")
+            time.sleep(self.POLL)
+        self._held = True
+        self._thread = threading.Thread(target=self._beat, args=(started,), daemon=True,
+                                        name=f"dask-research-lease-{self.run_id[:8]}")
+        self._thread.start()
+        return self
+
+    def _beat(self, started: float) -> None:
+        while not self._stop.wait(self.timeout / 4):
+            try:
+                h = self.holder()
+                if not h or h.get("token") != self.token:
+                    return        # taken over (we were presumed dead): stop claiming it
+                self.store._write_json(self.path, self._doc(started), overwrite=True)
+            except Exception:     # a transient store error: try again next beat
+                continue
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._held:
+            self._held = False
+            try:
+                h = self.holder()
+                if h and h.get("token") == self.token:
+                    self.store.fs.rm(self.path)
+            except (OSError, StoreError):
+                pass
+
+    def __enter__(self) -> "Lease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

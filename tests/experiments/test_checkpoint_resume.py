@@ -18,7 +18,8 @@ from dask_research.experiments import (
     deterministic_expander,
     make_deterministic_runner,
 )
-from dask_research.experiments.checkpoint import Journal
+from dask_research.experiments.checkpoint import Journal, _encode
+from dask_research.experiments.lock import JournalLockWarning
 
 import crash_scenario as cs
 from exp_scenarios import summary
@@ -109,13 +110,25 @@ def test_a_damaged_setting_in_the_header_is_a_checkpoint_error(tmp_path):
     _scheduler(CountingRunner(), path, max_experiments=3).run()
     lines = path.read_text().splitlines()
     assert '"completion"' in lines[0]
-    path.write_text("\n".join([lines[0].replace('"completion"', '"bompletion"')] + lines[1:]) + "\n")
+    edited = lines[0].replace('"completion"', '"bompletion"')
+    path.write_text("\n".join([edited] + lines[1:]) + "\n")
+    with pytest.raises(CheckpointError, match=r"loop.jsonl: line 1 fails its checksum"):
+        IterationScheduler.resume(path, CountingRunner(), progress=False)
+    # edited with the checksum recomputed: the setting itself is refused
+    path.write_text("\n".join([_resign(edited)] + lines[1:]) + "\n")
     with pytest.raises(CheckpointError, match=r"loop.jsonl.*apply_order='bompletion' is "
                                               r"invalid.*damaged or was edited"):
         IterationScheduler.resume(path, CountingRunner(), progress=False)
     # a bad value the caller passes is the caller's error, as without a checkpoint
     with pytest.raises(InputError, match=r"slots=0 is invalid"):
         IterationScheduler.resume(path, CountingRunner(), progress=False, slots=0)
+
+
+def _resign(line):
+    """A journal line with its checksum recomputed (what a deliberate editor would do)."""
+    rec = json.loads(line)
+    rec.pop("crc")
+    return _encode(rec)
 
 
 def test_in_flight_experiments_are_requeued_once(tmp_path):
@@ -186,7 +199,10 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run_slots1(tmp_path
     done_before = open(log).read().split()
     assert 12 <= len(done_before) < 50                     # killed mid-run
     runner = cs.LoggingRunner(log, 0.0)
-    report = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False).run()
+    with pytest.warns(JournalLockWarning, match=r"took over the lock of pid \d+ .* is no "
+                                                r"longer running on this host"):
+        sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
+    report = sched.run()
     whole = cs.scheduler(cs.LoggingRunner(None, 0.0)).run()
     assert _stats(report) == _stats(whole)                 # the same statistics, bit for bit
     assert report.paper_triggers == whole.paper_triggers
@@ -199,7 +215,8 @@ def test_sigkill_mid_run_with_three_slots_runs_every_hypothesis_exactly_once(tmp
     before = open(log).read().split()
     state = Journal(path).load()
     runner = cs.LoggingRunner(log, 0.0)
-    sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
+    with pytest.warns(JournalLockWarning, match="is no longer running on this host"):
+        sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
     in_flight = {h.id for h in sched._restored.retry}
     report = sched.run()
     ids = [r.hypothesis.id for r in report.results]
@@ -217,6 +234,7 @@ def test_sigkill_mid_run_with_three_slots_runs_every_hypothesis_exactly_once(tmp
     assert len(before) >= 12
 
 
+@pytest.mark.filterwarnings("ignore::dask_research.experiments.checkpoint.JournalLegacyWarning")
 def test_corrupt_foreign_and_pickled_checkpoints_are_refused(tmp_path):
     runner = CountingRunner()
     foreign = tmp_path / "foreign.jsonl"

@@ -50,7 +50,8 @@ def test_records_and_scores():
 @pytest.mark.parametrize("module", ["types", "policies", "events", "ledger", "execute",
                                     "runners", "report", "loop", "checkpoint", "__init__",
                                     "tuned", "klucb", "thompson", "discounted", "pareto",
-                                    "linucb", "scoring", "resume", "options"])
+                                    "linucb", "scoring", "resume", "options", "lock",
+                                    "timeouts"])
 def test_docstring_examples(module):
     name = "dask_research.experiments" + ("" if module == "__init__" else f".{module}")
     mod = importlib.import_module(name)

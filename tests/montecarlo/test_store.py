@@ -136,18 +136,17 @@ def test_foreign_engine_and_edited_manifest_are_refused(tmp_path, job_module, on
         mc.run(job, client=one_worker, store=str(store), progress=False)
 
 
-def test_replay_from_the_manifest_and_the_pipeline_file(tmp_path, job_module, one_worker, monkeypatch):
+def test_replay_from_the_manifest_and_the_job_this_process_ran(tmp_path, job_module, one_worker):
     path, job = job_module
     store = str(tmp_path / "store")
     mc.run(job, client=one_worker, store=store, progress=False)
-    monkeypatch.chdir(tmp_path)  # the pipeline file is part of "this project"
-    report = mc.replay(job.id, 17, store)               # pipeline found from the recorded file
+    report = mc.replay(job.id, 17, store)               # the job this process ran / imported
     assert report.match and report.stored == report.recomputed and "shard 17" in str(report)
     assert all(r.match for r in mc.replay_many(job.id, store, k=3))
-    path.write_text(JOB_SOURCE.replace("np.tanh(a * b", "np.tanh(a * b * 1.0"))
+    edited = job.replace(pipeline=lambda a, b, c: np.tanh(a * b * 1.0 / (c + 1)))
     with pytest.raises(StoreError, match="is not the one that ran"):
-        mc.replay(job.id, 17, store)
-    with pytest.raises(StoreError, match="manifest.json: does not exist"):
+        mc.replay(job.id, 17, store, job=edited)
+    with pytest.raises(StoreError, match="empty: does not exist"):
         mc.replay(job.id, 17, str(tmp_path / "empty"), job=job)
 
 
@@ -194,32 +193,31 @@ def test_store_url_credentials_are_redacted():
     assert "SECRET" not in repr(mc.RunStore("memory://user:SECRET@x/y"))
 
 
-def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker, monkeypatch):
-    """A manifest naming a file outside the working directory is not loaded unless trusted."""
+def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker):
+    """In this process the job is found among what it ran and imported; a planted origin is not imported.
+
+    The subprocess versions (fresh working directory, hostile file under it, __main__ scripts)
+    are in tests/security/test_store_trust.py.
+    """
     path, job = job_module
     store = str(tmp_path / "store")
     mc.run(job, client=one_worker, store=store, progress=False)
-    elsewhere = tmp_path / "project"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
-    with pytest.raises(StoreError, match="outside the working directory; pass job="):
-        mc.replay(job.id, 2, store)
-    assert mc.replay(job.id, 2, store, trust_origin=True).match
-    assert mc.replay(job.id, 2, store, job=job).match
-    # A planted manifest pointing at someone's script: refused, and the script never runs.
     evil = tmp_path / "evil.py"
     evil.write_text("import pathlib; pathlib.Path(__file__).with_suffix('.ran').write_text('x')\n"
                     "def sat(a, b, c):\n    return a\n")
+    from dask_research.montecarlo.run import _JOBS
     from dask_research.montecarlo.store import _checksum
 
     mpath = tmp_path / "store" / "runs" / job.id / "manifest.json"
     doc = json.loads(mpath.read_text())
-    doc["origin"] = {"module": None, "qualname": "sat", "file": str(evil)}
+    doc["origin"] = {"module": "evil_planted", "qualname": "sat", "file": str(evil)}
     doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
     mpath.write_text(json.dumps(doc))
-    with pytest.raises(StoreError, match="outside the working directory"):
+    _JOBS.clear()            # as if this process had not run it
+    with pytest.raises(StoreError, match="has not imported.*pass job=.*--trust-origin"):
         mc.replay(job.id, 2, store)
     assert not evil.with_suffix(".ran").exists()
     out = CliRunner().invoke(main, ["mc", "replay", job.id, "--shard", "2", "--store", store])
     assert out.exit_code == 1 and "--trust-origin" in out.output
     assert not evil.with_suffix(".ran").exists()
+    assert mc.replay(job.id, 2, store, job=job).match

@@ -1,0 +1,138 @@
+"""Batch-system clusters through dask-jobqueue, by name (``slurm``, ``pbs``, ...).
+
+The command line's ``--cluster NAME --jobs N`` comes here. dask-jobqueue reads its own
+configuration (``jobqueue.<name>.*`` in ``~/.config/dask/jobqueue.yaml`` or the environment,
+e.g. ``DASK_JOBQUEUE__SLURM__QUEUE``); the keyword arguments given here (the command line's
+``--queue``, ``--cores``, ``--memory``, ``--walltime``, ``--account``) override it.
+
+Examples
+--------
+>>> sorted(JOBQUEUE_CLUSTERS)
+['htcondor', 'lsf', 'moab', 'oar', 'pbs', 'sge', 'slurm']
+>>> with jobqueue_client("slurm", jobs=2, cores=1, memory="2GB") as client:   # doctest: +SKIP
+...     mc.run(job, client=client)
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .exceptions import InputError, ResearchError
+
+__all__ = ["JOBQUEUE_CLUSTERS", "jobqueue_cluster_class", "jobqueue_client"]
+
+#: dask-jobqueue's cluster classes by the name of their configuration section.
+JOBQUEUE_CLUSTERS = {
+    "slurm": "SLURMCluster",
+    "pbs": "PBSCluster",
+    "sge": "SGECluster",
+    "lsf": "LSFCluster",
+    "htcondor": "HTCondorCluster",
+    "moab": "MoabCluster",
+    "oar": "OARCluster",
+}
+
+
+def jobqueue_cluster_class(name: str) -> type:
+    """The dask-jobqueue class for ``name`` (case-insensitive), e.g. ``SLURMCluster`` for ``slurm``."""
+    key = str(name).lower()
+    if key not in JOBQUEUE_CLUSTERS:
+        raise InputError("cluster", name, f"one of {', '.join(sorted(JOBQUEUE_CLUSTERS))} (dask-jobqueue)")
+    try:
+        import dask_jobqueue
+    except ImportError:
+        raise ResearchError(f"--cluster {key} needs dask-jobqueue: pip install 'dask-research[hpc]'") from None
+    return getattr(dask_jobqueue, JOBQUEUE_CLUSTERS[key])
+
+
+@contextlib.contextmanager
+def jobqueue_client(name: str, jobs: int, **options: Any) -> Iterator:
+    """Start a dask-jobqueue cluster of ``jobs`` batch jobs, yield a client, close both after.
+
+    Parameters
+    ----------
+    name : str
+        ``slurm``, ``pbs``, ``sge``, ``lsf``, ``htcondor``, ``moab`` or ``oar``.
+    jobs : int
+        Batch jobs to submit (``cluster.scale(jobs=jobs)``); each runs the job's workers.
+    **options
+        Keyword arguments of the cluster class (``queue``, ``cores``, ``memory``, ``walltime``,
+        ``account``, ...). ``None`` values are dropped, so dask-jobqueue's configuration
+        ``jobqueue.<name>.*`` applies to them.
+
+    The client does not wait for workers: a Monte-Carlo run starts as soon as the first job
+    starts, and the others join as the batch system starts them.
+    """
+    from distributed import Client
+
+    cls = jobqueue_cluster_class(name)
+    if int(jobs) < 1:
+        raise InputError("jobs", jobs, "a positive number of batch jobs")
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    try:
+        cluster = cls(**kwargs)
+    except ValueError as e:     # e.g. "You must specify how much cores and memory per job"
+        raise ResearchError(f"cannot configure a {cls.__name__}: {e} (set jobqueue.{name.lower()}.* "
+                            "or pass --cores/--memory)") from None
+    try:
+        _submit(cluster, name.lower(), int(jobs))
+        with Client(cluster) as client:
+            yield client
+    finally:
+        cluster.close()
+
+
+class _SubmitErrors(logging.Filter):
+    """Keeps (and hides) the errors of dask-jobqueue's job submissions, which Dask's event loop
+    would otherwise log as tracebacks from a background callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:     # (only while jobs are being submitted: the filter is removed after)
+            self.errors.append(exc)
+            return False
+        return True
+
+
+def _submit(cluster, name: str, jobs: int) -> None:
+    """``cluster.scale(jobs=jobs)`` and wait until the batch system accepted every job; a
+    refused submission (no batch system, a bad queue or account) raises ResearchError with
+    the submit command's own last line."""
+    keep = _SubmitErrors()
+    loggers = [logging.getLogger(n) for n in ("tornado.application", "asyncio", "distributed.deploy.spec")]
+    for lg in loggers:
+        lg.addFilter(keep)
+    try:
+        cluster.scale(jobs=jobs)
+        while not keep.errors:
+            submitted = [w for w in cluster.workers.values() if getattr(w, "job_id", None)]
+            if len(submitted) >= jobs:
+                return
+            time.sleep(0.05)
+        # Forget the jobs that were never submitted, so that closing the cluster can work
+        # (SpecCluster expects every worker object it holds to have started).
+        from distributed.core import Status
+
+        for wname, w in list(cluster.workers.items()):
+            if not getattr(w, "job_id", None):
+                w.status = Status.failed
+                cluster.workers.pop(wname, None)
+                cluster.worker_spec.pop(wname, None)
+        err = keep.errors[0]
+        text = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        if "Command:" in text[:-1]:     # dask-jobqueue's message: the command, its stdout and stderr
+            command = text[text.index("Command:") + 1].split()[0]
+            reason = f"{command} said {text[-1]!r}"
+        else:
+            reason = f"{type(err).__name__}: {text[0] if text else ''}"
+        raise ResearchError(f"could not submit the {name} jobs: {reason}")
+    finally:
+        for lg in loggers:
+            lg.removeFilter(keep)

@@ -1,0 +1,77 @@
+"""``--cluster NAME``: dask-jobqueue by name, and its failures in one line (no SLURM needed)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+pytest.importorskip("dask_jobqueue")
+JOB = os.path.join(REPO, "examples", "saturating_pipeline.py") + ":job"
+
+
+def cli(args, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("DASK_JOBQUEUE__")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-m", "dask_research.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=full)
+
+
+def _errors(out) -> list[str]:
+    """stderr without Python warnings (a dashboard port in use on a shared machine)."""
+    lines = out.stderr.strip().splitlines()
+    return [ln for ln in lines if ln.startswith("Error:")] if "Traceback" not in out.stderr else lines
+
+
+def test_every_jobqueue_class_by_name():
+    import dask_jobqueue
+
+    from dask_research.exceptions import InputError
+    from dask_research.hpc import JOBQUEUE_CLUSTERS, jobqueue_cluster_class
+
+    for name, cls in JOBQUEUE_CLUSTERS.items():
+        assert jobqueue_cluster_class(name) is getattr(dask_jobqueue, cls)
+        assert jobqueue_cluster_class(name.upper()) is getattr(dask_jobqueue, cls)
+    with pytest.raises(InputError, match="one of htcondor, lsf, moab, oar, pbs, sge, slurm"):
+        jobqueue_cluster_class("kubernetes")
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_submission_the_batch_system_refuses_is_one_line_not_a_hang():
+    # No sbatch on PATH: dask-jobqueue's submission fails in a background callback; the
+    # command must say so and exit, not wait for workers forever.
+    out = cli(["mc", "run", JOB, "--cluster", "slurm", "--jobs", "2", "--cores", "1", "--memory", "2GB",
+               "--no-progress"], PATH=os.path.dirname(sys.executable))
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert _errors(out) == ["Error: could not submit the slurm jobs: FileNotFoundError: "
+                            "[Errno 2] No such file or directory: 'sbatch'"]
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch is not installed")
+def test_sbatch_errors_are_reported_with_its_own_words(tmp_path):
+    out = cli(["mc", "run", JOB, "--cluster", "slurm", "--cores", "1", "--memory", "2GB", "--no-progress"],
+              SLURM_CONF=str(tmp_path / "no-slurm.conf"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    [line] = _errors(out)
+    assert line.startswith("Error: could not submit the slurm jobs: sbatch said 'sbatch: "), line
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--cluster", "slurm"], 1, "cannot configure a SLURMCluster: You must specify how much cores and memory"),
+    (["--cluster", "kubernetes"], 2, "Invalid value for '--cluster'"),
+    (["--queue", "short"], 2, "--queue applies only with --cluster NAME"),
+    (["--cluster", "slurm", "--scheduler", "tcp://127.0.0.1:8786"], 2, "give --scheduler or --cluster, not both"),
+    (["--cluster", "slurm", "--jobs", "0"], 2, "Invalid value for '--jobs'"),
+])
+@pytest.mark.timeout(120, method="thread")
+def test_cluster_options_are_checked(args, code, message):
+    out = cli(["mc", "run", JOB, "--no-progress", *args])
+    assert out.returncode == code, out.stderr
+    [line] = _errors(out)
+    assert message in line, line

@@ -1,0 +1,144 @@
+"""Per-record checksums of the experiments journal (issue 14), on real files.
+
+A whole record that lost only its newline is kept (and ended with one before the next append);
+a torn last line is ignored; any other damaged line is refused with its line number, so an
+edited reward never resumes into different statistics.
+"""
+import json
+import re
+import warnings
+
+import pytest
+
+from dask_research.exceptions import CheckpointError
+from dask_research.experiments import Hypothesis, IterationScheduler
+from dask_research.experiments.checkpoint import Journal, JournalLegacyWarning
+
+REWARDS = {"a": 0.8, "b": 0.3}
+
+
+class Runner:
+    """Reward by branch, a digit of variety per id; remembers what it ran."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, h):
+        self.calls.append(h.id)
+        return REWARDS[h.branch] + int(h.id[-1]) / 1000
+
+
+def _scheduler(runner, path, **kw):
+    sched = IterationScheduler(runner, slots=1, progress=False, checkpoint=path,
+                               prune_floor=0.0, **kw)
+    sched.add([Hypothesis(f"{b}-{k}", b) for k in range(5) for b in REWARDS])
+    return sched
+
+
+def _stats(report):
+    return {b: (s.runs, s.reward_sum, s.failures, s.queued) for b, s in report.branches.items()}
+
+
+def test_a_record_torn_just_before_its_newline_is_kept_not_cut(tmp_path):
+    path = tmp_path / "loop.jsonl"
+    first = _scheduler(Runner(), path, max_experiments=3).run()
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    path.write_bytes(data[:-1])                 # the crash came between record and newline
+    last = json.loads(data.splitlines()[-1])
+    assert last["kind"] == "event"
+    runner = Runner()
+    again = _scheduler(runner, path, max_experiments=4).run()
+    # nothing counted was lost: the three results are replayed, one new experiment runs
+    assert again.replayed == 3 and len(runner.calls) == 1
+    assert not set(runner.calls) & {r.hypothesis.id for r in first.results}
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and json.loads(lines[len(data.splitlines()) - 1]) == last
+    state = Journal(path).load()                # every line whole and checked
+    outcomes = [r for r in state.records if r["kind"] == "event"
+                and r["e"]["kind"] in ("result", "failure")]
+    assert len(outcomes) == 4
+
+
+def test_a_flipped_digit_in_a_reward_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "loop.jsonl"
+    _scheduler(Runner(), path, max_experiments=6).run()
+    lines = path.read_text().splitlines(keepends=True)
+    n = next(k for k, ln in enumerate(lines) if '"kind": "result"' in ln)
+    m = re.search(r'"reward": 0\.(\d)', lines[n])
+    digit = m.group(1)
+    flipped = "9" if digit != "9" else "1"
+    lines[n] = lines[n][:m.start(1)] + flipped + lines[n][m.end(1):]
+    path.write_text("".join(lines))
+    with pytest.raises(CheckpointError, match=rf"loop.jsonl: line {n + 1} fails its checksum "
+                                              r"\(the record was altered or damaged\)"):
+        IterationScheduler.resume(path, Runner(), progress=False)
+    with pytest.raises(CheckpointError, match=rf"line {n + 1} fails its checksum"):
+        _scheduler(Runner(), path)
+    # the same flip in the last line, newline kept: refused too (a torn write has no newline)
+    _scheduler(Runner(), tmp_path / "b.jsonl", max_experiments=2).run()
+    tail = (tmp_path / "b.jsonl").read_text().splitlines(keepends=True)
+    tail[-1] = tail[-1].replace('"queued": ', '"queued": 1')
+    (tmp_path / "b.jsonl").write_text("".join(tail))
+    with pytest.raises(CheckpointError, match=rf"line {len(tail)} fails its checksum"):
+        IterationScheduler.resume(tmp_path / "b.jsonl", Runner(), progress=False)
+
+
+def test_a_torn_tail_is_ignored_and_cut_and_only_the_last_line(tmp_path):
+    whole = tmp_path / "whole.jsonl"
+    reference = _scheduler(Runner(), whole).run()
+    path = tmp_path / "loop.jsonl"
+    _scheduler(Runner(), path, max_experiments=4).run()
+    good = path.read_bytes()
+    extra = whole.read_bytes()[len(good):].split(b"\n")[0]
+    assert extra                                   # the next record, as the crash tore it
+    for cut in (5, len(extra) // 2, len(extra) - 3):
+        path.write_bytes(good + extra[:cut])
+        assert len(Journal(path).load().records) == len(good.splitlines()) - 1
+    runner = Runner()
+    report = _scheduler(runner, path).run()
+    assert report.replayed == 4 and _stats(report) == _stats(reference)
+    assert Journal(path).load() is not None and not path.read_bytes().count(extra[:len(extra) - 3])
+    # a torn line that is not the last one is damage, not a tear
+    lines = good.split(b"\n")
+    lines[2] = lines[2][:20]
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(CheckpointError, match=r"line 3 (fails its checksum|is not a JSON)"):
+        Journal(path).load()
+
+
+def test_a_line_without_a_checksum_in_a_new_journal_is_refused(tmp_path):
+    path = tmp_path / "loop.jsonl"
+    _scheduler(Runner(), path, max_experiments=2).run()
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[3])
+    del rec["crc"]
+    lines[3] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CheckpointError, match=r"line 4 has no checksum; every record of a "
+                                              r"version-3 journal carries one"):
+        Journal(path).load()
+
+
+def test_a_legacy_version_2_journal_is_read_with_a_warning(tmp_path):
+    path = tmp_path / "old.jsonl"
+    _scheduler(Runner(), path, max_experiments=3).run()
+    legacy = []
+    for k, line in enumerate(path.read_text().splitlines()):
+        rec = json.loads(line)
+        del rec["crc"]
+        if k == 0:
+            rec["version"] = 2
+        legacy.append(json.dumps(rec))
+    path.write_text("\n".join(legacy) + "\n")
+    with pytest.warns(JournalLegacyWarning, match=r"old.jsonl: a version-2 journal, written "
+                                                  r"without per-record checksums"):
+        sched = IterationScheduler.resume(path, Runner(), progress=False, max_experiments=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", JournalLegacyWarning)
+        report = sched.run()
+        assert report.replayed == 3
+        state = Journal(path).load()
+    assert len(state.records) > 3
+    new = path.read_text().splitlines()[len(legacy):]
+    assert new and all('"crc": "' in ln for ln in new)       # appended records are checked
