@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--name", default="bench_search", help="results file name")
     args = ap.parse_args(argv)
     methods = args.methods.split(",")
     cache = sp.fill_cache()
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                             "methods": table}
     figures["machine_busy"] = load.machine_busy
     if not args.no_write:
-        path = write_results("bench_search", figures, notes=(
+        path = write_results(args.name, figures, notes=(
             "Cached 3-fold CV accuracy (unshuffled StratifiedKFold) of grid configurations; "
             "decide ms = loop wall minus cache lookups per experiment; eval s = CV seconds of "
             "the evaluated configurations when they were computed (n_jobs=1)."))

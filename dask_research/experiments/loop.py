@@ -165,7 +165,7 @@ class IterationScheduler:
         reward; ``"max"`` its best single result, for searches that keep only the best
         (see :mod:`.objectives`). With ``"max"`` and no ``policy`` the policy is
         ``max_policy``.
-    max_policy : {"quantile-ucb", "threshold-ascent"}, optional
+    max_policy : {"threshold-ascent", "quantile-ucb"}, optional
         Max-bandit policy of ``objective="max"`` (``research.experiments.max-policy``).
     max_quantile, max_c : float, optional
         Quantile level and confidence width of the quantile bound of ``objective="max"``

@@ -5,7 +5,12 @@ single result, not the best average (a hyperparameter search keeps only its best
 configuration; one catastrophic configuration must not bury a model family). Two rules from
 the max-bandit literature are implemented; ``research.experiments.max-policy`` picks one:
 
-``"quantile-ucb"`` (default, chosen by measurement in ``benchmarks/bench_search.py``)
+``"threshold-ascent"`` (default, chosen by measurement in ``benchmarks/bench_search.py``)
+    Threshold Ascent (Streeter and Smith, CP 2006): keep a threshold ``T`` at the ``s``-th best
+    reward seen overall and pick the branch with the highest Chernoff upper bound on the
+    probability of beating it, ``U(p, n) = p + (a + sqrt(2 n p a + a^2)) / n`` with
+    ``p = hits / n`` and ``a = ln(2 N K / delta)``.
+``"quantile-ucb"``
     An upper confidence bound on each branch's ``tau``-quantile, after the quantile bandits of
     Szörényi, Busa-Fekete, Weng and Hüllermeier (ICML 2015): with ``n_i`` pulls the bound is
     the empirical quantile at level ``tau + eps_i``, ``eps_i = c * sqrt(ln N / (2 n_i))``
@@ -13,11 +18,6 @@ the max-bandit literature are implemented; ``research.experiments.max-policy`` p
     level exceeds 1 the sample cannot bound the quantile: the index is then the top of the
     reward range plus the excess level, so less-tried branches go first. A quantile is robust
     to outliers on both sides: a branch with one catastrophic draw keeps its index.
-``"threshold-ascent"``
-    Threshold Ascent (Streeter and Smith, CP 2006): keep a threshold ``T`` at the ``s``-th best
-    reward seen overall and pick the branch with the highest Chernoff upper bound on the
-    probability of beating it, ``U(p, n) = p + (a + sqrt(2 n p a + a^2)) / n`` with
-    ``p = hits / n`` and ``a = ln(2 N K / delta)``.
 
 Experiments in flight count as draws at the bottom of the reward range (the constant liar of
 the mean policies), so parallel slots do not all pile onto one branch.
@@ -65,7 +65,7 @@ __all__ = [
     "make_max_policy",
 ]
 
-MAX_POLICY_NAMES = ("quantile-ucb", "threshold-ascent")
+MAX_POLICY_NAMES = ("threshold-ascent", "quantile-ucb")
 
 
 def quantile_ucb_index(rewards: Sequence[float], pending: int, total: float, tau: float,

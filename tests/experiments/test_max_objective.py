@@ -144,11 +144,11 @@ def test_report_best_under_mean_is_the_best_mean():
 
 def test_max_policy_is_the_configured_default():
     s = IterationScheduler(table_runner, progress=False, objective="max")
-    assert isinstance(s.policy, QuantileUCBPolicy)
-    assert (s.policy.tau, s.policy.c) == (s.max_quantile, s.max_c)
+    assert isinstance(s.policy, ThresholdAscentPolicy)      # the measured default
     s = IterationScheduler(table_runner, progress=False, objective="max",
-                           max_policy="threshold-ascent")
-    assert isinstance(s.policy, ThresholdAscentPolicy)
+                           max_policy="quantile-ucb", max_quantile=0.7)
+    assert isinstance(s.policy, QuantileUCBPolicy)
+    assert (s.policy.tau, s.policy.c) == (0.7, s.max_c)
 
 
 @pytest.mark.parametrize("kwargs,name", [
