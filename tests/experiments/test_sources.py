@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from distributed.utils_test import gen_cluster
+
 from dask_research.exceptions import ExperimentError
 from dask_research.experiments import Branch, Hypothesis, IterationScheduler, Result
 
@@ -149,3 +151,29 @@ def test_optuna_source_continues_after_resume(tmp_path):
     ids = [x.hypothesis.id for x in r.results]
     assert len(ids) == len(set(ids)) == 12      # no id proposed twice across the resume
     assert len(src.study.trials) == 12
+
+
+def _payload_reward(h):
+    return h.payload["x"]
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_sources_and_max_objective_on_dask_workers(c, s, a, b):
+    """Sources propose on the driver, experiments run as Dask futures on the workers, and a
+    seeded search with apply_order="dispatch" makes the same decisions as without a client."""
+    from dask_research.experiments import OptunaSource
+
+    def make(client):
+        sched = IterationScheduler(_payload_reward, slots=3, client=client, objective="max",
+                                   apply_order="dispatch", progress=False, max_experiments=12,
+                                   log_events=False)
+        sched.add([Branch(n, propose=OptunaSource(
+            {"x": optuna.distributions.FloatDistribution(lo, lo + 0.5)}, seed=k))
+            for k, (n, lo) in enumerate([("low", 0.0), ("high", 0.5)])])
+        return sched
+
+    remote = await make(c).run_async()
+    local = make(None).run()
+    assert remote.total_runs == 12 and remote.best == "high"
+    assert [r.hypothesis.payload for r in remote.results] == [
+        r.hypothesis.payload for r in local.results]
