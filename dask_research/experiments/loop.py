@@ -922,7 +922,7 @@ class IterationScheduler:
                        failures=int(ledger.failures[i]), journal={"duration": res.duration})
         if self._sources.by_branch:
             self._sources.observe(outcome if isinstance(outcome, Result) else
-                                  Result.failure(h, outcome))
+                                  Result.failure(h, outcome), self)
         means = ledger.raw_means(i)
         dirs = self.objectives or {}
         # gate 1: pruning

@@ -219,6 +219,12 @@ class ThresholdAscentPolicy(_MaxPolicy):
 
     def __init__(self, top: int = 5, delta: float = 0.1, bounded: bool = True) -> None:
         super().__init__(bounded)
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise InputError("top", top, "an integer >= 1 (Threshold Ascent's s)",
+                             where="ThresholdAscentPolicy")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (
+                math.isfinite(delta) and delta > 0):
+            raise InputError("delta", delta, "a finite number > 0", where="ThresholdAscentPolicy")
         self.top = int(top)
         self.delta = float(delta)
 
@@ -232,7 +238,9 @@ class ThresholdAscentPolicy(_MaxPolicy):
         self._fit(k)
         t = self.threshold()
         total = max(float(led.total_n), 1.0)
-        alpha = math.log(2 * total * max(k, 1) / self.delta)
+        # the paper's delta is a failure probability in (0, 1); a larger delta (less
+        # exploration, for small budgets) is allowed, and alpha stays >= 0
+        alpha = max(0.0, math.log(2 * total * max(k, 1) / self.delta))
         out = np.empty(k)
         for i in range(k):
             r = self.sorted[i]

@@ -118,12 +118,26 @@ class SourceTable:
                     self.observe(res)
         led.set_sourced(i, True)
 
-    def observe(self, result: Result) -> None:
-        """Tell the branch's source about one outcome (a faulty observe is ignored)."""
-        src = self.by_branch.get(result.hypothesis.branch)
+    def observe(self, result: Result, sched: IterationScheduler | None = None) -> None:
+        """Tell the branch's source about one outcome. During a run (``sched`` given) a source
+        whose ``observe`` raises is ended like one whose ``propose`` raises: the branch is no
+        longer proposed to, and an ``add`` event carries the error."""
+        name = result.hypothesis.branch
+        src = self.by_branch.get(name)
         fn = getattr(src, "observe", None)
-        if fn is not None:
+        if fn is None:
+            return
+        if sched is None:
             fn(result)
+            return
+        try:
+            fn(result)
+        except Exception as exc:  # noqa: BLE001 - a faulty source must not kill the loop
+            del self.by_branch[name]
+            led = sched.ledger
+            led.set_sourced(led.branch_index(name), False)
+            sched._emit("add", name, n=0, source=True, exhausted=True,
+                        error=f"observe: {type(exc).__name__}: {exc}")
 
     def _fresh_id(self, led: Any, name: str) -> str:
         k = self.counter.get(name, 0)

@@ -189,3 +189,15 @@ def test_max_run_resumes_from_its_journal(tmp_path, policy):
     assert b.ledger.holder == a.ledger.holder and b.ledger.best_seen == a.ledger.best_seen
     r = b.run()
     assert r.total_runs == 24 and r.best == "svc"
+
+
+def test_threshold_ascent_large_delta_is_greedy_not_a_crash():
+    """delta beyond 2NK made alpha negative (math domain error in the bound): it is clamped."""
+    sched = IterationScheduler(table_runner, slots=3, progress=False, objective="max",
+                               policy=ThresholdAscentPolicy(top=2, delta=1e9))
+    sched.add(issue_hypotheses())
+    r = sched.run()
+    assert r.total_runs == 24
+    for bad in ({"top": 0}, {"top": 2.5}, {"delta": 0}, {"delta": float("nan")}):
+        with pytest.raises(InputError):
+            ThresholdAscentPolicy(**bad)

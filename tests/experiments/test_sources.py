@@ -71,6 +71,21 @@ def test_exhausted_and_failing_sources_end_their_branch():
         "error"]
 
 
+def test_a_source_whose_observe_raises_is_ended_not_the_run():
+    class Bad(Counting):
+        def observe(self, result):
+            raise ValueError("cannot learn")
+
+    bad, good = Bad([0.9]), Counting([0.5])
+    sched = IterationScheduler(lambda h: h.payload, slots=1, progress=False,
+                               max_experiments=6)
+    sched.add([Branch("bad", propose=bad), Branch("good", propose=good)])
+    r = sched.run()
+    assert r.branches["bad"].runs == 1 and r.total_runs == 6
+    err = next(e for e in r.events if e.kind == "add" and e.data.get("error"))
+    assert err.branch == "bad" and "cannot learn" in err.data["error"]
+
+
 def test_wrong_sources_are_clear_errors():
     with pytest.raises(ExperimentError, match="propose must be callable"):
         Branch("a", propose=42)
