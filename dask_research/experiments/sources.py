@@ -106,6 +106,12 @@ class SourceTable:
     def register(self, sched: IterationScheduler, branch: Branch) -> None:
         """Register ``branch``'s source, tell it the restored results, mark the branch live."""
         led = sched.ledger
+        if led.policy.picks_hypothesis:
+            raise ExperimentError(
+                f"policy {led.policy.name!r} picks among queued hypotheses by their features; "
+                f"a lazy Branch {branch.name!r} has none queued to pick from: add Hypothesis "
+                "objects, or use a branch policy (ucb1, thompson, objective='max', ...)",
+                branch=branch.name)
         if branch.name in self.by_branch:
             raise ExperimentError(f"branch {branch.name!r} already has a source; add each "
                                   "Branch once", branch=branch.name)

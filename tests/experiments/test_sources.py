@@ -93,6 +93,9 @@ def test_wrong_sources_are_clear_errors():
     sched.add(Branch("a", propose=lambda b: 0.5))
     with pytest.raises(ExperimentError, match="already has a source"):
         sched.add(Branch("a", propose=lambda b: 0.5))
+    with pytest.raises(ExperimentError, match="picks among queued hypotheses"):
+        IterationScheduler(lambda h: 0.5, progress=False, policy="linucb").add(
+            Branch("a", propose=lambda b: 0.5))
     # a source proposing for another branch: its branch is ended with the error in the trace
     sched2 = IterationScheduler(lambda h: 0.5, progress=False)
     sched2.add(Branch("a", propose=lambda b: Hypothesis("x", "other")))
