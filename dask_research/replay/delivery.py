@@ -368,10 +368,34 @@ class PrefetchingIterator:
         t_call = time.perf_counter()
         return t_call, None if self._last_return is None else t_call - self._last_return
 
+    # --- hand-over ------------------------------------------------------------------------
+    # A learner that finds the queue empty blocks in ``get`` (releasing the GIL). The producer
+    # puts the batch and would then go on preparing the next one while holding the GIL (numpy
+    # calls on small arrays do not release it), so the woken learner would wait for the
+    # interpreter's switch interval before it could return: that wait, not the work, was most
+    # of ``next()``. So when the learner is waiting, the producer blocks on ``_taken`` right
+    # after the put until the learner has taken the batch (or 50 ms): the GIL goes to the
+    # learner at once. A learner that finds a batch ready costs the producer nothing.
+    _waiting = False
+    _taken_lock: Any = None               # created by the producer thread on its first put
+
     def _take(self) -> Any:
         """The next queued item; closes on the stop marker or a forwarded error."""
         assert self._queue is not None
-        item = self._queue.get()
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            self._waiting = True
+            try:
+                item = self._queue.get()
+            finally:
+                self._waiting = False
+            lock = self._taken_lock
+            if lock is not None and lock.locked():
+                try:
+                    lock.release()        # the producer may go on
+                except RuntimeError:      # pragma: no cover - released concurrently
+                    pass
         if item is _STOP:
             self.close()
             raise StopIteration
@@ -395,12 +419,19 @@ class PrefetchingIterator:
     def _put(self, item: Any) -> None:
         """Queue ``item``, waiting while the queue is full, until the iterator is closed."""
         assert self._queue is not None
+        lock = self._taken_lock
+        if lock is None:
+            lock = self._taken_lock = threading.Lock()
+        lock.acquire(blocking=False)      # locked: no batch taken since this put
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
-                return
             except queue.Full:
                 self._on_full()
+                continue
+            if self._waiting:             # the learner is blocked on this very batch
+                lock.acquire(timeout=0.05)
+            return
 
     def close(self) -> None:
         """Stop the background pipeline (idempotent)."""
@@ -455,7 +486,7 @@ class BatchIterator(PrefetchingIterator):
         self.convert = make_converter(plane.spec, to, device, self.prefetch + 2, self.batch_size)
         self.to, self.device = to, device
         self.stats = DeliveryStats(self.prefetch)
-        self._produced = 0
+        self._drawn = 0                   # batches drawn (numbered under the plane's lock)
         self._delivered = 0
         self._last_return: float | None = None
         self._stop = threading.Event()
@@ -463,6 +494,15 @@ class BatchIterator(PrefetchingIterator):
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._switch = False
+        # The learner thread may produce a batch itself when the queue is empty (see
+        # __next__) where the pipeline is safe to run in two threads: the plane's own stages,
+        # host output (numpy, torch on CPU), no rate limiter to wait on, no user transforms.
+        self._inline_ok = (self.prefetch > 0 and type(self.convert) in (_NumpyOut, _TorchCPUOut)
+                           and not self.transforms and plane.rate_limiter is None)
+        self._demand = threading.Event()   # set: the producer thread may prepare batches
+        self._demand.set()
+        self._step_ewma: float | None = None   # the learner's step time, a moving average
+        self._made_ewma = 0.0              # the time to make one batch, a moving average
         if self.prefetch > 0:
             si = config.get("replay.switch-interval", switch_interval, default=None)
             if si is not None and not si > 0:
@@ -492,13 +532,31 @@ class BatchIterator(PrefetchingIterator):
                                            rl.samples_per_insert, self.timeout)
         info["rate_wait"] = time.perf_counter() - t0
 
-    def _produce(self) -> Batch:
+    def _produce(self, inline: bool = False) -> Any:
+        """Draw, gather, transform and convert batch number ``self._drawn``.
+
+        Returns the batch, or ``_STOP`` once ``max_batches`` were drawn. With ``inline`` (the
+        learner found the queue empty) the batch is drawn only if it is the one the learner
+        waits for, i.e. the producer thread has none in flight; else None. Batch numbers are
+        taken under the plane's lock together with the draw, so batch ``k`` always holds the
+        ``k``-th draw from the plane's generator, whichever thread made it.
+        """
         info: dict[str, float] = {}
+        if self.max_batches is not None and self._drawn >= self.max_batches:
+            return _STOP
         self._await_sample(info)
         staging = getattr(self.convert, "staging", None)
         gpu = staging is not None and not self.transforms
         out = staging() if gpu else None
-        rec, keys, weights = self.plane._draw(self.batch_size, out=out, times=info, device_ok=gpu)
+        with self.plane._lock:
+            seq = self._drawn
+            if inline and seq != self._delivered:
+                return None
+            if self.max_batches is not None and seq >= self.max_batches:
+                return _STOP
+            self._drawn = seq + 1
+            rec, keys, weights = self.plane._draw(self.batch_size, out=out, times=info,
+                                                  device_ok=gpu)
         if not isinstance(rec, np.ndarray):     # gathered on the GPU: no host round trip
             t0 = time.perf_counter()
             batch = self.convert.from_device(rec, keys, weights, info)
@@ -525,11 +583,12 @@ class BatchIterator(PrefetchingIterator):
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.max_batches is not None and self._produced >= self.max_batches:
-                    item: Any = _STOP
-                else:
-                    item = self._produce()
-                    self._produced += 1
+                if self._inline_ok and not self._demand.is_set():
+                    # the learner is inside next() and makes the batch itself: competing
+                    # with it for the GIL would only add thread switches
+                    self._demand.wait(0.1)
+                    continue
+                item = self._produce()
                 self._put(item)
                 if item is _STOP:
                     return
@@ -550,9 +609,40 @@ class BatchIterator(PrefetchingIterator):
             except BaseException:
                 self.close()
                 raise
+            if batch is _STOP:
+                self.close()
+                raise StopIteration
         else:
-            batch = self._take()
+            batch = None
+            if self._inline_ok:
+                self._demand.clear()
+            if self._inline_ok and self._queue.empty():
+                # The learner outpaces the producer thread. Handing a batch from one thread
+                # to the other costs two thread wake-ups and a GIL hand-over (most of next()
+                # on a busy machine); producing the wanted batch here costs neither.
+                try:
+                    batch = self._produce(inline=True)
+                except BaseException:
+                    self.close()
+                    raise
+                if batch is _STOP:
+                    self.close()
+                    raise StopIteration
+            if batch is None:
+                batch = self._take()
         self._delivered += 1
+        if self._inline_ok:
+            # Wake the producer thread for the learner's step only when that step is long
+            # enough for prefetching to pay for the thread switch (a learner that calls next()
+            # right away is served faster inline, without the producer fighting for the GIL).
+            info = batch.info
+            made = (info.get("sample", 0.0) + info.get("gather", 0.0) + info.get("copy", 0.0))
+            self._made_ewma += 0.2 * (made - self._made_ewma)
+            if step is not None:
+                ew = self._step_ewma
+                self._step_ewma = step if ew is None else ew + 0.2 * (step - ew)
+            if self._step_ewma is None or self._step_ewma >= 0.5 * self._made_ewma:
+                self._demand.set()
         return self._hand_over(batch, t_call, step, batch.info)
 
     def __del__(self) -> None:  # pragma: no cover - best effort

@@ -244,7 +244,7 @@ class ExperiencePlane:
             size = self.size
             if size == 0:
                 raise EmptyPlaneError()
-            slots, weights = self.sampler.sample(self.cursor, size, batch_size, self.rng)
+            slots, keys, weights = self.sampler.draw(self.total, size, batch_size, self.rng)
             t1 = time.perf_counter()
             dev = self._device_rows(slots) if device_ok else None
             if dev is not None:               # all rows in one GPU tier: gather there
@@ -253,7 +253,6 @@ class ExperiencePlane:
             else:
                 rec = self.spec.empty(batch_size) if out is None else out
                 self.storage.read_records(slots, rec)
-            keys = self._keys(slots)
             t2 = time.perf_counter()
             cnt = self._counters
             cnt["sample_calls"] += 1

@@ -28,3 +28,16 @@ class UniformSampler(Sampler):
                 j += start
                 j %= cap
         return j, None
+
+    def draw(self, total: int, size: int, batch_size: int,
+             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, None]:
+        if type(self).sample is not UniformSampler.sample:   # a subclass chose its own slots
+            return super().draw(total, size, batch_size, rng)
+        # the same draw as sample(): an age rank j; key = oldest key + j, slot = key % capacity
+        j = rng.integers(0, size, batch_size)
+        first = total - size
+        if first:
+            j += first
+        if total <= self.capacity:        # the ring never wrapped: slot == key
+            return j, j, None
+        return j % self.capacity, j, None
