@@ -331,6 +331,18 @@ def make_converter(spec: Any, to: str, device: Any, slots: int, batch_size: int)
     raise InputError("to", to, "'numpy', 'torch' or 'cupy'", where="batches")
 
 
+def _bool_as_dtype(bool_as: Any) -> np.dtype:
+    """The dtype bool fields are delivered as (``bool_as=``): a numeric numpy dtype."""
+    try:
+        dt = np.dtype(bool_as)
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in "iuf":
+        raise InputError("bool_as", bool_as, "None or a numeric dtype such as 'float32' "
+                         "(bool fields then come out as 0/1 numbers)", where="batches")
+    return dt
+
+
 def drain_and_join(thread: threading.Thread, q: "queue.Queue") -> None:
     """Join a producer thread, emptying its bounded queue so a blocked ``put`` can finish."""
     while thread.is_alive():
@@ -463,8 +475,10 @@ class BatchIterator(PrefetchingIterator):
     def __init__(self, plane: "ExperiencePlane", batch_size: int | None = None,
                  prefetch: int | None = None, to: str = "numpy", device: Any = None,
                  transforms: Sequence[Callable] = (), max_batches: int | None = None,
-                 timeout: float | None = None, switch_interval: float | None = None):
+                 timeout: float | None = None, switch_interval: float | None = None,
+                 bool_as: Any = None):
         self.plane = plane
+        self.bool_as = None if bool_as is None else _bool_as_dtype(bool_as)
         self.batch_size = int(config.get("replay.batch-size", batch_size))
         self.prefetch = int(config.get("replay.prefetch", prefetch))
         if self.batch_size < 1:
@@ -546,7 +560,8 @@ class BatchIterator(PrefetchingIterator):
             return _STOP
         self._await_sample(info)
         staging = getattr(self.convert, "staging", None)
-        gpu = staging is not None and not self.transforms
+        whole = not self.transforms and self.bool_as is None   # records go out as gathered
+        gpu = staging is not None and whole
         out = staging() if gpu else None
         with self.plane._lock:
             seq = self._drawn
@@ -572,8 +587,13 @@ class BatchIterator(PrefetchingIterator):
             r = f(batch)
             if r is not None:
                 batch = r if isinstance(r, Batch) else Batch(dict(r), keys, batch.weights, info)
+        if self.bool_as is not None:
+            bd = self.bool_as
+            for k, v in batch.data.items():
+                if v.dtype == np.bool_:
+                    batch.data[k] = v.astype(bd)
         t1 = time.perf_counter()
-        batch = self.convert(None if self.transforms else rec, batch)
+        batch = self.convert(rec if whole else None, batch)
         t2 = time.perf_counter()
         info["transform"] = t1 - t0
         info["copy"] = t2 - t1

@@ -147,6 +147,109 @@ def _check_fits(name: str, a: np.ndarray, dst: np.dtype) -> None:
                                   "scale or clip it first, or give the field a wider dtype")
 
 
+def _check_flags(name: str, a: np.ndarray) -> None:
+    """Numbers stored into a bool field (a framework's float or int ``done``) must be 0 or 1.
+
+    The cast is then exact (0 -> False, 1 -> True); any other value (0.5, 2, NaN) is refused,
+    since reading it as a flag would be a guess.
+    """
+    bad = (a != 0) & (a != 1)
+    if bad.any():
+        v = a[bad].flat[0]
+        raise SpecError(name, f"value {v.item()!r} is not a flag: a bool field takes bools or the "
+                              "numbers 0 and 1; give the field a numeric dtype to store other values")
+
+
+def _scalar_check(f: Field):
+    """A check for one Python/numpy scalar into scalar field ``f``: ``(ok, value)``.
+
+    ``ok`` is False for anything the check cannot vouch for cheaply; the caller then takes
+    the general path (:meth:`ExperienceSpec.validate`), which accepts or refuses it with the
+    usual message. The rules are those of ``validate``: same kind or a safe widening, ints
+    within range, finite floats that stay finite, 0/1 numbers into a bool field.
+    """
+    dt = f.dtype
+    kind = dt.kind
+    if kind == "b":
+        def check(v: Any) -> tuple[bool, Any]:
+            t = type(v)
+            if t is bool or t is np.bool_:
+                return True, v
+            if t is int or t is float:
+                return (v == 0 or v == 1), v
+            if isinstance(v, np.generic) and v.dtype.kind in "iuf":
+                return (v == 0 or v == 1), v
+            return False, v
+        return check
+    if kind in "iu":
+        info = np.iinfo(dt)
+        lo, hi = int(info.min), int(info.max)
+
+        def check(v: Any) -> tuple[bool, Any]:
+            t = type(v)
+            if t is int:
+                return lo <= v <= hi, v
+            if t is bool:
+                return True, v
+            if isinstance(v, np.generic):
+                if v.dtype == dt:
+                    return True, v
+                if v.dtype.kind in "biu":
+                    w = int(v)
+                    return lo <= w <= hi, w
+            return False, v
+        return check
+    if kind == "f":
+        fmax = float(np.finfo(dt).max)
+
+        def check(v: Any) -> tuple[bool, Any]:
+            t = type(v)
+            if t is float:
+                return (-fmax <= v <= fmax or v != v or v in (np.inf, -np.inf)), v
+            if t is int:
+                return -fmax <= v <= fmax, v
+            if t is bool:
+                return True, v
+            if isinstance(v, np.generic):
+                if v.dtype == dt:
+                    return True, v
+                if v.dtype.kind in "biuf":
+                    w = float(v)
+                    return (-fmax <= w <= fmax or w != w or w in (np.inf, -np.inf)), w
+            return False, v
+        return check
+
+    def check(v: Any) -> tuple[bool, Any]:
+        return (isinstance(v, np.generic) and v.dtype == dt), v
+    return check
+
+
+def _array_check(f: Field):
+    """A check for a numpy array of exactly ``f``'s shape and dtype: ``(ok, value)``."""
+    dt, shape = f.dtype, f.shape
+
+    def check(v: Any) -> tuple[bool, Any]:
+        return (type(v) is np.ndarray and v.dtype == dt and v.shape == shape), v
+    return check
+
+
+def add_checks(spec: "ExperienceSpec") -> dict[str, Any]:
+    """Per-field checks of one transition for ``ExperiencePlane.add``'s fast path."""
+    out: dict[str, Any] = {}
+    for name, f in spec.fields.items():
+        if f.shape:
+            out[name] = _array_check(f)
+        else:
+            sc, ar = _scalar_check(f), _array_check(f)
+
+            def check(v: Any, sc=sc, ar=ar) -> tuple[bool, Any]:
+                if type(v) is np.ndarray:
+                    return ar(v)
+                return sc(v)
+            out[name] = check
+    return out
+
+
 def _is_tensordict(x: Any) -> bool:
     return (type(x).__module__ or "").startswith("tensordict") and hasattr(x, "batch_size")
 
@@ -234,7 +337,9 @@ class ExperienceSpec:
 
         Nothing is copied unless needed (torch CPU tensors and numpy arrays are viewed; CuPy
         arrays are copied to the host). Dtypes are cast on write; a cast that changes the kind
-        (float to int, int to bool) is refused, and so is a narrowing cast whose values do not
+        (float to int, complex to float) is refused, except numbers into a bool field, which
+        must all be 0 or 1 (the float or int ``done`` flags of RL frameworks); so is a
+        narrowing cast whose values do not
         fit (an int64 300 into int8, a float64 1e300 into float32), checked only when the
         dtypes narrow. Raises :class:`SpecError` naming the field.
         """
@@ -274,7 +379,9 @@ class ExperienceSpec:
                 raise SpecError(name, f"shape {shape} is neither one transition {f.shape} "
                                       f"nor a batch ({want})")
             if a.dtype != f.dtype:
-                if not np.can_cast(a.dtype, f.dtype, "same_kind"):
+                if f.dtype.kind == "b" and a.dtype.kind in "iuf":
+                    _check_flags(name, a)     # float or int dones: exactly 0 or 1
+                elif not np.can_cast(a.dtype, f.dtype, "same_kind"):
                     raise SpecError(name, f"dtype {a.dtype} cannot be stored as {f.dtype} without "
                                           f"changing kind; cast it first, e.g. x.astype({str(f.dtype)!r})")
                 if not np.can_cast(a.dtype, f.dtype, "safe"):
