@@ -556,8 +556,8 @@ class BatchIterator(PrefetchingIterator):
         ``k``-th draw from the plane's generator, whichever thread made it.
         """
         info: dict[str, float] = {}
-        if self.max_batches is not None and self._drawn >= self.max_batches:
-            return _STOP
+        if not inline and self.max_batches is not None and self._drawn >= self.max_batches:
+            return _STOP                  # (inline: the learner may still wait for one in flight)
         self._await_sample(info)
         staging = getattr(self.convert, "staging", None)
         whole = not self.transforms and self.bool_as is None   # records go out as gathered

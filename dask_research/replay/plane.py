@@ -328,6 +328,8 @@ class ExperiencePlane:
             if dev is not None:               # all rows in one GPU tier: gather there
                 storage, rows = dev
                 rec = storage.gather(rows)
+            elif out is None and type(self.storage) is HostStorage:
+                rec = self.storage.take(slots)
             else:
                 rec = self.spec.empty(batch_size) if out is None else out
                 self.storage.read_records(slots, rec)

@@ -11,6 +11,7 @@ import pytest
 
 from dask_research.replay import ExperiencePlane, RecentSampler, Sampler, UniformSampler
 from dask_research.replay.samplers.base import Sampler as BaseSampler
+from dask_research.replay.samplers.uniform import uniform_ranks
 from replay_helpers import CARTPOLE, make_batch
 
 
@@ -23,7 +24,7 @@ def test_uniform_draw_matches_the_generic_draw(total, size):
     s = UniformSampler()
     s.attach(10)
     slots, keys, w = s.draw(total, size, 500, np.random.default_rng(3))
-    j = np.random.default_rng(3).integers(0, size, 500)
+    j = uniform_ranks(np.random.default_rng(3), size, 500)
     np.testing.assert_array_equal(keys, total - size + j)
     np.testing.assert_array_equal(slots, keys % 10)
     assert w is None
@@ -31,6 +32,17 @@ def test_uniform_draw_matches_the_generic_draw(total, size):
         slow = BaseSampler.draw(s, total, size, 500, np.random.default_rng(3))
         np.testing.assert_array_equal(slow[0], slots)
         np.testing.assert_array_equal(slow[1], keys)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 2 ** 20, 2 ** 20 + 1, 10 ** 6, 2 ** 40 - 1, 2 ** 52 + 1])
+def test_uniform_ranks_stay_in_range(size):
+    class Top:                                # the largest float random() can return
+        def random(self, n):
+            return np.full(n, np.nextafter(1.0, 0.0))
+
+    assert uniform_ranks(Top(), size, 4).tolist() == [size - 1] * 4
+    j = uniform_ranks(np.random.default_rng(0), size, 10_000)
+    assert j.dtype == np.int64 and j.min() >= 0 and j.max() < size
 
 
 def test_plane_batches_carry_their_keys_after_wrapping():
@@ -120,3 +132,17 @@ def test_recent_sampler_draw_keys_match_slots():
     slots, keys, _ = s.draw(23, 10, 200, np.random.default_rng(0))
     assert ((keys >= 18) & (keys < 23)).all()
     np.testing.assert_array_equal(slots, keys % 10)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_max_batches_are_all_delivered_whichever_thread_made_the_last():
+    """The learner must not stop while the delivery thread still makes the last batch (the
+    learner found the queue empty, every batch drawn, one still in flight)."""
+    plane = ExperiencePlane({"x": ((2,), "float32")}, capacity=100, seed=0)
+    try:
+        plane.ingest({"x": np.ones((50, 2))})
+        for _ in range(300):
+            with plane.batches(batch_size=4, prefetch=2, max_batches=3) as it:
+                assert len(list(it)) == 3
+    finally:
+        plane.close()

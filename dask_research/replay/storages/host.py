@@ -79,5 +79,10 @@ class HostStorage(Storage):
     def read_records(self, rows: np.ndarray, out: np.ndarray) -> None:
         np.take(self._void, rows, out=out.view(self._void.dtype))
 
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` gathered into a fresh record array (faster than :meth:`read_records`:
+        ``np.take`` into ``out=`` buffers its output when checking the indices)."""
+        return np.take(self._void, rows).view(self.spec.record_dtype)
+
     def close(self) -> None:
         self._bind(np.zeros(0, dtype=self.spec.record_dtype))
