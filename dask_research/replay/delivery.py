@@ -499,6 +499,10 @@ class BatchIterator(PrefetchingIterator):
                 bind(plane)
         self.convert = make_converter(plane.spec, to, device, self.prefetch + 2, self.batch_size)
         self.to, self.device = to, device
+        self._staging = getattr(self.convert, "staging", None)
+        self._whole = not self.transforms and self.bool_as is None   # records go out as gathered
+        self._convert_needed = type(self.convert) is not _NumpyOut     # numpy: the batch as is
+        self._names = plane.spec.names
         self.stats = DeliveryStats(self.prefetch)
         self._drawn = 0                   # batches drawn (numbered under the plane's lock)
         self._delivered = 0
@@ -556,22 +560,23 @@ class BatchIterator(PrefetchingIterator):
         ``k``-th draw from the plane's generator, whichever thread made it.
         """
         info: dict[str, float] = {}
-        if not inline and self.max_batches is not None and self._drawn >= self.max_batches:
+        mx = self.max_batches
+        if not inline and mx is not None and self._drawn >= mx:
             return _STOP                  # (inline: the learner may still wait for one in flight)
-        self._await_sample(info)
-        staging = getattr(self.convert, "staging", None)
-        whole = not self.transforms and self.bool_as is None   # records go out as gathered
-        gpu = staging is not None and whole
-        out = staging() if gpu else None
-        with self.plane._lock:
+        plane = self.plane
+        if plane.rate_limiter is not None:
+            self._await_sample(info)
+        whole = self._whole
+        gpu = self._staging is not None and whole
+        out = self._staging() if gpu else None
+        with plane._lock:
             seq = self._drawn
             if inline and seq != self._delivered:
                 return None
-            if self.max_batches is not None and seq >= self.max_batches:
+            if mx is not None and seq >= mx:
                 return _STOP
             self._drawn = seq + 1
-            rec, keys, weights = self.plane._draw(self.batch_size, out=out, times=info,
-                                                  device_ok=gpu)
+            rec, keys, weights = plane._draw(self.batch_size, out, info, gpu)
         if not isinstance(rec, np.ndarray):     # gathered on the GPU: no host round trip
             t0 = time.perf_counter()
             batch = self.convert.from_device(rec, keys, weights, info)
@@ -579,10 +584,10 @@ class BatchIterator(PrefetchingIterator):
             info["copy"] = time.perf_counter() - t0
             batch.info = info
             return batch
-        if self.plane.rate_limiter is not None:
-            self.plane.rate_limiter.sampled(self.batch_size)
+        if plane.rate_limiter is not None:
+            plane.rate_limiter.sampled(self.batch_size)
         t0 = time.perf_counter()
-        batch = Batch({n: rec[n] for n in self.plane.spec.names}, keys, weights, info)
+        batch = Batch({n: rec[n] for n in self._names}, keys, weights, info)
         for f in self.transforms:
             r = f(batch)
             if r is not None:
@@ -593,7 +598,8 @@ class BatchIterator(PrefetchingIterator):
                 if v.dtype == np.bool_:
                     batch.data[k] = v.astype(bd)
         t1 = time.perf_counter()
-        batch = self.convert(rec if whole else None, batch)
+        if self._convert_needed:
+            batch = self.convert(rec if whole else None, batch)
         t2 = time.perf_counter()
         info["transform"] = t1 - t0
         info["copy"] = t2 - t1
@@ -634,9 +640,10 @@ class BatchIterator(PrefetchingIterator):
                 raise StopIteration
         else:
             batch = None
-            if self._inline_ok:
+            inline = self._inline_ok
+            if inline and self._demand.is_set():
                 self._demand.clear()
-            if self._inline_ok and self._queue.empty():
+            if inline and not self._queue.qsize():
                 # The learner outpaces the producer thread. Handing a batch from one thread
                 # to the other costs two thread wake-ups and a GIL hand-over (most of next()
                 # on a busy machine); producing the wanted batch here costs neither.
@@ -659,8 +666,11 @@ class BatchIterator(PrefetchingIterator):
             made = (info.get("sample", 0.0) + info.get("gather", 0.0) + info.get("copy", 0.0))
             self._made_ewma += 0.2 * (made - self._made_ewma)
             if step is not None:
+                # clipped, so that one long pause (the OS ran another process) does not wake
+                # the producer for the steps after it
+                st = min(step, 2.0 * self._made_ewma)
                 ew = self._step_ewma
-                self._step_ewma = step if ew is None else ew + 0.2 * (step - ew)
+                self._step_ewma = st if ew is None else ew + 0.2 * (st - ew)
             if self._step_ewma is None or self._step_ewma >= 0.5 * self._made_ewma:
                 self._demand.set()
         return self._hand_over(batch, t_call, step, batch.info)
