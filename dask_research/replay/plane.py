@@ -252,15 +252,10 @@ class ExperiencePlane:
         plan = self._add_plan
         if plan is None or len(fields) != len(plan):
             return self._add_slow(fields)
-        vals = []
         for name, v in fields.items():
             chk = plan.get(name)
-            if chk is None:
+            if chk is None or not chk(v):
                 return self._add_slow(fields)
-            ok, writer_value = chk(v)
-            if not ok:
-                return self._add_slow(fields)
-            vals.append((name, writer_value))
         rl = self.rate_limiter
         if rl is not None:
             rl.await_insert(1, None)
@@ -268,7 +263,7 @@ class ExperiencePlane:
         with self._lock:
             c = self.total % self.capacity
             views = self.storage._views
-            for name, v in vals:
+            for name, v in fields.items():
                 views[name][c] = v
             self.sampler.on_insert(c, 1)
             self.total += 1

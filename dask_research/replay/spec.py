@@ -161,80 +161,80 @@ def _check_flags(name: str, a: np.ndarray) -> None:
 
 
 def _scalar_check(f: Field):
-    """A check for one Python/numpy scalar into scalar field ``f``: ``(ok, value)``.
+    """A check for one Python/numpy scalar into scalar field ``f``: True if it may be written.
 
-    ``ok`` is False for anything the check cannot vouch for cheaply; the caller then takes
-    the general path (:meth:`ExperienceSpec.validate`), which accepts or refuses it with the
-    usual message. The rules are those of ``validate``: same kind or a safe widening, ints
-    within range, finite floats that stay finite, 0/1 numbers into a bool field.
+    False for anything the check cannot vouch for cheaply; the caller then takes the general
+    path (:meth:`ExperienceSpec.validate`), which accepts or refuses it with the usual message.
+    The rules are those of ``validate``: same kind or a safe widening, ints within range,
+    finite floats that stay finite, 0/1 numbers into a bool field.
     """
     dt = f.dtype
     kind = dt.kind
     if kind == "b":
-        def check(v: Any) -> tuple[bool, Any]:
+        def check(v: Any) -> bool:
             t = type(v)
             if t is bool or t is np.bool_:
-                return True, v
-            if t is int or t is float:
-                return (v == 0 or v == 1), v
-            if isinstance(v, np.generic) and v.dtype.kind in "iuf":
-                return (v == 0 or v == 1), v
-            return False, v
+                return True
+            if t is int or t is float or (isinstance(v, np.generic) and v.dtype.kind in "iuf"):
+                return bool(v == 0 or v == 1)
+            return False
         return check
     if kind in "iu":
         info = np.iinfo(dt)
         lo, hi = int(info.min), int(info.max)
 
-        def check(v: Any) -> tuple[bool, Any]:
+        def check(v: Any) -> bool:
             t = type(v)
             if t is int:
-                return lo <= v <= hi, v
+                return lo <= v <= hi
             if t is bool:
-                return True, v
+                return True
             if isinstance(v, np.generic):
                 if v.dtype == dt:
-                    return True, v
+                    return True
                 if v.dtype.kind in "biu":
-                    w = int(v)
-                    return lo <= w <= hi, w
-            return False, v
+                    return lo <= int(v) <= hi
+            return False
         return check
     if kind == "f":
         fmax = float(np.finfo(dt).max)
+        inf = float("inf")
 
-        def check(v: Any) -> tuple[bool, Any]:
+        def check(v: Any) -> bool:
             t = type(v)
-            if t is float:
-                return (-fmax <= v <= fmax or v != v or v in (np.inf, -np.inf)), v
+            if t is float:                # finite values must stay finite; inf/nan are kept
+                return -fmax <= v <= fmax or v != v or v == inf or v == -inf
             if t is int:
-                return -fmax <= v <= fmax, v
+                return -fmax <= v <= fmax
             if t is bool:
-                return True, v
+                return True
             if isinstance(v, np.generic):
                 if v.dtype == dt:
-                    return True, v
+                    return True
                 if v.dtype.kind in "biuf":
                     w = float(v)
-                    return (-fmax <= w <= fmax or w != w or w in (np.inf, -np.inf)), w
-            return False, v
+                    return -fmax <= w <= fmax or w != w or w == inf or w == -inf
+            return False
         return check
 
-    def check(v: Any) -> tuple[bool, Any]:
-        return (isinstance(v, np.generic) and v.dtype == dt), v
+    def check(v: Any) -> bool:
+        return isinstance(v, np.generic) and v.dtype == dt
     return check
 
 
 def _array_check(f: Field):
-    """A check for a numpy array of exactly ``f``'s shape and dtype: ``(ok, value)``."""
+    """A check for a numpy array of exactly ``f``'s shape and dtype."""
     dt, shape = f.dtype, f.shape
 
-    def check(v: Any) -> tuple[bool, Any]:
-        return (type(v) is np.ndarray and v.dtype == dt and v.shape == shape), v
+    def check(v: Any) -> bool:
+        return type(v) is np.ndarray and v.dtype == dt and v.shape == shape
     return check
 
 
 def add_checks(spec: "ExperienceSpec") -> dict[str, Any]:
-    """Per-field checks of one transition for ``ExperiencePlane.add``'s fast path."""
+    """Per-field checks of one transition for ``ExperiencePlane.add``'s fast path: each takes
+    a value and says whether writing it into the field's slot is exactly what ``validate``
+    followed by a write would store."""
     out: dict[str, Any] = {}
     for name, f in spec.fields.items():
         if f.shape:
@@ -242,10 +242,8 @@ def add_checks(spec: "ExperienceSpec") -> dict[str, Any]:
         else:
             sc, ar = _scalar_check(f), _array_check(f)
 
-            def check(v: Any, sc=sc, ar=ar) -> tuple[bool, Any]:
-                if type(v) is np.ndarray:
-                    return ar(v)
-                return sc(v)
+            def check(v: Any, sc=sc, ar=ar) -> bool:
+                return ar(v) if type(v) is np.ndarray else sc(v)
             out[name] = check
     return out
 
