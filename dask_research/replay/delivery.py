@@ -675,6 +675,12 @@ class BatchIterator(PrefetchingIterator):
                 self._demand.set()
         return self._hand_over(batch, t_call, step, batch.info)
 
+    def close(self) -> None:
+        """Stop the background pipeline (idempotent)."""
+        self._stop.set()
+        self._demand.set()                # a producer waiting for demand wakes and sees stop
+        super().close()
+
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self._stop.set()
