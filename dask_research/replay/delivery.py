@@ -115,9 +115,10 @@ class DeliveryStats:
                 self.exposed_s += exposed
                 self.exposed_max_s = max(self.exposed_max_s, exposed)
                 self.recent.append(exposed)
+                stage_s = self.stage_s
                 for k, v in info.items():
-                    if k in self.stage_s:
-                        self.stage_s[k] += v
+                    if k in stage_s:
+                        stage_s[k] += v
             if step is not None:
                 self.step_s += step
                 self.steps += 1
@@ -625,7 +626,9 @@ class BatchIterator(PrefetchingIterator):
     def __next__(self) -> Batch:
         if self.closed:
             raise StopIteration
-        t_call, step = self._clock()
+        t_call = time.perf_counter()
+        last = self._last_return
+        step = None if last is None else t_call - last
         if self._queue is None:
             if self.max_batches is not None and self._delivered >= self.max_batches:
                 self.close()
@@ -673,7 +676,12 @@ class BatchIterator(PrefetchingIterator):
                 self._step_ewma = st if ew is None else ew + 0.2 * (st - ew)
             if self._step_ewma is None or self._step_ewma >= 0.5 * self._made_ewma:
                 self._demand.set()
-        return self._hand_over(batch, t_call, step, batch.info)
+        if self._convert_needed:
+            self.convert.ready(batch)
+        t_ret = time.perf_counter()
+        self.stats.record(t_ret - t_call, step, batch.info)
+        self._last_return = t_ret
+        return batch
 
     def close(self) -> None:
         """Stop the background pipeline (idempotent)."""
