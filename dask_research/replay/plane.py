@@ -247,7 +247,8 @@ class ExperiencePlane:
         that fits the dtype); the fast path takes numpy arrays of exactly the field's shape and
         dtype and Python or numpy scalars that fit, and writes them straight into the ring.
         Anything else (torch tensors, other dtypes, a leading batch axis of 1) goes through
-        :meth:`ingest`, so the result is the same.
+        :meth:`ingest`, so the result is the same; so does every call on a plane with tiers
+        (the fast path writes into the one host tier).
         """
         plan = self._add_plan
         if plan is None or len(fields) != len(plan):

@@ -264,3 +264,21 @@ def test_prioritized_shuffle_survives_a_checkpoint(tmp_path):
         q.close()
     finally:
         p.close()
+
+
+def test_add_on_a_tiered_plane_goes_through_ingest():
+    from dask_research.replay import HostTier
+
+    rows, _ = _rows(50)
+    p = ExperiencePlane(CARTPOLE, tiers=[HostTier(20 * 48, name="fast"), HostTier(80 * 48)],
+                        migrate="manual", seed=0)
+    try:
+        for r in rows:
+            p.add(**r)
+        assert (len(p), p.total) == (50, 50) and p._add_plan is None
+        np.testing.assert_array_equal(p.contents()["action"], np.arange(50))
+        with pytest.raises(SpecError, match="not a flag"):
+            p.add(**{**rows[0], "done": 0.5})
+        assert p.total == 50
+    finally:
+        p.close()
