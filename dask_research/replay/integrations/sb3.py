@@ -85,6 +85,12 @@ def sb3_spec(observation_space: spaces.Space, action_space: spaces.Space) -> dic
             "reward": ((), "float32"), "done": ((), "float32"), "truncated": ((), "float32")}
 
 
+def _seed_from_numpy_global() -> int:
+    """A seed that is a function of numpy's global generator state; the state is not advanced."""
+    st = np.random.get_state()
+    return int((st[1].astype(np.uint64).sum() + np.uint64(st[2])) % np.uint64(2**31 - 1))
+
+
 class SB3ReplayBuffer(ReplayBuffer):
     """SB3's replay buffer backed by an :class:`~dask_research.replay.ExperiencePlane`.
 
@@ -101,8 +107,9 @@ class SB3ReplayBuffer(ReplayBuffer):
     sampler : Sampler, optional
         The plane's sampler (default uniform); e.g. ``PrioritizedSampler(0.6, 0.4)``.
     seed : int, optional
-        Seed of the plane's sampling generator. Default: drawn from numpy's global generator,
-        which SB3 seeds with the algorithm's ``seed``, so runs are reproducible.
+        Seed of the plane's sampling generator. Default: derived from the state of numpy's
+        global generator (which SB3 seeds with the algorithm's ``seed``) without drawing from
+        it, so runs are reproducible and SB3's own random stream is left as it was.
     client : distributed.Client, optional
         Put the plane on the Dask cluster of ``client`` (a
         :class:`~dask_research.replay.ClusterPlane` whose shards together hold at least the
@@ -112,13 +119,18 @@ class SB3ReplayBuffer(ReplayBuffer):
         a local plane.
     flush_every : int
         Rows staged in this process before one ingest into the plane (at most the ring's rows).
+    sb3_sampling : bool
+        Draw batches exactly as SB3's own buffer does (rows, then envs, uniformly from numpy's
+        global generator) and read them from the plane by key: with the same seed, training
+        is then bit-for-bit the same as with SB3's buffer. Needs a local plane; the plane's
+        sampler is not used. Default False: the plane's sampler and generator draw.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1,
                  optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
                  sampler: Sampler | None = None, seed: int | None = None, client: Any = None,
-                 plane: Any = None, flush_every: int = FLUSH_EVERY):
+                 plane: Any = None, flush_every: int = FLUSH_EVERY, sb3_sampling: bool = False):
         if optimize_memory_usage:
             raise InputError("optimize_memory_usage", True, "False (the plane stores next_obs "
                              "with every transition; pass optimize_memory_usage=False to the "
@@ -129,6 +141,9 @@ class SB3ReplayBuffer(ReplayBuffer):
             raise InputError("sampler", sampler, "a Sampler (UniformSampler(), "
                              "PrioritizedSampler(alpha, beta), RecentSampler(window))",
                              where="SB3ReplayBuffer")
+        if sb3_sampling and (client is not None or sampler is not None):
+            raise InputError("sb3_sampling", True, "False with client= or sampler= (SB3's draw is "
+                             "uniform and reads a local plane by key)", where="SB3ReplayBuffer")
         if client is not None and plane is not None:
             raise InputError("client", client, "None when plane= is given (one or the other)",
                              where="SB3ReplayBuffer")
@@ -146,7 +161,8 @@ class SB3ReplayBuffer(ReplayBuffer):
                              where="SB3ReplayBuffer")
         self.flush_every = min(int(flush_every), self.buffer_size)
         self._sampler_proto = copy.deepcopy(sampler)     # unattached: what reset/unpickle build
-        self._seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed)
+        self._seed = _seed_from_numpy_global() if seed is None else int(seed)
+        self.sb3_sampling = bool(sb3_sampling)
         self._discrete_obs = isinstance(observation_space, spaces.Discrete)
         self.last_indices: np.ndarray | None = None
         self.last_weights: th.Tensor | None = None
@@ -244,6 +260,12 @@ class SB3ReplayBuffer(ReplayBuffer):
         prioritized sampler, ``last_indices`` / ``last_weights`` hold the batch's keys and
         importance weights.
         """
+        if self.sb3_sampling:
+            if not self.is_local:
+                raise ResearchError("sb3_sampling reads a local plane by key; this buffer's plane "
+                                    f"is {type(self._plane).__name__}")
+            upper = self.buffer_size if self.full else self.pos
+            return self._get_samples(np.random.randint(0, upper, size=int(batch_size)), env)
         self.flush()
         b = self._plane.sample(int(batch_size))
         return self._to_samples(b, env)

@@ -253,3 +253,42 @@ def test_cluster_plane_backing(client):  # noqa: F811
 
 
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: E402,F401,F811
+
+
+def _dqn(seed, **kw):
+    th.manual_seed(seed)
+    return DQN("MlpPolicy", "CartPole-v1", buffer_size=2_000, learning_starts=200, batch_size=32,
+               train_freq=4, target_update_interval=100, policy_kwargs={"net_arch": [32]},
+               seed=seed, device="cpu", **kw)
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_sb3_sampling_trains_bit_for_bit_like_sb3s_own_buffer():
+    """With SB3's draw (sb3_sampling=True), DQN on CartPole with our buffer ends with exactly
+    the weights SB3's own buffer gives: same transitions, same batches, same shapes/dtypes."""
+    threads = th.get_num_threads()
+    th.set_num_threads(1)
+    try:
+        a = _dqn(0)
+        a.learn(1_500)
+        b = _dqn(0, replay_buffer_class=SB3ReplayBuffer, replay_buffer_kwargs={"sb3_sampling": True})
+        b.learn(1_500)
+    finally:
+        th.set_num_threads(threads)
+    assert b.replay_buffer.size() == a.replay_buffer.size() and b._n_updates == a._n_updates > 0
+    for (name, p), (_, q) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
+        assert th.equal(p, q), name
+    c = b.replay_buffer.plane.contents()
+    np.testing.assert_array_equal(c["obs"], a.replay_buffer.observations[:1_500, 0])
+    np.testing.assert_array_equal(c["truncated"], a.replay_buffer.timeouts[:1_500, 0])
+
+
+def test_default_seed_leaves_numpy_global_stream_alone():
+    np.random.seed(3)
+    expect = np.random.random(3)
+    np.random.seed(3)
+    rb1 = SB3ReplayBuffer(10, BOX, spaces.Discrete(2), device="cpu")
+    assert np.array_equal(np.random.random(3), expect)
+    np.random.seed(3)
+    rb2 = SB3ReplayBuffer(10, BOX, spaces.Discrete(2), device="cpu")
+    assert rb1._seed == rb2._seed
