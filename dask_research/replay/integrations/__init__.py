@@ -25,7 +25,10 @@ from typing import Any
 _LAZY = {
     "SB3ReplayBuffer": ("sb3", "sb3"),
     "sb3_spec": ("sb3", "sb3"),
+    "PrioritizedDQN": ("sb3", "sb3"),
     "to_tensordict": ("torchrl", "torchrl"),
+    "ingest_tensordict": ("torchrl", "torchrl"),
+    "tensordict_batches": ("torchrl", "torchrl"),
     "from_tensordict": ("torchrl", "torchrl"),
     "TensorDictBatches": ("torchrl", "torchrl"),
     "PlaneStorage": ("torchrl", "torchrl"),

@@ -28,8 +28,9 @@ sampling always sees every added transition.
 Prioritized replay: pass ``sampler=PrioritizedSampler(alpha, beta)``. SB3's algorithms neither
 use importance weights nor report TD errors, so ``sample`` keeps the batch's keys in
 ``last_indices`` and its weights (a ``(B, 1)`` float32 tensor) in ``last_weights``; a training
-loop that wants prioritized replay calls ``update_priorities(buffer.last_indices, td_errors)``
-(see ``docs/integrations.rst`` for a DQN subclass that does).
+loop that wants prioritized replay calls ``update_priorities(buffer.last_indices, td_errors)``.
+:class:`PrioritizedDQN` is SB3's DQN doing so: importance-weighted Huber loss, new priorities
+``|TD error| + eps`` after each gradient step.
 
 Examples
 --------
@@ -57,7 +58,7 @@ from ...exceptions import InputError, ResearchError
 from ..plane import ExperiencePlane
 from ..samplers import Sampler
 
-__all__ = ["SB3ReplayBuffer", "sb3_spec"]
+__all__ = ["SB3ReplayBuffer", "PrioritizedDQN", "sb3_spec"]
 
 #: default rows (of ``n_envs`` transitions) staged before one ingest into the plane
 FLUSH_EVERY = 64
@@ -348,3 +349,65 @@ class SB3ReplayBuffer(ReplayBuffer):
     def __repr__(self) -> str:
         return (f"SB3ReplayBuffer(buffer_size={self.buffer_size}, n_envs={self.n_envs}, "
                 f"size={self.size()}, plane={self._plane!r})")
+
+
+def _prioritized_dqn_class() -> type:
+    from stable_baselines3 import DQN
+    from torch.nn import functional as F
+
+    from ..samplers import PrioritizedSampler
+
+    class PrioritizedDQN(DQN):
+        """SB3's DQN with prioritized replay on an :class:`SB3ReplayBuffer` (Schaul et al. 2016).
+
+        Takes DQN's arguments. Unless ``replay_buffer_class`` is given, the buffer is an
+        :class:`SB3ReplayBuffer` with ``PrioritizedSampler(alpha, beta)``; ``priority_eps`` is
+        added to ``|TD error|``. ``train`` is DQN's, with the Huber loss weighted by the batch's
+        importance weights and the TD errors sent back as priorities.
+        """
+
+        def __init__(self, *args: Any, alpha: float = 0.6, beta: float = 0.4,
+                     priority_eps: float = 1e-6, **kwargs: Any):
+            if kwargs.get("replay_buffer_class") is None:
+                kwargs["replay_buffer_class"] = SB3ReplayBuffer
+                rbk = dict(kwargs.get("replay_buffer_kwargs") or {})
+                rbk.setdefault("sampler", PrioritizedSampler(alpha=alpha, beta=beta))
+                kwargs["replay_buffer_kwargs"] = rbk
+            self.priority_eps = float(priority_eps)
+            super().__init__(*args, **kwargs)
+
+        def train(self, gradient_steps: int, batch_size: int = 100) -> None:
+            rb = self.replay_buffer
+            if not isinstance(rb, SB3ReplayBuffer):
+                raise InputError("replay_buffer_class", type(rb).__name__, "SB3ReplayBuffer "
+                                 "(PrioritizedDQN sends priorities to its plane)",
+                                 where="PrioritizedDQN")
+            self.policy.set_training_mode(True)
+            self._update_learning_rate(self.policy.optimizer)
+            losses = []
+            for _ in range(gradient_steps):
+                data = rb.sample(batch_size, env=self._vec_normalize_env)
+                keys, weights = rb.last_indices, rb.last_weights
+                discounts = data.discounts if data.discounts is not None else self.gamma
+                with th.no_grad():
+                    next_q, _ = self.q_net_target(data.next_observations).max(dim=1)
+                    target = data.rewards + (1 - data.dones) * discounts * next_q.reshape(-1, 1)
+                current = th.gather(self.q_net(data.observations), dim=1, index=data.actions.long())
+                per = F.smooth_l1_loss(current, target, reduction="none")
+                loss = (per * weights).mean() if weights is not None else per.mean()
+                losses.append(loss.item())
+                self.policy.optimizer.zero_grad()
+                loss.backward()
+                th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                self.policy.optimizer.step()
+                td = (current - target).detach().abs().reshape(-1).cpu().numpy()
+                rb.update_priorities(keys, td + self.priority_eps)
+            self._n_updates += gradient_steps
+            self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+            self.logger.record("train/loss", np.mean(losses))
+
+    PrioritizedDQN.__module__ = __name__
+    return PrioritizedDQN
+
+
+PrioritizedDQN = _prioritized_dqn_class()

@@ -292,3 +292,19 @@ def test_default_seed_leaves_numpy_global_stream_alone():
     np.random.seed(3)
     rb2 = SB3ReplayBuffer(10, BOX, spaces.Discrete(2), device="cpu")
     assert rb1._seed == rb2._seed
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_prioritized_dqn_weights_the_loss_and_sends_td_errors_back():
+    from dask_research.replay.integrations import PrioritizedDQN
+
+    model = PrioritizedDQN("MlpPolicy", "CartPole-v1", buffer_size=1_000, learning_starts=100,
+                           batch_size=32, train_freq=4, policy_kwargs={"net_arch": [16]}, seed=0,
+                           alpha=0.6, beta=0.4)
+    model.learn(400)
+    rb = model.replay_buffer
+    assert isinstance(rb, SB3ReplayBuffer) and rb.last_weights is not None
+    st = rb.plane.stats()
+    assert st["priority_updates"] == 32 * model._n_updates > 0
+    leaf = rb.plane.sampler.tree.sum[rb.plane.sampler.tree.L:][:len(rb.plane)]
+    assert len(np.unique(np.round(leaf, 9))) > 10          # priorities now differ per transition
