@@ -11,10 +11,9 @@ Each integration is a submodule behind its extra, imported only when used, so im
 
 Examples
 --------
->>> import sys
 >>> from dask_research.replay import integrations
->>> "stable_baselines3" in sys.modules or integrations.SB3ReplayBuffer.__name__
-'SB3ReplayBuffer'
+>>> integrations.SB3ReplayBuffer.__module__      # imports SB3 only now
+'dask_research.replay.integrations.sb3'
 """
 from __future__ import annotations
 
