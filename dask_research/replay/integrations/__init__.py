@@ -7,7 +7,8 @@ Each integration is a submodule behind its extra, imported only when used, so im
   ``replay_buffer_class`` for SB3's DQN, SAC, TD3, DDPG.
 - :mod:`~dask_research.replay.integrations.torchrl` (extra ``torchrl``): ``TensorDict`` in and
   out, and a storage/sampler pair for ``torchrl.data.ReplayBuffer``.
-- :mod:`~dask_research.replay.integrations.rllib`: what was tried for RLlib (see its docstring).
+- :mod:`~dask_research.replay.integrations.rllib` (``ray[rllib]``, no extra: it pins an older
+  gymnasium): ``PlaneEpisodeReplayBuffer`` for RLlib's DQN on the new API stack (experimental).
 
 Examples
 --------
@@ -33,6 +34,7 @@ _LAZY = {
     "PlaneStorage": ("torchrl", "torchrl"),
     "PlaneSampler": ("torchrl", "torchrl"),
     "plane_replay_buffer": ("torchrl", "torchrl"),
+    "PlaneEpisodeReplayBuffer": ("rllib", "ray[rllib]"),
 }
 
 __all__ = list(_LAZY)
