@@ -1,8 +1,12 @@
 """SB3's own ReplayBuffer vs SB3ReplayBuffer (the experience plane), side by side.
 
-1. DQN on CartPole-v1 (SB3's RL-zoo hyperparameters, a smaller MLP), several seeds, each seed
-   with both buffers in turn: environment steps per second of ``learn`` and the final return
-   (mean of 10 deterministic evaluation episodes).
+1. DQN on CartPole-v1 (SB3's RL-zoo hyperparameters, a smaller MLP, torch on one thread),
+   several seeds, each seed with both buffers in turn (order alternating): environment steps
+   per second of ``learn`` (wall clock, and per CPU-second of this process, which a loaded
+   machine disturbs less) and the final return (mean of 10 deterministic evaluation
+   episodes). Same seeds do not mean the same run: SB3's buffer draws from numpy's global
+   generator, which also drives DQN's exploration, while ours draws from the plane's; with
+   ``sb3_sampling=True`` the runs are identical (tests/replay/integrations/test_sb3.py).
 2. Buffer only, CartPole-sized transitions: one ``add`` (one env) and one ``sample(256)``
    (SB3's ``ReplayBufferSamples`` on the CPU), interleaved repeats, medians.
 
@@ -48,12 +52,12 @@ def dqn_cartpole(buffer: str, seed: int, steps: int) -> dict[str, float]:
     if buffer == "ours":
         kw["replay_buffer_class"] = SB3ReplayBuffer
     model = DQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **DQN_CARTPOLE, **kw)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model.learn(steps)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     mean, std = evaluate_policy(model, model.get_env(), n_eval_episodes=10, deterministic=True)
-    return {"steps_per_s": steps / wall, "return": float(mean), "return_std": float(std),
-            "wall_s": wall}
+    return {"steps_per_s": steps / wall, "steps_per_cpu_s": steps / cpu, "return": float(mean),
+            "return_std": float(std), "wall_s": wall, "cpu_s": cpu}
 
 
 def buffer_only(n_add: int, n_sample: int, repeat: int) -> dict[str, Any]:
@@ -124,17 +128,22 @@ def main(argv: list[str] | None = None) -> None:
     for seed in range(seeds):
         a, b = runs["sb3"][seed], runs["ours"][seed]
         rows.append((seed, f"{a['steps_per_s']:.0f}", f"{b['steps_per_s']:.0f}",
-                     f"{b['steps_per_s'] / a['steps_per_s']:.2f}", f"{a['return']:.0f}",
+                     f"{b['steps_per_s'] / a['steps_per_s']:.2f}",
+                     f"{b['steps_per_cpu_s'] / a['steps_per_cpu_s']:.2f}", f"{a['return']:.0f}",
                      f"{b['return']:.0f}"))
     print(f"\nDQN CartPole-v1, {steps} steps per run:")
-    print_table(rows, ("seed", "SB3 steps/s", "ours steps/s", "ratio", "SB3 return", "ours return"))
+    print_table(rows, ("seed", "SB3 steps/s", "ours steps/s", "ratio", "ratio per CPU-s",
+                       "SB3 return", "ours return"))
     ratios = [b["steps_per_s"] / a["steps_per_s"] for a, b in zip(runs["sb3"], runs["ours"])]
+    cpu_ratios = [b["steps_per_cpu_s"] / a["steps_per_cpu_s"] for a, b in zip(runs["sb3"], runs["ours"])]
     summary = {
         "steps_per_s_ratio_median": statistics.median(ratios),
+        "steps_per_cpu_s_ratio_median": statistics.median(cpu_ratios),
         "return_sb3_mean": statistics.mean(r["return"] for r in runs["sb3"]),
         "return_ours_mean": statistics.mean(r["return"] for r in runs["ours"]),
     }
-    print(f"steps/s ratio (ours/SB3) median {summary['steps_per_s_ratio_median']:.2f}; mean final "
+    print(f"steps/s ratio (ours/SB3) median {summary['steps_per_s_ratio_median']:.2f} (per CPU-second "
+          f"{summary['steps_per_cpu_s_ratio_median']:.2f}); mean final "
           f"return SB3 {summary['return_sb3_mean']:.0f}, ours {summary['return_ours_mean']:.0f}")
     path = write_results("bench_integrations", {
         "buffer_only": bo, "dqn_cartpole": {"steps": steps, "seeds": seeds, "hyperparameters": {
