@@ -308,3 +308,19 @@ def test_prioritized_dqn_weights_the_loss_and_sends_td_errors_back():
     assert st["priority_updates"] == 32 * model._n_updates > 0
     leaf = rb.plane.sampler.tree.sum[rb.plane.sampler.tree.L:][:len(rb.plane)]
     assert len(np.unique(np.round(leaf, 9))) > 10          # priorities now differ per transition
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
+def test_samples_on_cuda_match_sb3():
+    obs_space, act_space = CASES["box-action-f64"]
+    sb = ReplayBuffer(20, obs_space, act_space, device="cuda")
+    ours = SB3ReplayBuffer(20, obs_space, act_space, device="cuda", seed=0)
+    _fill([sb, ours], obs_space, act_space, 1, steps=25)
+    rows = np.arange(sb.size())
+    np.random.seed(1)
+    want = sb._get_samples(rows)
+    np.random.seed(1)
+    got = ours._get_samples(rows)
+    _assert_same(got, want)
+    assert got.observations.device.type == "cuda"
