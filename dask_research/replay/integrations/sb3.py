@@ -293,6 +293,10 @@ class SB3ReplayBuffer(ReplayBuffer):
                                 "local ExperiencePlane; use sample() with a ClusterPlane")
         self.flush()
         rows_total = self._rows_total
+        if self._plane.total != rows_total * self.n_envs:
+            raise ResearchError(f"SB3ReplayBuffer._get_samples maps rows to keys of transitions this "
+                                f"buffer added ({rows_total * self.n_envs}), but the plane holds "
+                                f"{self._plane.total} insertions; use sample() on a shared plane")
         rows = np.asarray(batch_inds, dtype=np.int64)
         env_indices = np.random.randint(0, high=self.n_envs, size=(len(rows),))
         latest = (rows_total - 1) - ((rows_total - 1 - rows) % self.buffer_size)
