@@ -16,6 +16,7 @@ from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize  # noqa: E402
 
+from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: E402,F401
 from dask_research.exceptions import InputError, ResearchError  # noqa: E402
 from dask_research.replay import PrioritizedSampler  # noqa: E402
 from dask_research.replay.integrations import SB3ReplayBuffer  # noqa: E402
@@ -251,8 +252,6 @@ def test_cluster_plane_backing(client):  # noqa: F811
         pickle.dumps(rb)
     rb.plane.close(drop=True)
 
-
-from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: E402,F401,F811
 
 
 def _dqn(seed, **kw):
