@@ -285,6 +285,10 @@ def _opened(path: pathlib.Path, version: pathlib.Path | None
             try:
                 where_fd = _open_in(root, name, path, name, directory=True)
             except FileNotFoundError:
+                if version is not None:
+                    raise CheckpointError(str(path), f"version {name} is gone (a newer checkpoint "
+                                                     "replaced it after it was read); read the "
+                                                     "checkpoint again") from None
                 raise CheckpointError(str(path), f"{POINTER} names {name}, which is missing") from None
             where, versioned = path / name, True
     finally:
@@ -452,7 +456,11 @@ def _write(path: pathlib.Path, meta: Mapping[str, Any], arrays: Mapping[str, np.
             _step("pointer-committed")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            if current(path) != path / name:
+            try:
+                committed = current(path) == path / name
+            except CheckpointError:           # an unreadable pointer does not name ours
+                committed = False
+            if not committed:
                 shutil.rmtree(path / name, ignore_errors=True)
             raise
         _clean(path, keep=name, below=n, prev=prev)

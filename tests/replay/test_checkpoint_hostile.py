@@ -311,3 +311,14 @@ def test_leftovers_are_removed_and_version_names_are_exact(tmp_path):
     assert sorted(p.name for p in ck.iterdir()) == [checkpoints.LOCK, "CURRENT", v2.name]
     assert checkpoints._VERSION.fullmatch("v000001\n") is None             # no trailing newline
     assert checkpoints._VERSION.fullmatch("v\u0661\u0662\u0663\u0664\u0665\u0666") is None
+
+
+def test_a_version_replaced_between_reads_is_named(tmp_path):
+    ck = tmp_path / "ck"
+    checkpoints.write(ck, {"who": "v1"}, {"x": np.arange(3)})
+    meta, where = checkpoints.read_meta(ck)
+    checkpoints.write(ck, {"who": "v2"}, {"x": np.arange(3)})      # removes v000001
+    with pytest.raises(CheckpointError, match="version v000001 is gone .a newer checkpoint "
+                                              "replaced it after it was read"):
+        checkpoints.load(ck, where)
+    assert checkpoints.load(ck)[0]["who"] == "v2"
