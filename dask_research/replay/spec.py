@@ -205,18 +205,21 @@ def _scalar_check(f: Field):
     if kind == "f":
         fmax = float(np.finfo(dt).max)
         inf = float("inf")
+        exact = 1 << (int(np.finfo(dt).nmant) + 1)    # ints up to this magnitude cast exactly
 
         def check(v: Any) -> bool:
             t = type(v)
             if t is float:                # finite values must stay finite; inf/nan are kept
                 return -fmax <= v <= fmax or v != v or v == inf or v == -inf
-            if t is int:
-                return -fmax <= v <= fmax
+            if t is int:                  # larger ints: validate decides (16777217 would round)
+                return -exact <= v <= exact
             if t is bool:
                 return True
             if isinstance(v, np.generic):
                 if v.dtype == dt:
                     return True
+                if v.dtype.kind in "iu" and not -exact <= int(v) <= exact:
+                    return False
                 if v.dtype.kind in "biuf":
                     w = float(v)
                     return -fmax <= w <= fmax or w != w or w == inf or w == -inf

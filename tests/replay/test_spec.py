@@ -263,3 +263,16 @@ def test_update_priorities_refuses_keys_that_a_cast_would_change():
     assert plane.update_priorities(np.array([3, 6], np.uint32), np.array([7, 9])) == 2
     leaves = plane.sampler.tree.sum[plane.sampler.tree.L + np.arange(8)]
     assert leaves[3] > leaves[2] and leaves[6] > leaves[5]
+
+
+@pytest.mark.parametrize("value", [16777217, np.int64(16777217), np.uint64(2**63 + 1)])
+def test_add_refuses_an_integer_that_a_float_field_would_round(value):
+    plane = ExperiencePlane({"id": ((), "float32"), "obs": ((2,), "float32")}, capacity=4)
+    with pytest.raises(SpecError, match="field 'id': integer .* is not exactly representable in float32"):
+        plane.add(id=value, obs=np.zeros(2, np.float32))
+    assert len(plane) == 0
+    assert plane.add(id=16777216, obs=np.zeros(2, np.float32)) == 1     # exact: the fast path
+    assert plane.add(id=np.int64(-5), obs=np.zeros(2, np.float32)) == 1
+    np.testing.assert_array_equal(plane.contents()["id"], [16777216, -5])
+    with pytest.raises(SpecError, match="field 'obs': is a masked array"):
+        plane.add(id=1, obs=np.ma.array([1.0, 300.0], mask=[False, True]))
