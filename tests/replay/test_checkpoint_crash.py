@@ -35,12 +35,15 @@ CHILD = textwrap.dedent("""
 
     def hook(name):
         if name == step:
-            pathlib.Path(marker).write_text(name)
+            tmp = pathlib.Path(marker + ".tmp")
+            tmp.write_text(name)
+            tmp.rename(marker)                            # whole when it appears
             time.sleep(600)                               # the parent kills us here
 
     checkpoints._step_hook = hook
     plane.checkpoint(ck)                                  # keys 0..249
-    pathlib.Path(marker).write_text("finished")
+    pathlib.Path(marker + ".tmp").write_text("finished")
+    pathlib.Path(marker + ".tmp").rename(marker)
 """)
 
 
