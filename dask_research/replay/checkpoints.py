@@ -347,7 +347,7 @@ def _exclusive(path: pathlib.Path) -> Iterator[None]:
     lock = path / LOCK
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | _CLOEXEC | _NOFOLLOW | _NONBLOCK, 0o644)
-    except OSError as e:
+    except OSError:
         if os.path.islink(lock):
             raise CheckpointError(str(path), f"{LOCK} is a symbolic link; refused") from None
         raise

@@ -136,6 +136,11 @@ def test_a_lock_file_that_is_not_a_file_is_refused_and_nothing_written(tmp_path)
     with pytest.raises(CheckpointError, match=r"\.lock is not a regular file"):
         checkpoints.write(ck, {"who": "x"}, {"x": np.arange(3)})
     assert sorted(p.name for p in ck.iterdir()) == [checkpoints.LOCK, "CURRENT", "v000001"]
+    (ck / checkpoints.LOCK).unlink()
+    (ck / checkpoints.LOCK).symlink_to(tmp_path / "outside")    # a write would follow it out
+    with pytest.raises(CheckpointError, match=r"\.lock is a symbolic link"):
+        checkpoints.write(ck, {"who": "x"}, {"x": np.arange(3)})
+    assert not (tmp_path / "outside").exists()
 
 
 # --- finding 13: a version must carry the digest of its own data ---------------------------
