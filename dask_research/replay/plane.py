@@ -587,6 +587,8 @@ class ExperiencePlane:
         spec = ExperienceSpec({k: (tuple(s), d) for k, (s, d) in meta["spec"].items()})
         if spec != self.spec:
             raise CheckpointError(where, f"spec {spec} differs from the plane's {self.spec}")
+        from .checkpoints import check_snapshot
+        check_snapshot(self.spec, meta, arrays, where)     # what ingest checks, and exact dtypes
         n, first, total = int(meta["count"]), int(meta["first_key"]), int(meta["total"])
         try:
             fields = {name: np.asarray(arrays[f"field.{name}"]) for name in spec.names}

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SpecError
+from .exact import check_int_to_float
 
 #: names a field may not take: they are attributes of a delivered :class:`Batch`
 RESERVED = frozenset({"indices", "weights", "info", "keys", "items", "values", "get", "data"})
@@ -87,8 +88,10 @@ def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarr
     """``(int64 keys, float64 priorities)``, flat, one priority per index (numpy, torch, CuPy)."""
     from ..exceptions import InputError
 
-    keys = _as_numpy("indices", indices).astype(np.int64, copy=False).reshape(-1)
-    pr = _as_numpy("priorities", priorities).astype(np.float64, copy=False).reshape(-1)
+    from .exact import key_array, priority_values
+
+    keys = key_array(_as_numpy("indices", indices), where).reshape(-1)
+    pr = priority_values(_as_numpy("priorities", priorities), where).reshape(-1)
     if len(pr) != len(keys):
         raise InputError("priorities", f"{len(pr)} values", f"one per index ({len(keys)})", where=where)
     return keys, pr
@@ -96,6 +99,9 @@ def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarr
 
 def _as_numpy(name: str, x: Any) -> np.ndarray:
     """Host numpy view of ``x`` (numpy, torch, CuPy, scalars, lists) without copying if possible."""
+    if isinstance(x, np.ma.MaskedArray):      # its masked values would be stored unchecked
+        raise SpecError(name, "is a masked array; masked entries have no value to store: fill "
+                              "them first, e.g. x.filled(0)")
     if isinstance(x, np.ndarray):
         return x
     mod = type(x).__module__ or ""
@@ -199,18 +205,21 @@ def _scalar_check(f: Field):
     if kind == "f":
         fmax = float(np.finfo(dt).max)
         inf = float("inf")
+        exact = 1 << (int(np.finfo(dt).nmant) + 1)    # ints up to this magnitude cast exactly
 
         def check(v: Any) -> bool:
             t = type(v)
             if t is float:                # finite values must stay finite; inf/nan are kept
                 return -fmax <= v <= fmax or v != v or v == inf or v == -inf
-            if t is int:
-                return -fmax <= v <= fmax
+            if t is int:                  # larger ints: validate decides (16777217 would round)
+                return -exact <= v <= exact
             if t is bool:
                 return True
             if isinstance(v, np.generic):
                 if v.dtype == dt:
                     return True
+                if v.dtype.kind in "iu" and not -exact <= int(v) <= exact:
+                    return False
                 if v.dtype.kind in "biuf":
                     w = float(v)
                     return -fmax <= w <= fmax or w != w or w == inf or w == -inf
@@ -384,6 +393,8 @@ class ExperienceSpec:
                                           f"changing kind; cast it first, e.g. x.astype({str(f.dtype)!r})")
                 if not np.can_cast(a.dtype, f.dtype, "safe"):
                     _check_fits(name, a, f.dtype)
+                if a.dtype.kind in "iu" and f.dtype.kind in "fc":
+                    check_int_to_float(name, a, f.dtype)     # 16777217 -> float32 changes it
             if single is None:
                 single, first = one, name
                 n = 1 if one else shape[0]
