@@ -697,7 +697,9 @@ class ExperiencePlane:
             else:
                 sampler = klass()
         spec = ExperienceSpec({k: (tuple(s), d) for k, (s, d) in meta["spec"].items()})
-        capacity = int(meta["capacity"]) if tiers is None else kwargs.pop("capacity", None)
+        capacity = meta.get("capacity") if tiers is None else kwargs.pop("capacity", None)
+        if tiers is None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise CheckpointError(where, f"capacity {capacity!r} is not a positive whole number")
         plane = cls(spec, capacity, tiers=tiers, sampler=sampler, rate_limiter=rate_limiter, **kwargs)
         try:
             meta, arrays, _ = checkpoints.load(path, where)       # the same version

@@ -327,3 +327,23 @@ def test_a_version_replaced_between_reads_is_named(tmp_path):
                                               "replaced it after it was read"):
         checkpoints.load(ck, where)
     assert checkpoints.load(ck)[0]["who"] == "v2"
+
+
+@pytest.mark.parametrize("capacity", ["many", -5, 0, 2.5, True, None])
+def test_a_checkpoint_with_an_unusable_capacity_is_refused_by_name(tmp_path, capacity):
+    """A capacity that is not a positive whole number is a CheckpointError, not a raw ValueError."""
+    import json
+
+    from dask_research import replay
+    from dask_research.exceptions import CheckpointError
+
+    plane = replay.ExperiencePlane({"x": ((), "float32")}, capacity=8, seed=0)
+    plane.ingest({"x": np.arange(3.0)})
+    plane.checkpoint(tmp_path / "ck")
+    plane.close()
+    meta = replay.checkpoints.current(tmp_path / "ck") / "meta.json"
+    doc = json.loads(meta.read_text())
+    doc["capacity"] = capacity
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="capacity"):
+        replay.ExperiencePlane.restore(tmp_path / "ck")
