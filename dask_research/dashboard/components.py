@@ -28,7 +28,7 @@ __all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard
 #: Shard states, in the order of their codes.
 STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
 STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"]
-_KEY = re.compile(r"^mc-(?:block|spec|redo)-(?P<prefix>[0-9a-f]+-[0-9a-f]+)-(?P<a>\d+)-(?P<b>\d+)$")
+_KEY = re.compile(r"^mc-(?:block|spec|redo|retry\d+)-(?P<prefix>[0-9a-f]+-[0-9a-f]+)-(?P<a>\d+)-(?P<b>\d+)$")
 MAX_CELLS = 4096
 
 
