@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "plane_series", "STATE_NAMES", "STATE_COLORS"]
+__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "run_status", "plane_series", "STATE_NAMES", "STATE_COLORS"]
 
 #: Shard states, in the order of their codes.
 STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
@@ -67,6 +67,32 @@ def shard_states(events: list, running: list[tuple[int, int]] = ()) -> tuple[dic
             for s in msg.get("shards", []):
                 states[s] = 4
     return start, states
+
+
+def run_status(start: dict, later: list, clients=None) -> str:
+    """What became of a run: ``done``, ``failed: <reason>``, ``stale: ...`` or ``running``.
+
+    ``later`` are the run's events after its ``start`` (see :func:`latest_run`); ``clients``
+    the ids of the clients the scheduler has now (``scheduler.clients``). A run that neither
+    finished nor failed and whose client has left the scheduler is stale: nobody drives it.
+
+    Examples
+    --------
+    >>> run_status({"run": "r", "client": "c1"}, [{"event": "failed", "reason": "boom"}])
+    'failed: boom'
+    >>> run_status({"run": "r", "client": "c1"}, [], clients={"c2"})
+    'stale: its client c1 has left the scheduler'
+    """
+    for msg in reversed(later):
+        kind = msg.get("event")
+        if kind == "done":
+            return "done"
+        if kind == "failed":
+            return f"failed: {msg.get('reason') or msg.get('error') or 'unknown reason'}"
+    client = start.get("client")
+    if clients is not None and client and client not in clients:
+        return f"stale: its client {client} has left the scheduler"
+    return "running"
 
 
 def _running_blocks(scheduler, prefix: str) -> list[tuple[int, int]]:
@@ -127,16 +153,15 @@ class ShardBoard:
                             "shards": label}
         _, later = latest_run(events)
         acc = [m for m in later if m.get("event") == "accepted"]
-        done = [m for m in later if m.get("event") == "done"]
         counts = {name: int((states == i).sum()) for i, name in enumerate(STATE_NAMES)}
         est = ""
         if acc and acc[-1].get("mean") is not None:
             est = f"running estimate {acc[-1]['mean']:.6g} &plusmn; {acc[-1]['stderr']:.3g} (n={acc[-1]['n']:,})"
-        status = "done" if done else "running"
+        status = run_status(start, later, clients=set(getattr(self.scheduler, "clients", {}) or ()))
         # Names come from users: escaped, so a job called "<script>" is text, not markup.
         name, run = html.escape(str(start.get("name", ""))), html.escape(str(start["run"])[:12])
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
-                             f"({status}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
+                             f"({html.escape(status)}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
                              + (f"<br>{est}" if est else ""))
 
 

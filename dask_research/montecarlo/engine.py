@@ -500,10 +500,8 @@ class Execution:
                 root = self._verify(root)
         except BaseException as exc:
             lost = _lost_scheduler(self.client, exc)
-            try:
+            if not lost:                    # with the scheduler gone, Dask has cancelled them all
                 self._cancel_all()
-            except Exception:               # the scheduler is gone: nothing left to cancel
-                pass
             err = self._lost_scheduler_error(exc) if lost else None
             self.events.emit("failed", self.run_id, reason=_one_line(err or exc)[:500],
                              error=type(err or exc).__name__)

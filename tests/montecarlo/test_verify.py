@@ -109,3 +109,23 @@ def test_chosen_shards_cover_every_producer(shards, k, data):
         assert {producers[s] for s in picks} == set(workers)
     else:
         assert picks == []
+
+
+def test_the_record_says_where_each_check_ran(two_workers, loop, tmp_path):
+    res = mc.run(_job(corruptible), client=two_workers, verify=4, progress=False, shards_per_task=2,
+                 store=str(tmp_path))
+    v = res.verification
+    n = len(v["checked"])
+    assert v["checks"] == n >= 4 and v["checks_elsewhere"] == n and v["elsewhere"] == f"{n} of {n}"
+    assert all(c["elsewhere"] and c["producer"] != c["verifier"] for c in v["checked"]) and v["moved"] == 0
+    import json
+
+    stored = json.loads((tmp_path / "runs" / res.run_id / "result.json").read_text())["verification"]
+    assert stored["elsewhere"] == f"{n} of {n}"
+    # One worker (the embedded default's shape): every check re-ran where its shard was made, and says so.
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        one = mc.run(_job(corruptible), client=c, verify=4, progress=False, shards_per_task=2).verification
+    m = len(one["checked"])
+    assert one["elsewhere"] == f"0 of {m}" and one["checks_elsewhere"] == 0
+    assert all(c["same_worker"] and not c["elsewhere"] for c in one["checked"])
