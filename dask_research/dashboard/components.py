@@ -133,7 +133,10 @@ class ShardBoard:
         start, _ = latest_run(events)
         if start is None:
             return
-        running = _running_blocks(self.scheduler, start.get("key_prefix", ""))
+        _, later = latest_run(events)
+        status = run_status(start, later, clients=set(getattr(self.scheduler, "clients", {}) or ()))
+        # A run that ended (or lost its client) drives no task: blocks being cancelled are not running.
+        running = _running_blocks(self.scheduler, start.get("key_prefix", "")) if status == "running" else []
         start, states = shard_states(events, running)
         n = states.size
         group = max(1, math.ceil(n / MAX_CELLS))
@@ -151,13 +154,11 @@ class ShardBoard:
         self.source.data = {"x": (idx % cols).tolist(), "y": (-(idx // cols)).tolist(),
                             "color": [STATE_COLORS[c] for c in pick], "state": [STATE_NAMES[c] for c in pick],
                             "shards": label}
-        _, later = latest_run(events)
         acc = [m for m in later if m.get("event") == "accepted"]
         counts = {name: int((states == i).sum()) for i, name in enumerate(STATE_NAMES)}
         est = ""
         if acc and acc[-1].get("mean") is not None:
             est = f"running estimate {acc[-1]['mean']:.6g} &plusmn; {acc[-1]['stderr']:.3g} (n={acc[-1]['n']:,})"
-        status = run_status(start, later, clients=set(getattr(self.scheduler, "clients", {}) or ()))
         # Names come from users: escaped, so a job called "<script>" is text, not markup.
         name, run = html.escape(str(start.get("name", ""))), html.escape(str(start["run"])[:12])
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "

@@ -150,7 +150,7 @@ class Execution:
         self.failed_on: dict[int, dict[str, str]] = {}   # block -> worker -> its error
         self.spec_stopped = False                        # a copy was as slow as its original
         self.check_attempts: dict[int, list] = {}        # shard -> [(future, target, submitted)]
-        self.unfetched: dict[str, float] = {}            # key -> when its finished result could not be fetched
+        self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _wid(self, worker: str) -> int:
@@ -438,31 +438,42 @@ class Execution:
         if not finished:
             return list(done), {}
         # A worker frozen (SIGSTOP) after it finished a task holds the result without answering:
-        # gather with a bound, then one by one, and leave what cannot be fetched pending.
-        bound = self.check_limit() or 30.0
+        # gather with a bound, then one by one, and leave what cannot be fetched pending. A
+        # result that could not be fetched is tried again later with twice the bound (a large
+        # state on a slow network is fetched in the end); meanwhile it is timed, and copied by
+        # speculation, like a block still running.
+        bound = self._gather_bound()
         try:
             values = await asyncio.wait_for(self.client.gather(finished, asynchronous=True), bound)
+            for f in finished:
+                self.unfetched.pop(f.key, None)
             return list(done), dict(zip(finished, values))   # done also holds errored and lost futures
         except asyncio.TimeoutError:
             pass
-        got = await asyncio.gather(*(asyncio.wait_for(self.client.gather([f], asynchronous=True), bound)
-                                     for f in finished), return_exceptions=True)
+        bounds = [2 * self.unfetched[f.key][1] if f.key in self.unfetched else bound for f in finished]
+        got = await asyncio.gather(*(asyncio.wait_for(self.client.gather([f], asynchronous=True), b)
+                                     for f, b in zip(finished, bounds)), return_exceptions=True)
         values_by = {f: v[0] for f, v in zip(finished, got) if isinstance(v, list)}
-        late = set(finished) - set(values_by)
         now = time.monotonic()
-        for f in late:   # tried again after `bound` seconds; meanwhile timed (and copied) like a running block
-            self.unfetched[f.key] = now
-            self.running.setdefault(f.key, (now, "the worker holding its result (not answering)"))
-        for f in values_by:
-            self.unfetched.pop(f.key, None)
-        return [f for f in done if f not in late], values_by
+        for f, b in zip(finished, bounds):
+            if f in values_by:
+                self.unfetched.pop(f.key, None)
+            else:
+                self.unfetched[f.key] = (now, b)
+                self.running.setdefault(f.key, (now, "the worker holding its result (not answering)"))
+        return [f for f in done if f in values_by or f.status != "finished"], values_by
+
+    def _gather_bound(self) -> float:
+        """Seconds a gather of finished results may take before it is retried later."""
+        return self.check_limit() or 30.0
 
     def _waitable(self, futures) -> list:
         """``futures`` less those whose result could not be fetched a moment ago (see _collect)."""
         if not getattr(self, "unfetched", None):
             return list(futures)
-        now, bound = time.monotonic(), self.check_limit() or 30.0
-        return [f for f in futures if now - self.unfetched.get(f.key, -math.inf) >= bound]
+        now = time.monotonic()
+        return [f for f in futures if f.key not in self.unfetched
+                or now - self.unfetched[f.key][0] >= self.unfetched[f.key][1]]
 
     def _cancel_all(self) -> None:
         futs = list(self.pending) + [f for _, f in self.checks.values()]

@@ -14,7 +14,9 @@ True
 """
 from __future__ import annotations
 
+import os
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,9 +80,19 @@ def evaluate(job, gen: np.random.Generator, n: int, shard: int | str) -> np.ndar
 
 
 def _describe(e: BaseException) -> str:
-    """``Type: message`` of an exception, on one line."""
+    """``Type: message (at file.py:line)`` of an exception, on one line.
+
+    The line is where it was raised: Dask ships the traceback of the error a task raises, not
+    of its cause, so the pipeline's own frame is named here.
+    """
     msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames:
+        f = frames[-1]
+        where = f"line {f.lineno}" if f.filename.startswith("<") else f"{os.path.basename(f.filename)}:{f.lineno}"
+        text += f" (in {f.name}, {where})"
+    return text
 
 
 def compute_shard(job, shard: int, reducer: Reducer | None = None,

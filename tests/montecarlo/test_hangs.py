@@ -248,5 +248,7 @@ def test_a_pipeline_exception_names_the_shard(loop):
     with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
         with pytest.raises(PipelineError, match=r"^pipeline output of shard \d: the pipeline raised "
-                           r"ZeroDivisionError: division by zero in my model \(on worker \w+://"):
+                           r"ZeroDivisionError: division by zero in my model \(in boom, "
+                           r"(?:line \d+|test_hangs.py:\d+)\) "
+                           r"\(on worker \w+://"):
             mc.run(job, client=c, verify=0, progress=False, shards_per_task=1)
