@@ -69,12 +69,19 @@ class Outcome:
 
 def _seconds_setting(key: str) -> float | str | None:
     """``research.montecarlo.<key>``: ``None`` (no limit), ``"auto"``, or positive seconds."""
+    from dask.utils import parse_timedelta
+
     value = config.get(f"montecarlo.{key}")
     if value is None or value == "auto":
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"montecarlo.{key}", value, '"auto", a positive number of seconds, or null (no limit)')
-    return float(value)
+    try:
+        seconds = None if isinstance(value, bool) else parse_timedelta(value, default="seconds")
+    except (TypeError, ValueError, KeyError):
+        seconds = None
+    if seconds is None or not seconds > 0:
+        raise ConfigError(f"montecarlo.{key}", value, '"auto", a positive duration (seconds, or "90s", '
+                          '"5 minutes"), or null (no limit)')
+    return float(seconds)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -221,12 +228,13 @@ class Execution:
             attempts = [self.running[f.key] for f in self.leaf_futures.get(idx, []) if f.key in self.running]
             if not attempts:
                 continue
-            t0, worker = min(attempts)
+            attempts.sort()
+            t0, worker = attempts[0]
             if now - t0 <= limit:
                 continue
             a, b = self.bounds[idx]
             shards = f"{a}" if b - a == 1 else f"{a}-{b - 1}"
-            copies = "".join(f"; a copy has run {now - t:.1f} s on worker {w}" for t, w in attempts if w != worker)
+            copies = "".join(f"; a copy has run {now - t:.1f} s on worker {w}" for t, w in attempts[1:])
             raise PipelineError(shards, (
                 f"did not return within {now - t0:.1f} s on worker {worker} (research.montecarlo.block-timeout "
                 f"allows {limit:.1f} s; expected about {self._expected_text()}){copies}: a pipeline that hangs "

@@ -252,3 +252,32 @@ def test_a_pipeline_exception_names_the_shard(loop):
                            r"(?:line \d+|test_hangs.py:\d+)\) "
                            r"\(on worker \w+://"):
             mc.run(job, client=c, verify=0, progress=False, shards_per_task=1)
+
+
+# -- the limits themselves -----------------------------------------------------------------------
+
+def test_auto_limits_follow_the_pilot_and_the_finished_blocks():
+    from dask_research.montecarlo.engine import Execution
+
+    job = _broken_job()
+    reducer = job.make_reducer(job.range)
+    ex = Execution(None, job, reducer, 4, run_id=job.id)
+    assert ex.block_limit() == 60.0 and ex.check_limit() == 5.0            # the floors, nothing known
+    ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)  # the pilot: 2 s per shard
+    assert ex.block_limit() == 20 * 2.0 * 4 and ex.check_limit() == 20 * 2.0
+    ex.shard_times += [3.0, 3.0, 3.0]                                         # blocks slower than the pilot
+    assert ex.block_limit() == 20 * 3.0 * 4
+    with dask.config.set({"research.montecarlo.block-timeout": "90s", "research.montecarlo.check-timeout": None}):
+        ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)
+        assert ex.block_limit() == 90.0 and ex.check_limit() is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", True])
+def test_a_malformed_timeout_is_refused_naming_the_key(bad):
+    from dask_research.exceptions import ConfigError
+    from dask_research.montecarlo.engine import Execution
+
+    job = _broken_job()
+    with dask.config.set({"research.montecarlo.block-timeout": bad}):
+        with pytest.raises(ConfigError, match=r"research\.montecarlo\.block-timeout=.* expected \"auto\", a positive"):
+            Execution(None, job, job.make_reducer(job.range), 4, run_id=job.id)
