@@ -58,7 +58,7 @@ def shard_states(events: list, running: list[tuple[int, int]] = ()) -> tuple[dic
         kind = msg.get("event")
         if kind == "accepted":
             states[msg["start"]:msg["stop"]] = np.where(states[msg["start"]:msg["stop"]] == 4, 4, 2)
-        elif kind == "speculate":
+        elif kind in ("speculate", "retry"):
             seg = states[msg["start"]:msg["stop"]]
             seg[seg < 2] = 5
         elif kind == "check":

@@ -128,7 +128,10 @@ def test_a_hung_shard_fails_the_run_naming_it_and_the_stored_shards_resume(tmp_p
         assert elapsed < 100
         events = _events(client)
         # At most one speculative copy of the hung block, then speculation stops for the run.
-        assert len([m for m in events if m["event"] == "speculate" and m["start"] == 10]) <= 1
+        copies = [m for m in events if m["event"] == "speculate" and m["start"] == 10]
+        assert len(copies) <= 1
+        if copies:   # the copy hung too: the shard is slow, not the worker, so no more copies
+            assert [m for m in events if m["event"] == "speculate-stopped" and m["start"] == 10]
         failed = [m for m in events if m["event"] == "failed" and m["run"] == job.id]
         assert failed and "shard 10" in failed[-1]["reason"] and failed[-1]["error"] == "PipelineError"
     stored = _stored(store, job)
