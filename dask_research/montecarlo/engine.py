@@ -635,8 +635,6 @@ class Execution:
                 picks.append(s)
         for s in picks:
             self._submit_check(s, producers.get(s, "?"))
-        for s, (_, fut) in self.checks.items():
-            self.check_attempts.setdefault(s, [(fut, self.checks[s][0]["verifier"], time.monotonic())])
         gathered = self._gather_checks()
         checks = [c for c, _ in self.checks.values()]
         results = [gathered[c["shard"]] for c in checks]
