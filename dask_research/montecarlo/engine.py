@@ -143,7 +143,6 @@ class Execution:
         self.checks: dict[int, tuple[dict, Any]] = {}
         self.estimate = RunningEstimate()
         self.events = EventOutbox(client)
-        self._threads: tuple[float, int] | None = None   # (when read, threads in the pool)
         # Time limits: the pilot's seconds per shard (if the caller passes them) and what blocks take.
         self.pilot_shard_seconds = float(shard_seconds) if shard_seconds else None
         self.shard_times: list[float] = []             # seconds per computed shard, per finished block
@@ -167,13 +166,6 @@ class Execution:
 
     def _alive_workers(self) -> list[str]:
         return sorted(workers_info(self.client))
-
-    def _pool_threads(self) -> int:
-        """Threads in the pool, read from the scheduler at most once per ``poll`` seconds."""
-        now = time.monotonic()
-        if self._threads is None or now - self._threads[0] > self.poll:
-            self._threads = (now, sum(self.client.nthreads().values()))
-        return self._threads[1]
 
     # -- time limits ------------------------------------------------------------------------
     def expected_shard_seconds(self) -> float | None:
@@ -338,10 +330,15 @@ class Execution:
 
         The driver calls this after every wait. Which block runs where is read from the
         scheduler at most once a second (:meth:`_watch`); a block past the block timeout fails
-        the run (:meth:`_check_hung`). Speculation: at most one copy of a block, never of a block that has run past half the block
-        timeout (it is more likely hung than slow, and a copy would hang a second thread), and
-        none at all once a copy was as slow as its original: then the shards are slow, not the
-        worker, and copies only take threads from the rest of the cluster.
+        the run (:meth:`_check_hung`).
+
+        Speculation starts near the end: nothing left to submit and no unfinished block still
+        waiting for a thread (every one has been seen on a worker, or holds a result that could
+        not be fetched). Then a block running ``speculate`` median block times is copied to
+        another worker: at most one copy of a block, never of a block that has run past half
+        the block timeout (it is more likely hung than slow, and a copy would hang a second
+        thread), and none at all once a copy was as slow as its original: then the shards are
+        slow, not the worker, and copies only take threads from the rest of the cluster.
         """
         now = time.monotonic()
         processing = self._watch(now)
@@ -349,8 +346,10 @@ class Execution:
         if self.speculate <= 0 or self.spec_stopped or todo or len(self.durations) < 2:
             return
         unfinished = [i for i in self.leaf_futures if i not in self.block_states]
-        if not unfinished or len(unfinished) > self._pool_threads():
+        if not unfinished or processing is None:
             return
+        if any(f.key not in self.running for i in unfinished for f in self.leaf_futures[i]):
+            return                  # a block still waits for a thread: not the end yet
         limit = self.speculate * statistics.median(self.durations)
         hung = self.block_limit()
         for idx in unfinished:
@@ -364,7 +363,7 @@ class Execution:
                     self.events.emit("speculate-stopped", self.run_id, start=a, stop=b, seconds=now - copy[0])
                     return
                 continue
-            if now - self.end_seen[idx] < limit or processing is None:
+            if now - self.end_seen[idx] < limit:
                 continue
             seen = self.running.get(futs[0].key)
             if seen is None or (hung is not None and now - seen[0] > hung / 2):

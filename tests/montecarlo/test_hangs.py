@@ -132,8 +132,12 @@ def test_a_hung_shard_fails_the_run_naming_it_and_the_stored_shards_resume(tmp_p
         assert len(copies) <= 1
         if copies:   # the copy hung too: the shard is slow, not the worker, so no more copies
             assert [m for m in events if m["event"] == "speculate-stopped" and m["start"] == 10]
-        failed = [m for m in events if m["event"] == "failed" and m["run"] == job.id]
-        assert failed and "shard 10" in failed[-1]["reason"] and failed[-1]["error"] == "PipelineError"
+
+        def failed():
+            return [m for m in _events(client) if m["event"] == "failed" and m["run"] == job.id]
+
+        wait_for(failed, 30, "the run's failed event")     # a failing run waits at most 1 s for its log
+        assert "shard 10" in failed()[-1]["reason"] and failed()[-1]["error"] == "PipelineError"
     stored = _stored(store, job)
     assert 0 < stored < 24
     # The same job on a healthy cluster computes only what is missing, and the same bits.
