@@ -167,6 +167,28 @@ class Execution:
     def _alive_workers(self) -> list[str]:
         return sorted(workers_info(self.client))
 
+    def _responsive_workers(self) -> list[str]:
+        """Workers whose last heartbeat is recent, else every worker the scheduler lists.
+
+        A frozen (SIGSTOP) worker stays in the scheduler's table until its TTL (minutes) but its
+        heartbeats stop: a check moved away from a late worker should not land on it. "Recent"
+        is within five heartbeat intervals (at least 5 s) of the freshest heartbeat, all read on
+        the scheduler's clock.
+        """
+        info = workers_info(self.client)
+        seen = {w: float(i.get("last_seen") or 0.0) for w, i in info.items()}
+        if not seen:
+            return []
+        try:
+            from distributed.scheduler import heartbeat_interval   # Dask's own, by cluster size
+
+            beat = float(heartbeat_interval(len(seen)))
+        except Exception:  # pragma: no cover - moved in some Dask
+            beat = 1.0
+        freshest = max(seen.values())
+        fresh = [w for w, t in seen.items() if freshest - t < max(5.0, 5 * beat)]
+        return sorted(fresh or seen)
+
     # -- time limits ------------------------------------------------------------------------
     def expected_shard_seconds(self) -> float | None:
         """Seconds one shard is expected to take: the pilot's, or the median finished block's."""
@@ -555,7 +577,7 @@ class Execution:
         """
         if s in self.checks and not exclude:
             return True
-        alive = [w for w in self._alive_workers() if w not in exclude]
+        alive = [w for w in (self._responsive_workers() if exclude else self._alive_workers()) if w not in exclude]
         if not alive:
             return False
         others = [w for w in alive if w != producer] or alive

@@ -175,7 +175,7 @@ def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path):
     v = res.verification
     assert v["moved"] >= 1 and v["checks"] == len(v["checked"]) >= 4
     moved = [c for c in v["checked"] if c.get("moved_from")]
-    assert all(c["verifier"] not in c["moved_from"] and c["match"] for c in moved)
+    assert all(c["verifier"] not in c["moved_from"] and c["match"] for c in moved), v
 
 
 # -- a lost scheduler --------------------------------------------------------------------------
