@@ -212,15 +212,18 @@ class Execution:
         return max(float(config.get("montecarlo.check-timeout-min")),
                    float(config.get("montecarlo.timeout-factor")) * per_shard)
 
-    def _watch(self, now: float) -> dict[str, str] | None:
+    def _watch(self, now: float, ending: bool = False) -> dict[str, str] | None:
         """Which pending key runs where, read from the scheduler at most once a second.
 
-        Records when each key was first seen processing (on which worker); ``None`` if not read.
+        Near the end (``ending``: nothing left to submit, stragglers matter) at most once per
+        ``poll``. Records when each key was first seen processing (on which worker); ``None`` if
+        not read this time.
         """
         limit = self.block_limit()
         if limit is None and self.speculate <= 0:
             return None
-        if now - self._watched < min(1.0, (limit or 10.0) / 10):
+        interval = self.poll if ending else min(1.0, (limit or 10.0) / 10)
+        if now - self._watched < interval:
             return None
         self._watched = now
         where = {k: w for w, keys in self.client.processing().items() for k in keys}
@@ -351,7 +354,7 @@ class Execution:
         """Watch the blocks in flight: fail the run on a hung one, copy a straggler near the end.
 
         The driver calls this after every wait. Which block runs where is read from the
-        scheduler at most once a second (:meth:`_watch`); a block past the block timeout fails
+        scheduler at most once a second, near the end once per ``poll`` (:meth:`_watch`); a block past the block timeout fails
         the run (:meth:`_check_hung`).
 
         Speculation starts near the end: nothing left to submit and no unfinished block still
@@ -363,7 +366,7 @@ class Execution:
         slow, not the worker, and copies only take threads from the rest of the cluster.
         """
         now = time.monotonic()
-        processing = self._watch(now)
+        processing = self._watch(now, ending=not todo)
         self._check_hung(now)
         if self.speculate <= 0 or self.spec_stopped or todo or len(self.durations) < 2:
             return

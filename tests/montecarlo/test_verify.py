@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dask_research._cluster import workers_info
@@ -98,6 +98,7 @@ def test_a_straggler_is_duplicated_and_the_result_is_unchanged(two_workers):
     assert time.perf_counter() - t0 < 2.0 * 16  # nowhere near "every block on the slow worker"
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # a shared machine: no wall-clock limits
 @given(st.integers(1, 500), st.integers(0, 8), st.data())
 def test_chosen_shards_cover_every_producer(shards, k, data):
     workers = data.draw(st.lists(st.sampled_from("abcde"), min_size=shards, max_size=shards))
