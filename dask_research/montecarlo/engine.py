@@ -89,14 +89,23 @@ def _one_line(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
+#: The reason Dask gives the futures it cancels when a client loses its scheduler.
+LOST = "scheduler-connection-lost"
+
+
 def _lost_scheduler(client, exc: BaseException) -> bool:
     """Whether ``exc`` (raised while a run waited on ``client``) means the scheduler is gone."""
-    from distributed.client import FuturesCancelledError
+    from distributed.client import FutureCancelledError, FuturesCancelledError
     from distributed.comm.core import CommClosedError
 
     if isinstance(exc, (ResearchError, KeyboardInterrupt)):
         return False
-    if isinstance(exc, (FuturesCancelledError, CommClosedError)):
+    if isinstance(exc, FutureCancelledError) and getattr(exc, "reason", None) == LOST:
+        return True
+    if isinstance(exc, FuturesCancelledError) and any(getattr(g, "reason", None) == LOST
+                                                      for g in getattr(exc, "error_groups", [])):
+        return True
+    if isinstance(exc, CommClosedError):
         return True
     status = getattr(client, "status", "running")
     return status != "running" and isinstance(exc, (OSError, TimeoutError, asyncio.CancelledError,
@@ -410,10 +419,7 @@ class Execution:
             if not self.pending:
                 raise RuntimeError("internal error: nothing pending but the run is not finished")
             done, values = self.client.sync(self._collect, list(self.pending), self.poll)
-            if any(f.status == "cancelled" for f in done if f in self.pending):
-                from distributed.client import FuturesCancelledError
-
-                raise FuturesCancelledError([f.key for f in done if f.status == "cancelled"][:3])
+            self._raise_if_cancelled([f for f in done if f in self.pending])
             # Only what was gathered is accepted. A future that finished and then lost its data
             # with its worker ("lost": Dask recomputes it) stays pending; one whose speculative
             # twin was accepted a moment ago in this same loop is no longer pending.
@@ -424,6 +430,33 @@ class Execution:
                 if f in self.pending and f.status == "error":
                     self._leaf_failed(self.pending.pop(f), f)
             self._maybe_speculate(todo)
+
+    def _raise_if_cancelled(self, done: list) -> None:
+        """A future of the run was cancelled, not by the run: the scheduler is gone, or someone.
+
+        Dask cancels every future when the client loses the scheduler (reason
+        ``scheduler-connection-lost``); that becomes the lost-scheduler error in :meth:`execute`.
+        Any other cancellation (another client, the dashboard) fails the run saying so.
+        """
+        cancelled = [f for f in done if f.status == "cancelled"]
+        if not cancelled:
+            return
+        from distributed.client import FutureCancelledError
+
+        err: FutureCancelledError | None = None
+        try:
+            cancelled[0].result(timeout=1)
+        except FutureCancelledError as e:
+            err = e
+        except Exception:
+            pass
+        reason = getattr(err, "reason", None)
+        if reason == LOST or getattr(self.client, "status", "running") != "running":
+            raise err or FutureCancelledError(cancelled[0].key, reason=LOST)
+        keys = ", ".join(str(f.key) for f in cancelled[:3])
+        raise ResearchError(f"run {self.run_id[:12]}: task {keys} was cancelled from outside the run "
+                            f"(reason: {reason or 'not given'}); stored shards are kept and the same "
+                            "command resumes")
 
     def _leaf_failed(self, idx: int, fut) -> None:
         """A block's task raised: try it on a worker it has not failed on, or fail the run."""
@@ -462,10 +495,14 @@ class Execution:
         if not futures:
             await asyncio.sleep(timeout)
             return [], {}
+        from distributed.client import FuturesCancelledError
+
         try:
             done = (await _wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")).done
         except TimeoutError:
             return [], {}
+        except FuturesCancelledError:      # the caller says by whom (see _raise_if_cancelled)
+            return [f for f in futures if f.status == "cancelled"], {}
         finished = [f for f in done if f.status == "finished"]
         if not finished:
             return list(done), {}
@@ -617,10 +654,7 @@ class Execution:
                 return results
             owner = {f: s for s in open_ for f, _, _ in self.check_attempts[s] if f.status in ("pending", "finished")}
             done, values = self.client.sync(self._collect, list(owner), self.poll) if owner else ([], {})
-            if any(f.status == "cancelled" for f in done):
-                from distributed.client import FuturesCancelledError
-
-                raise FuturesCancelledError([f.key for f in done if f.status == "cancelled"][:3])
+            self._raise_if_cancelled(done)
             for f, value in values.items():
                 s = owner[f]
                 if s not in results:

@@ -288,3 +288,25 @@ def test_a_malformed_timeout_is_refused_naming_the_key(bad):
     with dask.config.set({"research.montecarlo.block-timeout": bad}):
         with pytest.raises(ConfigError, match=r"research\.montecarlo\.block-timeout=.* expected \"auto\", a positive"):
             Execution(None, job, job.make_reducer(job.range), 4, run_id=job.id)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_run_cancelled_from_outside_says_so(loop, tmp_path):
+    from distributed import Future
+
+    job = mc.Job(slow_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=48,
+                 samples_per_shard=256, seed=5, bins=32, range=(0.0, 1.0))
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c, \
+            Client(cl, set_as_default=False) as other:
+        t, out = _in_thread(lambda: mc.run(job, client=c, store=str(tmp_path), verify=0, progress=False,
+                                           shards_per_task=1))
+        wait_for(lambda: "error" in out or _stored(tmp_path, job) >= 4, 60, "some shards")
+        keys = [k for k in cl.scheduler.tasks if str(k).startswith("mc-block-")]
+        other.cancel([Future(k, other) for k in keys], force=True, reason="by-an-operator")
+        t.join(60)
+    assert not t.is_alive()
+    err = out.get("error")
+    assert type(err) is ResearchError, out
+    assert "was cancelled from outside the run (reason: by-an-operator)" in str(err)
+    assert "stored shards are kept" in str(err)
