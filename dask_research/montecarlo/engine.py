@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import math
 import statistics
 import time
 import uuid
@@ -363,8 +362,8 @@ class Execution:
         """Watch the blocks in flight: fail the run on a hung one, copy a straggler near the end.
 
         The driver calls this after every wait. Which block runs where is read from the
-        scheduler at most once a second, near the end once per ``poll`` (:meth:`_watch`); a block past the block timeout fails
-        the run (:meth:`_check_hung`).
+        scheduler at most once a second, near the end once per ``poll`` (:meth:`_watch`); a
+        block past the block timeout fails the run (:meth:`_check_hung`).
 
         Speculation starts near the end: nothing left to submit and no unfinished block still
         waiting for a thread (every one has been seen on a worker, or holds a result that could
@@ -589,7 +588,7 @@ class Execution:
             if err is not None:
                 raise err from exc
             raise
-        return root, self.outcome
+        return root, self.outcome           # its events are queued; the caller adds done and flushes
 
     def _lost_scheduler_error(self, exc: BaseException) -> ResearchError:
         address = getattr(getattr(self.client, "scheduler", None), "address", None) or "the scheduler"
@@ -603,7 +602,7 @@ class Execution:
             kept = (f"{have:,} of {self.job.shards:,} shards were computed but no store= was given, so they "
                     "are lost; pass store= (--store) to make a run resumable")
         return ResearchError(f"run {self.run_id[:12]} lost the connection to {address} "
-                             f"({type(exc).__name__}: {_one_line(exc)[:200]}): {kept}")           # its events are queued; the caller adds done and flushes
+                             f"({type(exc).__name__}: {_one_line(exc)[:200]}): {kept}")
 
     # -- verification -----------------------------------------------------------------------
     def _producers(self) -> dict[int, str]:
