@@ -537,7 +537,7 @@ class Execution:
 
     def _waitable(self, futures) -> list:
         """``futures`` less those whose result could not be fetched a moment ago (see _collect)."""
-        if not getattr(self, "unfetched", None):
+        if not self.unfetched:
             return list(futures)
         now = time.monotonic()
         return [f for f in futures if f.key not in self.unfetched
