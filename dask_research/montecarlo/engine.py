@@ -205,10 +205,16 @@ class Execution:
         return max(known) if known else None
 
     def block_limit(self) -> float | None:
-        """Seconds a block may run before the run fails (``research.montecarlo.block-timeout``)."""
+        """Seconds a block may run before the run fails (``research.montecarlo.block-timeout``).
+
+        ``auto`` with nothing to expect yet (no pilot timing passed, no block finished) is no
+        limit: a run must not fail a block that is merely the first of a slow job.
+        """
         if self.block_timeout != "auto":
             return self.block_timeout
-        per_shard = self.expected_shard_seconds() or 0.0
+        per_shard = self.expected_shard_seconds()
+        if per_shard is None:
+            return None
         return max(float(config.get("montecarlo.block-timeout-min")),
                    float(config.get("montecarlo.timeout-factor")) * per_shard * self.block)
 

@@ -272,7 +272,9 @@ def test_auto_limits_follow_the_pilot_and_the_finished_blocks():
     job = _broken_job()
     reducer = job.make_reducer(job.range)
     ex = Execution(None, job, reducer, 4, run_id=job.id)
-    assert ex.block_limit() == 60.0 and ex.check_limit() == 5.0            # the floors, nothing known
+    assert ex.block_limit() is None and ex.check_limit() == 5.0   # nothing known: no block limit yet
+    ex.shard_times.append(0.001)
+    assert ex.block_limit() == 60.0                                       # fast blocks: the floor
     ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)  # the pilot: 2 s per shard
     assert ex.block_limit() == 20 * 2.0 * 4 and ex.check_limit() == 20 * 2.0
     ex.shard_times += [3.0, 3.0, 3.0]                                         # blocks slower than the pilot
