@@ -33,7 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import LoadMonitor, median_time, print_table, write_results  # noqa: E402
+from benchmarks.harness import (LoadMonitor, median_time, print_table, update_results,  # noqa: E402
+                                write_results)
 from dask_research import replay  # noqa: E402
 
 SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32"),
@@ -41,6 +42,7 @@ SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float
 BATCH = 256
 CHUNK = 1024
 ALPHA, BETA = 0.6, 0.4
+SECTIONS = ("uniform", "add", "prioritized-order")
 
 
 def make_chunks(k: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -116,6 +118,214 @@ class NumpyRing:
     def update(self, idx: np.ndarray, pr: np.ndarray) -> None:
         self.max_p = max(self.max_p, float(pr.max()))
         self._tree_set(idx, pr ** ALPHA)
+
+
+# --- peer 1b: a columnar ring (one array per field), the best hand-written uniform ring --------
+class ColumnarRing:
+    """What a careful user writes for uniform replay: one preallocated array per field, slice
+    writes, one index array and ``np.take(..., out=)`` into preallocated batch buffers.
+
+    ``sample()`` reuses its output buffers (the next call overwrites the batch; ours returns
+    fresh arrays); ``sample_fresh()`` allocates, like ours.
+    """
+
+    def __init__(self, n: int, spec: dict[str, Any] = SPEC, batch: int = BATCH):
+        self.cols = {k: np.zeros((n, *s), d) for k, (s, d) in spec.items()}
+        self.out = {k: np.empty((batch, *s), d) for k, (s, d) in spec.items()}
+        self.n, self.cursor, self.size, self.batch = n, 0, 0, batch
+        self.rng = np.random.default_rng(0)
+
+    def extend(self, b: dict[str, np.ndarray]) -> None:
+        m = len(b["action"])
+        c = self.cursor
+        first = min(m, self.n - c)
+        for k, v in b.items():
+            col = self.cols[k]
+            col[c:c + first] = v[:first]
+            if first < m:
+                col[:m - first] = v[first:]
+        self.cursor = (c + m) % self.n
+        self.size = min(self.size + m, self.n)
+
+    def add(self, **t: Any) -> None:
+        """One transition, one indexed store per field (the columnar analogue of SB3's add)."""
+        c = self.cursor
+        for k, v in t.items():
+            self.cols[k][c] = v
+        self.cursor = (c + 1) % self.n
+        self.size = min(self.size + 1, self.n)
+
+    def sample(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        idx = self.rng.integers(0, self.size, self.batch)
+        out = self.out
+        for k, col in self.cols.items():
+            np.take(col, idx, axis=0, out=out[k], mode="clip")   # "raise" would buffer out
+        return out, idx
+
+    def sample_float_draw(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """As :meth:`sample`, with the indices drawn as ours are (floor of 53-bit floats)."""
+        u = self.rng.random(self.batch)
+        u *= self.size
+        idx = u.astype(np.int64)
+        out = self.out
+        for k, col in self.cols.items():
+            np.take(col, idx, axis=0, out=out[k], mode="clip")
+        return out, idx
+
+    def sample_fresh(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        idx = self.rng.integers(0, self.size, self.batch)
+        return {k: np.take(col, idx, axis=0) for k, col in self.cols.items()}, idx
+
+
+def interleaved(cases: dict[str, Callable[[], Any]], reps: int, number: int) -> dict[str, Any]:
+    """Per case: median over ``reps`` interleaved rounds (every case once per round, the order
+    rotating) of the mean seconds per call over ``number`` calls; and every round's figure."""
+    names = list(cases)
+    per: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            fn = cases[k]
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            per[k].append((time.perf_counter() - t0) / number)
+    return {k: {"median_s": statistics.median(v), "rounds_s": v} for k, v in per.items()}
+
+
+def uniform_side_by_side(N: int, reps: int, number: int) -> dict[str, Any]:
+    """Uniform sample(256) of 1M CartPole transitions: ours (sample, batches prefetch 0 and 2
+    with no learner work) against the columnar and the structured hand-written rings, in one
+    process, interleaved. Ratios are ``peer time / our time`` (> 1: ours faster)."""
+    chunks = make_chunks(16)
+    plane = replay.ExperiencePlane(SPEC, N, seed=0)
+    col, rec = ColumnarRing(N), NumpyRing(N)
+    for i in range(-(-N // CHUNK)):
+        c = chunks[i % len(chunks)]
+        plane.ingest(c)
+        col.extend(c)
+        rec.extend(c)
+    it0 = plane.batches(BATCH, prefetch=0)
+    it2 = plane.batches(BATCH, prefetch=2)
+    for _ in range(50):
+        next(it0), next(it2)
+    try:
+        res = interleaved({
+            "columnar ring, np.take out= clip": col.sample,
+            "columnar ring, np.take fresh": col.sample_fresh,
+            "columnar ring, float draws, np.take out= clip": col.sample_float_draw,
+            "structured ring, fancy index": rec.sample,
+            "ours plane.sample": lambda: plane.sample(BATCH),
+            "ours batches prefetch=0": lambda: next(it0),
+            "ours batches prefetch=2, no learner work": lambda: next(it2),
+        }, reps, number)
+    finally:
+        it0.close()
+        it2.close()
+        plane.close()
+    med = {k: v["median_s"] for k, v in res.items()}
+    best = min(med["columnar ring, np.take out= clip"], med["columnar ring, np.take fresh"],
+               med["columnar ring, float draws, np.take out= clip"])
+    out: dict[str, Any] = {"cases": res, "best_hand_written_s": best,
+                           "ratio_best_hand_written_over_ours": {
+                               k: best / v for k, v in med.items() if k.startswith("ours")},
+                           "ratio_structured_over_ours": {
+                               k: med["structured ring, fancy index"] / v
+                               for k, v in med.items() if k.startswith("ours")}}
+    s = med["ours plane.sample"]
+    out["iterator_overhead_per_batch"] = {
+        "prefetch0_s": med["ours batches prefetch=0"] - s,
+        "prefetch2_no_work_s": med["ours batches prefetch=2, no learner work"] - s,
+        "prefetch0_over_sample": med["ours batches prefetch=0"] / s,
+        "prefetch2_no_work_over_sample": med["ours batches prefetch=2, no learner work"] / s}
+    return out
+
+
+def single_add(reps: int, number: int) -> dict[str, Any]:
+    """One transition at a time (CartPole): ours ``plane.add`` and ``plane.ingest`` of one
+    transition against SB3's ``ReplayBuffer.add`` (if importable) and a columnar add."""
+    n = 200_000
+    o = np.ones(4, np.float32)
+    plane = replay.ExperiencePlane(SPEC, n, seed=0)
+    col = ColumnarRing(n)
+    one = {"obs": o, "action": 1, "reward": 0.5, "next_obs": o, "done": False}
+    cases: dict[str, Callable[[], Any]] = {
+        "ours plane.add": lambda: plane.add(obs=o, action=1, reward=0.5, next_obs=o, done=False),
+        "ours plane.ingest(one)": lambda: plane.ingest(one),
+        "columnar add": lambda: col.add(obs=o, action=1, reward=0.5, next_obs=o, done=False),
+    }
+    note = ""
+    try:
+        import warnings
+
+        import gymnasium as gym
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sb3 = ReplayBuffer(n, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                               gym.spaces.Discrete(2), device="cpu", n_envs=1)
+        o1, a1 = o[None], np.array([1])
+        r1, d1, inf = np.array([0.5], np.float32), np.array([False]), [{}]
+        cases["SB3 ReplayBuffer.add"] = lambda: sb3.add(o1, o1, a1, r1, d1, inf)
+    except Exception as e:  # not installed
+        note = f"stable-baselines3 not importable ({type(e).__name__}); compared with a columnar add"
+    try:
+        res = interleaved(cases, reps, number)
+    finally:
+        plane.close()
+    med = {k: v["median_s"] for k, v in res.items()}
+    peer = "SB3 ReplayBuffer.add" if "SB3 ReplayBuffer.add" in med else "columnar add"
+    return {"cases": res, "peer": peer, "note": note,
+            "ratio_peer_over_ours_add": med[peer] / med["ours plane.add"],
+            "ratio_ingest_one_over_add": med["ours plane.ingest(one)"] / med["ours plane.add"]}
+
+
+def prioritized_order(N: int, reps: int, number: int) -> dict[str, Any]:
+    """Cost of returning prioritized batches in draw order (shuffle=True) vs sorted by slot."""
+    chunks = make_chunks(16)
+    planes = {s: replay.ExperiencePlane(SPEC, N, seed=0,
+                                        sampler=replay.PrioritizedSampler(ALPHA, BETA, shuffle=s))
+              for s in (True, False)}
+    pr = np.random.default_rng(2).random(N) + 0.01
+    for p in planes.values():
+        for i in range(-(-N // CHUNK)):
+            p.ingest(chunks[i % len(chunks)])
+        p.update_priorities(np.arange(p.total - N, p.total), pr)
+    try:
+        res = interleaved({"shuffle=True (draw order)": lambda: planes[True].sample(BATCH),
+                           "shuffle=False (sorted by slot)": lambda: planes[False].sample(BATCH)},
+                          reps, number)
+    finally:
+        for p in planes.values():
+            p.close()
+    med = {k: v["median_s"] for k, v in res.items()}
+    return {"cases": res, "ratio_shuffled_over_sorted":
+            med["shuffle=True (draw order)"] / med["shuffle=False (sorted by slot)"]}
+
+
+def run_sections(sections: list[str], N: int, quick: bool) -> dict[str, Any]:
+    reps = 5 if quick else 9
+    out: dict[str, Any] = {}
+    if "uniform" in sections:
+        out["uniform_side_by_side"] = uniform_side_by_side(N, reps, 300 if quick else 1000)
+        u = out["uniform_side_by_side"]
+        rows = [(k, us(v["median_s"]), ratio(u["best_hand_written_s"], v["median_s"]))
+                for k, v in u["cases"].items()]
+        print_table(rows, ("uniform sample(256)", "median", "best hand-written / this"))
+        o = u["iterator_overhead_per_batch"]
+        print(f"iterator overhead per batch over plane.sample: prefetch 0 {us(o['prefetch0_s'])}, "
+              f"prefetch 2 without learner work {us(o['prefetch2_no_work_s'])}")
+    if "add" in sections:
+        out["single_add"] = a = single_add(reps, 2000 if quick else 10000)
+        print_table([(k, f"{v['median_s'] * 1e6:.2f} us") for k, v in a["cases"].items()],
+                    ("one transition", "median"))
+        print(f"{a['peer']} / ours plane.add: {a['ratio_peer_over_ours_add']:.2f}x")
+    if "prioritized-order" in sections:
+        out["prioritized_order"] = q = prioritized_order(N, reps, 300 if quick else 1000)
+        print(f"prioritized sample(256): draw order / sorted by slot = "
+              f"{q['ratio_shuffled_over_sorted']:.3f}")
+    return out
 
 
 # --- peer 2: TorchRL ----------------------------------------------------------------------------
@@ -245,8 +455,18 @@ def exposed_latency(plane: replay.ExperiencePlane, batches: int, to: str) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="100k stored, fewer reps (smoke run)")
+    ap.add_argument("--section", action="append", choices=list(SECTIONS),
+                    help="run only these sections and merge their figures into the JSON")
     args = ap.parse_args()
     N = 100_000 if args.quick else 1_000_000
+    if args.section:
+        with LoadMonitor() as load:
+            figs = run_sections(args.section, N, args.quick)
+        for f in figs.values():
+            f["machine_busy"], f["own_busy"] = load.machine_busy, load.own_busy
+        print(f"\nmachine busy {load.machine_busy:.0%} of all cores, this process {load.own_busy:.0%}")
+        print("wrote", update_results("bench_replay", figs))
+        return
     reps = 1 if args.quick else 3
     n_samples = 300 if args.quick else 2000
     extra = 50 if args.quick else 200
@@ -329,6 +549,12 @@ def main() -> None:
             to = "numpy"
         figures["exposed_latency"] = {"to": to, "sampler": "prioritized",
                                       **exposed_latency(ours_p, 300 if args.quick else 1500, to)}
+        for b in buffers.values():            # free the 1M-transition buffers first
+            if isinstance(b, replay.ExperiencePlane):
+                b.close()
+        buffers.clear()
+        gc.collect()
+        figures.update(run_sections(list(SECTIONS), N, args.quick))
     figures["machine_busy"] = load.machine_busy
     figures["own_busy"] = load.own_busy
 

@@ -125,6 +125,27 @@ def write_results(name: str, figures: dict[str, Any], notes: str = "") -> pathli
     return path
 
 
+def update_results(name: str, figures: dict[str, Any], notes: str = "") -> pathlib.Path:
+    """Merge ``figures`` (top-level keys replaced) into ``benchmarks/results/<name>.json``.
+
+    For re-running some sections of a benchmark: the other figures are kept, the machine
+    description and ``measured_at`` of the updated keys go with them (``updated``).
+    """
+    path = RESULTS / f"{name}.json"
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return write_results(name, figures, notes)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    payload.setdefault("figures", {}).update(figures)
+    payload.setdefault("updated", {}).update(
+        {k: {"measured_at": stamp, "machine": machine()} for k in figures})
+    if notes:
+        payload["notes"] = notes
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=float) + "\n")
+    return path
+
+
 def print_table(rows: list[tuple], header: tuple) -> None:
     """Print a small aligned table."""
     rows = [tuple(str(c) for c in r) for r in rows]

@@ -300,8 +300,8 @@ def _experiments_figures(report):
                     y_axis_label="UCB1 score (mean + bonus)", toolbar_location=None)
     series: dict[str, tuple[list, list]] = {n: ([], []) for n in names}
     for e in report.events:
-        if e.kind == "select" and e.scores is not None:
-            for n, s in zip(names, e.scores.tolist()):
+        if e.kind == "select" and (e.scores is not None or e.top is not None):
+            for n, s in report.events.scores(e).items():     # every branch, or the trace's top-k
                 if math.isfinite(s):
                     series[n][0].append(e.t)
                     series[n][1].append(s)

@@ -23,12 +23,12 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "plane_series", "STATE_NAMES", "STATE_COLORS"]
+__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "run_status", "plane_series", "STATE_NAMES", "STATE_COLORS"]
 
 #: Shard states, in the order of their codes.
 STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
 STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"]
-_KEY = re.compile(r"^mc-(?:block|spec|redo)-(?P<prefix>[0-9a-f]+-[0-9a-f]+)-(?P<a>\d+)-(?P<b>\d+)$")
+_KEY = re.compile(r"^mc-(?:block|spec|redo|retry\d+)-(?P<prefix>[0-9a-f]+-[0-9a-f]+)-(?P<a>\d+)-(?P<b>\d+)$")
 MAX_CELLS = 4096
 
 
@@ -58,7 +58,7 @@ def shard_states(events: list, running: list[tuple[int, int]] = ()) -> tuple[dic
         kind = msg.get("event")
         if kind == "accepted":
             states[msg["start"]:msg["stop"]] = np.where(states[msg["start"]:msg["stop"]] == 4, 4, 2)
-        elif kind == "speculate":
+        elif kind in ("speculate", "retry"):
             seg = states[msg["start"]:msg["stop"]]
             seg[seg < 2] = 5
         elif kind == "check":
@@ -67,6 +67,32 @@ def shard_states(events: list, running: list[tuple[int, int]] = ()) -> tuple[dic
             for s in msg.get("shards", []):
                 states[s] = 4
     return start, states
+
+
+def run_status(start: dict, later: list, clients=None) -> str:
+    """What became of a run: ``done``, ``failed: <reason>``, ``stale: ...`` or ``running``.
+
+    ``later`` are the run's events after its ``start`` (see :func:`latest_run`); ``clients``
+    the ids of the clients the scheduler has now (``scheduler.clients``). A run that neither
+    finished nor failed and whose client has left the scheduler is stale: nobody drives it.
+
+    Examples
+    --------
+    >>> run_status({"run": "r", "client": "c1"}, [{"event": "failed", "reason": "boom"}])
+    'failed: boom'
+    >>> run_status({"run": "r", "client": "c1"}, [], clients={"c2"})
+    'stale: its client c1 has left the scheduler'
+    """
+    for msg in reversed(later):
+        kind = msg.get("event")
+        if kind == "done":
+            return "done"
+        if kind == "failed":
+            return f"failed: {msg.get('reason') or msg.get('error') or 'unknown reason'}"
+    client = start.get("client")
+    if clients is not None and client and client not in clients:
+        return f"stale: its client {client} has left the scheduler"
+    return "running"
 
 
 def _running_blocks(scheduler, prefix: str) -> list[tuple[int, int]]:
@@ -107,7 +133,10 @@ class ShardBoard:
         start, _ = latest_run(events)
         if start is None:
             return
-        running = _running_blocks(self.scheduler, start.get("key_prefix", ""))
+        _, later = latest_run(events)
+        status = run_status(start, later, clients=set(getattr(self.scheduler, "clients", {}) or ()))
+        # A run that ended (or lost its client) drives no task: blocks being cancelled are not running.
+        running = _running_blocks(self.scheduler, start.get("key_prefix", "")) if status == "running" else []
         start, states = shard_states(events, running)
         n = states.size
         group = max(1, math.ceil(n / MAX_CELLS))
@@ -125,18 +154,15 @@ class ShardBoard:
         self.source.data = {"x": (idx % cols).tolist(), "y": (-(idx // cols)).tolist(),
                             "color": [STATE_COLORS[c] for c in pick], "state": [STATE_NAMES[c] for c in pick],
                             "shards": label}
-        _, later = latest_run(events)
         acc = [m for m in later if m.get("event") == "accepted"]
-        done = [m for m in later if m.get("event") == "done"]
         counts = {name: int((states == i).sum()) for i, name in enumerate(STATE_NAMES)}
         est = ""
         if acc and acc[-1].get("mean") is not None:
             est = f"running estimate {acc[-1]['mean']:.6g} &plusmn; {acc[-1]['stderr']:.3g} (n={acc[-1]['n']:,})"
-        status = "done" if done else "running"
         # Names come from users: escaped, so a job called "<script>" is text, not markup.
         name, run = html.escape(str(start.get("name", ""))), html.escape(str(start["run"])[:12])
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
-                             f"({status}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
+                             f"({html.escape(status)}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
                              + (f"<br>{est}" if est else ""))
 
 

@@ -10,6 +10,10 @@ drifting rewards, Pareto UCB1 for vector rewards (``objectives=``) and LinUCB ov
 features; ``checkpoint=`` makes a run crash-safe (:meth:`IterationScheduler.resume`; one driver
 per journal, every record checksummed), ``timeout=`` and ``max_seconds`` keep a hanging runner
 from holding the run, and ``apply_order="dispatch"`` makes it reproducible under parallelism.
+For searches,
+``objective="max"`` looks for the branch of the best single result, ``ask``/``tell`` let your
+own loop run the experiments, and ``Branch(name, propose=...)`` (e.g. an
+:class:`OptunaSource`) proposes hypotheses lazily.
 
 Examples
 --------
@@ -32,11 +36,15 @@ from .checkpoint import JournalLegacyWarning
 from .linucb import LinUCBModel
 from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
+from .maxbandit import (MAX_POLICY_NAMES, QuantileUCBPolicy, ThresholdAscentPolicy,
+                        quantile_ucb_index, threshold_ascent_index)
+from .objectives import OBJECTIVES
 from .pareto import pareto_front, pareto_ucb1_indices
 from .policies import select, ucb1_score, ucb1_scores
 from .report import Report
 from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
 from .scoring import POLICY_NAMES, Policy, make_policy
+from .sources import Branch, HypothesisSource
 from .thompson import thompson_scores
 from .timeouts import ExperimentTimeout
 from .tuned import ucb1_tuned_scores
@@ -73,4 +81,21 @@ __all__ = [
     "JournalLockWarning",
     "JournalLegacyWarning",
     "ExperimentTimeout",
+    "Branch",
+    "HypothesisSource",
+    "OBJECTIVES",
+    "MAX_POLICY_NAMES",
+    "QuantileUCBPolicy",
+    "ThresholdAscentPolicy",
+    "quantile_ucb_index",
+    "threshold_ascent_index",
+    "OptunaSource",
 ]
+
+
+def __getattr__(name: str):  # lazy: optuna is an optional extra
+    if name == "OptunaSource":
+        from .optuna_source import OptunaSource
+
+        return OptunaSource
+    raise AttributeError(name)

@@ -92,6 +92,9 @@ class BranchLedger:
         self.total_n = 0          # sum of runs + pending over all branches
         self.total_runs = 0
         self.n_queued = 0         # sum of queued over all branches
+        self.n_sourced = 0        # branches with a live hypothesis source (see .sources)
+        self.best_ids: list[str | None] = []   # id of each branch's best result
+        self.holder: int | None = None         # branch holding the best result overall
         self._alloc(capacity)
 
     # -- storage ------------------------------------------------------------------------
@@ -117,6 +120,12 @@ class BranchLedger:
         self.eligible = grow("eligible", np.bool_)  # queued > 0 and not pruned
         self.pruned = grow("pruned", np.bool_)
         self.paper = grow("paper", np.bool_)
+        self.sourced = grow("sourced", np.bool_)  # a live source proposes when the queue is empty
+        best = np.full(capacity, -math.inf)       # best (scalar) reward of each branch
+        old_best = getattr(self, "best", None)
+        if old_best is not None:
+            best[:k] = old_best[:k]
+        self.best = best
         self.prune_reasons: dict[int, str] = getattr(self, "prune_reasons", {})
         if self.dims:
             new = np.zeros((capacity, self.dims))
@@ -135,6 +144,7 @@ class BranchLedger:
             self.index[name] = i
             self.inv_n[i] = math.inf
             self.queues.append(deque())
+            self.best_ids.append(None)
         return i
 
     def branch_index(self, name: str) -> int:
@@ -233,8 +243,17 @@ class BranchLedger:
         return np.array(self.policy.scores(self), dtype=float)   # a copy: events keep it
 
     def has_work(self) -> bool:
-        """Whether any unpruned branch has queued hypotheses."""
-        return self.n_queued > 0
+        """Whether any unpruned branch has queued hypotheses or a live source."""
+        return self.n_queued > 0 or self.n_sourced > 0
+
+    def set_sourced(self, i: int, live: bool) -> None:
+        """Mark branch ``i`` as having a live hypothesis source (eligible while unpruned even
+        with an empty queue) or not (an exhausted source)."""
+        live = bool(live) and not self.pruned[i]
+        if live != bool(self.sourced[i]):
+            self.n_sourced += 1 if live else -1
+        self.sourced[i] = live
+        self.eligible[i] = live or self.queued[i] > 0
 
     def select(self) -> tuple[int, np.ndarray] | None:
         """``(branch index, scores)`` of the next pick, or ``None`` when nothing is eligible.
@@ -242,7 +261,7 @@ class BranchLedger:
         For policies that pick a hypothesis (LinUCB), ``policy.position`` is then the index of
         the chosen hypothesis in the branch's queue; :meth:`pop` takes that one.
         """
-        if self.n_queued == 0:
+        if not self.has_work():
             return None
         k = len(self.branches)
         scores = self.scores()
@@ -282,7 +301,7 @@ class BranchLedger:
     def _started(self, i: int, h: Hypothesis) -> None:
         self.queued[i] -= 1
         self.n_queued -= 1
-        if self.queued[i] == 0:
+        if self.queued[i] == 0 and not self.sourced[i]:
             self.eligible[i] = False
         self.pending[i] += 1
         self._count(i, 1.0)
@@ -345,6 +364,11 @@ class BranchLedger:
         if vec is not None:
             self.vsum[i] += vec
         self.mean[i] = self.reward_sum[i] / self.runs[i]
+        if reward > self.best[i]:
+            self.best[i] = reward
+            self.best_ids[i] = h.id
+            if self.holder is None or reward > self.best[self.holder]:
+                self.holder = i
         self.policy.on_result(self, i, h, reward)
         return i
 
@@ -357,6 +381,7 @@ class BranchLedger:
 
     def prune(self, i: int, reason: str) -> list[Hypothesis]:
         """Exclude branch ``i`` from scheduling; returns its dropped queued hypotheses."""
+        self.set_sourced(i, False)
         self.pruned[i] = True
         self.prune_reasons[i] = reason
         self.eligible[i] = False
@@ -380,11 +405,18 @@ class BranchLedger:
             queued=int(self.queued[i]),
             failures=int(self.failures[i]),
             means=self.raw_means(i),
+            best=float(self.best[i]) if runs else math.nan,
+            best_hypothesis=self.best_ids[i],
         )
 
     def snapshot(self) -> dict[str, BranchStats]:
         """``{branch: BranchStats}`` in insertion order."""
         return {b: self.stats(i) for i, b in enumerate(self.branches)}
+
+    @property
+    def best_seen(self) -> float:
+        """Best (scalar) reward of any branch so far (``-inf`` before the first result)."""
+        return -math.inf if self.holder is None else float(self.best[self.holder])
 
     @property
     def in_flight(self) -> int:

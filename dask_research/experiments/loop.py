@@ -25,12 +25,15 @@ import numpy as np
 
 from .. import config
 from ..exceptions import CheckpointError, ExperimentError, InputError
+from . import objectives as _objectives
 from . import policies
+from .asktell import AskTellSession
 from .backends import DaskBackend, LocalBackend
 from .checkpoint import Journal, hypothesis_to_json
 from .events import Event, Trace, _jsonable, top_scores
 from .execute import is_async_callable
 from .ledger import BranchLedger, ScoreFn
+from .maxbandit import MAX_POLICY_NAMES, make_max_policy
 from .limits import check_batch_memory
 from .options import number as _number
 from .options import parse_objectives, parse_threshold, parse_weights
@@ -40,6 +43,7 @@ from .report import Report
 from .resume import Restored, restore
 from .scoring import Policy, make_policy
 from .timeouts import Deadlines, ExperimentTimeout
+from .sources import Branch, SourceTable, add_branches
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = ["IterationScheduler"]
@@ -66,8 +70,9 @@ class IterationScheduler:
 
     Parameters
     ----------
-    runner : callable
-        ``Hypothesis -> Result``, sync or ``async def``. It may also return a bare reward
+    runner : callable or None
+        ``Hypothesis -> Result``, sync or ``async def`` (``None`` for a scheduler used only
+        by :meth:`ask` / :meth:`tell`). It may also return a bare reward
         (a number) or a ``(reward, metrics)`` pair; the scheduler wraps it and measures the
         duration. Exceptions and unusable returns become failed results; they never stop the
         loop. With a client the runner must pickle.
@@ -155,6 +160,16 @@ class IterationScheduler:
     trace_scores : int or "all", optional
         ``select`` events keep the scores of the best this many branches
         (``research.experiments.trace-scores``); ``"all"`` keeps every branch's score.
+    objective : {"mean", "max"}, optional
+        What a branch is worth (``research.experiments.objective``): ``"mean"`` its average
+        reward; ``"max"`` its best single result, for searches that keep only the best
+        (see :mod:`.objectives`). With ``"max"`` and no ``policy`` the policy is
+        ``max_policy``.
+    max_policy : {"threshold-ascent", "quantile-ucb"}, optional
+        Max-bandit policy of ``objective="max"`` (``research.experiments.max-policy``).
+    max_quantile, max_c : float, optional
+        Quantile level and confidence width of the quantile bound of ``objective="max"``
+        (``research.experiments.max-quantile``, ``max-c``; :mod:`.maxbandit`).
 
     Examples
     --------
@@ -197,8 +212,12 @@ class IterationScheduler:
         timeout: float | None = None,
         cancel_grace: float | None = None,
         trace_scores: int | str | None = None,
+        objective: str | None = None,
+        max_policy: str | None = None,
+        max_quantile: float | None = None,
+        max_c: float | None = None,
     ):
-        if not callable(runner):
+        if runner is not None and not callable(runner):
             raise ExperimentError(
                 f"runner must be callable (Hypothesis -> Result), got {type(runner).__name__}",
                 value=runner)
@@ -270,7 +289,25 @@ class IterationScheduler:
                                    lambda v: math.isfinite(v) and v >= 0))
         self.seed = int(_number("seed", config.get("experiments.seed", seed), "an integer",
                                 lambda v: v == int(v)))
+        self.objective = _objectives.check_objective(config.get("experiments.objective",
+                                                                objective))
+        self.max_quantile = float(_number(
+            "max_quantile", config.get("experiments.max-quantile", max_quantile),
+            "a number in (0, 1)", lambda v: 0 < v < 1))
+        self.max_c = float(_number("max_c", config.get("experiments.max-c", max_c),
+                                   "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0))
+        if self.objective == "max" and policy is None:
+            policy = config.get("experiments.max-policy", max_policy)
+            if policy not in MAX_POLICY_NAMES:
+                raise InputError("max_policy", policy, "one of " + ", ".join(
+                    map(repr, MAX_POLICY_NAMES)), where="IterationScheduler")
+        if self.objective == "max" and self.objectives is not None:
+            raise InputError("objective", "max", '"mean" with vector rewards (objectives=); '
+                             "the best-of-branch objective needs scalar rewards",
+                             where="IterationScheduler")
         self._policy_arg = config.get("experiments.policy", policy)
+        self._sources = SourceTable()
+        self._session: AskTellSession | None = None
         if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
             raise InputError("checkpoint", checkpoint, "a file path (str or os.PathLike), an "
                              "fsspec URL, or None", where="IterationScheduler")
@@ -304,6 +341,8 @@ class IterationScheduler:
         arg = self._policy_arg
         if isinstance(arg, Policy):
             pol = arg
+        elif isinstance(arg, str) and arg in MAX_POLICY_NAMES:
+            pol = make_max_policy(arg, tau=self.max_quantile, c=self.max_c, bounded=self.bounded)
         else:
             pol = make_policy(arg, c=self.c, gamma=self.gamma, alpha=self.alpha,
                               seed=self.seed, bounded=self.bounded)
@@ -326,10 +365,12 @@ class IterationScheduler:
             "objectives": list(map(list, self.objectives.items())) if self.objectives else None,
             "weights": self.weights, "apply_order": self.apply_order,
             "timeout": self.timeout, "cancel_grace": self.cancel_grace,
+            "objective": self.objective, "max_quantile": self.max_quantile, "max_c": self.max_c,
         }
 
     @classmethod
-    def resume(cls, path: str | os.PathLike[str], runner: Callable[[Hypothesis], Any],
+    def resume(cls, path: str | os.PathLike[str],
+               runner: Callable[[Hypothesis], Any] | None = None,
                **kwargs: Any) -> IterationScheduler:
         """A scheduler continuing the run journaled at ``path`` (call ``.run()`` on it).
 
@@ -388,8 +429,11 @@ class IterationScheduler:
                 f"{self.ledger.total_queued} queued, slots={self.slots}, c={self.c:g}>")
 
     # -- input --------------------------------------------------------------------------
-    def add(self, hypotheses: Hypothesis | Iterable[Hypothesis]) -> None:
+    def add(self, hypotheses: Hypothesis | Branch | Iterable[Hypothesis | Branch]) -> None:
         """Queue hypotheses (before a run, or from the loop's thread while it runs).
+
+        :class:`~.sources.Branch` objects register lazy sources: the branch is proposed to
+        when it is picked with nothing queued (see :mod:`.sources`).
 
         Raises :class:`ExperimentError` for duplicate ids (within the batch or with anything
         added before) and for objects that are not :class:`Hypothesis`; then nothing is queued.
@@ -397,9 +441,9 @@ class IterationScheduler:
         With a checkpoint, payloads must be JSON values, and hypotheses already in the
         checkpoint (same id and branch) are skipped, so re-adding the same list resumes.
         """
-        if isinstance(hypotheses, Hypothesis):
+        if isinstance(hypotheses, (Hypothesis, Branch)):
             hypotheses = [hypotheses]
-        batch = list(hypotheses)
+        batch = add_branches(self, hypotheses)
         if self._known:
             fresh = []
             for h in batch:
@@ -448,6 +492,7 @@ class IterationScheduler:
         running here, as in Jupyter). With a synchronous client the driver runs on the
         client's loop. With an asynchronous client use ``await run_async()``.
         """
+        self._check_runnable()
         if self.client is None:
             try:
                 asyncio.get_running_loop()
@@ -476,6 +521,7 @@ class IterationScheduler:
 
     async def run_async(self) -> Report:
         """Coroutine version of :meth:`run` (for asynchronous clients and notebooks)."""
+        self._check_runnable()
         if self.client is None:
             return await self._drive()
         from distributed.utils import in_async_call
@@ -484,6 +530,43 @@ class IterationScheduler:
             return await self._drive()
         cf = asyncio.run_coroutine_threadsafe(self._drive(), self.client.loop.asyncio_loop)
         return await asyncio.wrap_future(cf)
+
+    def _check_runnable(self) -> None:
+        if self.runner is None:
+            raise ExperimentError("this scheduler has no runner (runner=None); drive it with "
+                                  "ask() and tell(), or create it with a runner to run()")
+        if self._session is not None:
+            raise ExperimentError("this scheduler is in an ask/tell session; keep using ask() "
+                                  "and tell() (or resume its checkpoint in a new scheduler)")
+
+    # -- ask/tell (see .asktell) -----------------------------------------------------------
+    def ask(self) -> Hypothesis:
+        """The hypothesis to run next (the policy's pick); it counts as in flight until
+        :meth:`tell`. Raises :class:`ExperimentError` when nothing is queued and no source is
+        live, or a budget is spent."""
+        if self._running:
+            raise ExperimentError("run() is in progress; ask() is for schedulers your own loop "
+                                  "drives")
+        if self._session is None:
+            self._session = AskTellSession(self)
+        return self._session.ask()
+
+    def tell(self, hypothesis: Hypothesis | str, outcome: Any,
+             duration: float | None = None) -> Result:
+        """Record the outcome of an asked hypothesis (or its id): a reward, a
+        ``(reward, metrics)`` pair or a :class:`Result` (``Result.failure(h, exc)`` for a
+        failed experiment). Applies the gates as :meth:`run` does; returns the Result."""
+        if self._session is None:
+            raise ExperimentError(f"tell for {getattr(hypothesis, 'id', hypothesis)!r} before "
+                                  "any ask(); ask() first")
+        return self._session.tell(hypothesis, outcome, duration)
+
+    def report(self) -> Report:
+        """The :class:`Report` of the ask/tell session so far (also flushes the journal)."""
+        if self._session is None:
+            raise ExperimentError("no ask/tell session yet; report() follows ask()/tell() "
+                                  "(run() returns its own report)")
+        return self._session.report()
 
     # -- the loop -----------------------------------------------------------------------
     def _now(self) -> float:
@@ -585,6 +668,8 @@ class IterationScheduler:
                     start(retry.popleft(), requeued=True)
                     continue
                 i, scores = ledger.select()  # type: ignore[misc]
+                if not ledger.queued[i] and not self._sources.propose(self, i):
+                    continue                  # its source is exhausted: decide again
                 h = ledger.pop(i)
                 extra = self._select_data(i, h)
                 rng = self.policy.rng_state()
@@ -757,6 +842,7 @@ class IterationScheduler:
             apply_order=self.apply_order,
             cancelled=cancelled,
             timed_out=timed_out,
+            objective=self.objective,
         )
 
     def _select_data(self, i: int, h: Hypothesis) -> dict[str, Any]:
@@ -814,7 +900,8 @@ class IterationScheduler:
     def _on_outcome(self, h: Hypothesis, slot: int | None, outcome: Any,  # noqa: C901
                     results: list[Result],
                     failed: list[Result], triggers: list[str], papers: dict[str, Any],
-                    side: list[asyncio.Future], backend: LocalBackend | DaskBackend) -> None:
+                    side: list[asyncio.Future],
+                    backend: LocalBackend | DaskBackend | None) -> None:
         ledger = self.ledger
         ok = isinstance(outcome, Result) and outcome.ok
         if ok:
@@ -833,11 +920,16 @@ class IterationScheduler:
             failed.append(res)
             self._emit("failure", h.branch, h.id, slot, error=res.error,
                        failures=int(ledger.failures[i]), journal={"duration": res.duration})
+        if self._sources.by_branch:
+            self._sources.observe(outcome if isinstance(outcome, Result) else
+                                  Result.failure(h, outcome), self)
         means = ledger.raw_means(i)
         dirs = self.objectives or {}
         # gate 1: pruning
         if not ledger.pruned[i]:
-            if isinstance(self.prune_floor, dict):
+            if self.objective == "max":
+                reason = _objectives.max_prune(self, i)
+            elif isinstance(self.prune_floor, dict):
                 reason = policies.prune_reason_vector(
                     runs, means or {}, int(ledger.failures[i]), self.prune_after_runs,
                     self.prune_floor, dirs, self.failure_limit)
@@ -855,7 +947,9 @@ class IterationScheduler:
         if not ok or ledger.pruned[i]:
             return
         # gate 2: paper trigger, once per branch
-        if isinstance(self.paper_threshold, dict):
+        if self.objective == "max":
+            trigger = _objectives.max_trigger(self, i)
+        elif isinstance(self.paper_threshold, dict):
             trigger = policies.should_trigger_paper_vector(
                 runs, means or {}, self.paper_threshold, dirs, bool(ledger.paper[i]))
         else:
@@ -866,7 +960,10 @@ class IterationScheduler:
             triggers.append(h.branch)
             self._emit("paper.trigger", h.branch, h.id, mean=mean, runs=runs,
                        threshold=self.paper_threshold, **({"means": means} if means else {}))
-            if self.paper_writer is not None:
+            if self.paper_writer is not None and backend is None:       # ask/tell
+                assert self._session is not None
+                self._session.write_paper(h.branch, ledger.stats(i), outcome)
+            elif self.paper_writer is not None:
                 stats = ledger.stats(i)
                 side.append(self._start_paper(h.branch, stats, outcome, papers, backend))
         # gate 3: expansion

@@ -26,7 +26,7 @@ from .types import BranchStats, Result
 
 __all__ = ["Report"]
 
-STOP_REASONS = ("queue_empty", "max_experiments", "max_seconds")
+STOP_REASONS = ("queue_empty", "max_experiments", "max_seconds", "ask_tell")
 
 
 def _fmt(x: float, spec: str = ".3f") -> str:
@@ -44,7 +44,8 @@ class Report:
     Attributes
     ----------
     stop_reason : str
-        ``"queue_empty"``, ``"max_experiments"`` or ``"max_seconds"``.
+        ``"queue_empty"``, ``"max_experiments"`` or ``"max_seconds"``; ``"ask_tell"`` for
+        the report of an unfinished ask/tell session.
     branches : dict of str to BranchStats
         Every branch in insertion order, as it stood when the run ended.
     total_runs : int
@@ -83,6 +84,8 @@ class Report:
         cancelled, not counted; the next ``run()`` (or a resume) dispatches them again first.
     timed_out : list of str
         Ids of experiments that ran past the per-experiment ``timeout`` (also in ``failed``).
+    objective : str
+        ``"mean"`` or ``"max"``: what :attr:`best` ranks branches by.
     """
 
     stop_reason: str
@@ -106,6 +109,7 @@ class Report:
     apply_order: str = "completion"
     cancelled: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
+    objective: str = "mean"
 
     def front_table(self) -> list[dict[str, Any]]:
         """``[{"branch": b, "runs": n, <objective>: mean, ...}, ...]`` of the Pareto front."""
@@ -122,9 +126,26 @@ class Report:
 
     @property
     def best(self) -> str | None:
-        """Branch with the highest mean among those with results."""
-        scored = [(s.mean, -i, b) for i, (b, s) in enumerate(self.branches.items()) if s.runs]
+        """Best branch under the run's objective: the highest mean (``"mean"``) or the
+        highest single result (``"max"``) among branches with results; ties go to the
+        earlier branch."""
+        key = "best" if self.objective == "max" else "mean"
+        scored = [(getattr(s, key), -i, b) for i, (b, s) in enumerate(self.branches.items())
+                  if s.runs]
         return max(scored)[2] if scored else None
+
+    @property
+    def best_result(self) -> Result | None:
+        """The result with the highest (scalar) reward: the best hypothesis found, whatever
+        the objective (its ``.hypothesis``; ``None`` before any result). With vector rewards,
+        the highest weighted mean of the best branch's results is not defined here: ``None``."""
+        if self.objectives or not self.results:
+            return None
+        best = self.results[0]
+        for r in self.results[1:]:
+            if float(r.reward) > float(best.reward):
+                best = r
+        return best
 
     def to_dict(self, events: bool = True, scores: bool = True) -> dict[str, Any]:
         """Plain dict; ``events=False`` leaves out the trace, ``scores=False`` the per-branch
@@ -138,6 +159,10 @@ class Report:
             "replayed": self.replayed,
             "policy": self.policy,
             "apply_order": self.apply_order,
+            "objective": self.objective,
+            "best": self.best,
+            "best_hypothesis": (None if self.best_result is None
+                                else self.best_result.hypothesis.id),
             "failures": self.failures,
             "wall_seconds": self.wall_seconds,
             "occupancy": self.occupancy,

@@ -138,7 +138,8 @@ class BranchStats:
     ``mean`` their average (``nan`` before the first result); ``pending`` counts experiments in
     flight, ``queued`` hypotheses still waiting, ``failures`` experiments that raised. ``pruned``
     is ``None`` or the reason (``"low-mean"``, ``"failures"``); ``paper_emitted`` says whether
-    the branch triggered the paper stage. With vector rewards ``means`` is ``{objective: mean}``
+    the branch triggered the paper stage. ``best`` is the branch's best (scalar) reward and
+    ``best_hypothesis`` the id of the hypothesis that produced it. With vector rewards ``means`` is ``{objective: mean}``
     as reported, and ``mean``/``reward_sum`` are the weighted scalarisation (``"min"``
     objectives flipped: ``1 - x`` for bounded rewards, ``-x`` otherwise).
 
@@ -158,12 +159,16 @@ class BranchStats:
     queued: int = 0
     failures: int = 0
     means: dict[str, float] | None = None
+    best: float = math.nan
+    best_hypothesis: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (``mean`` is ``None`` before the first result)."""
         d = dataclasses.asdict(self)
         if math.isnan(self.mean):
             d["mean"] = None
+        if math.isnan(self.best):
+            d["best"] = None
         if self.means is None:
             d.pop("means")
         else:

@@ -1,7 +1,10 @@
 """Monte-Carlo events on the Dask event log (topic ``research.montecarlo``).
 
-Every run says what happens to its shards: ``start``, ``accepted`` (a block of shards, with a
-running estimate), ``check`` (a verification), ``quarantine``, ``speculate``, ``done``. The
+Every run says what happens to its shards: ``start`` (with the client's id, so a page can tell
+a run whose client left), ``accepted`` (a block of shards, with a running estimate), ``check``
+(a verification), ``check-moved`` (a late or failed check submitted elsewhere),
+``quarantine``, ``speculate``, ``speculate-stopped``, ``retry`` (a block that failed on one
+worker, submitted on another), ``done``, or ``failed`` (with its reason, one line). The
 events go to the scheduler's event log, so the dashboard's Shards page and any subscriber
 (``client.subscribe_topic("research.montecarlo", handler)``) see every run on that scheduler,
 whoever started it. They carry indices, worker addresses and numbers, never inputs, payloads

@@ -14,7 +14,9 @@ True
 """
 from __future__ import annotations
 
+import os
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,10 +66,33 @@ def check_output(y: Any, n: int, shard: int | str, scalar: bool = True) -> np.nd
 
 
 def evaluate(job, gen: np.random.Generator, n: int, shard: int | str) -> np.ndarray:
-    """Draw inputs from ``gen`` and run the pipeline; the checked output."""
+    """Draw inputs from ``gen`` and run the pipeline; the checked output.
+
+    An exception raised by the pipeline becomes a :class:`PipelineError` naming the shard and
+    the original error (type and message; the original is its ``__cause__``).
+    """
     draws = draw_inputs(job, gen, n)
-    y = job.pipeline(**draws)
+    try:
+        y = job.pipeline(**draws)
+    except Exception as e:
+        raise PipelineError(shard, f"the pipeline raised {_describe(e)}") from e
     return check_output(y, n, shard, scalar=job.reducer is None)
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: message (at file.py:line)`` of an exception, on one line.
+
+    The line is where it was raised: Dask ships the traceback of the error a task raises, not
+    of its cause, so the pipeline's own frame is named here.
+    """
+    msg = " ".join(str(e).split())
+    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames:
+        f = frames[-1]
+        where = f"line {f.lineno}" if f.filename.startswith("<") else f"{os.path.basename(f.filename)}:{f.lineno}"
+        text += f" (in {f.name}, {where})"
+    return text
 
 
 def compute_shard(job, shard: int, reducer: Reducer | None = None,
@@ -108,6 +133,13 @@ def _worker_address() -> str:
         return "local"
 
 
+def _on_worker(err: PipelineError, worker: str) -> PipelineError:
+    """``err`` with the worker that raised it in its message and as ``err.worker``."""
+    out = PipelineError(err.shard, f"{err.problem} (on worker {worker})", count=err.count)
+    out.worker = worker   # type: ignore[attr-defined]
+    return out
+
+
 def compute_block(job, reducer: Reducer, start: int, stop: int,
                   known: Mapping[int, Any] | None = None, tamper: Any = None) -> BlockResult:
     """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree.
@@ -124,10 +156,15 @@ def compute_block(job, reducer: Reducer, start: int, stop: int,
         if shard in known:
             states[shard] = known[shard]
             continue
-        y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
-        if tamper is not None:
-            y = tamper(worker, shard, y)
-        states[shard] = reducer.update(reducer.init(), y)
+        try:
+            y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
+            if tamper is not None:
+                y = tamper(worker, shard, y)
+            states[shard] = reducer.update(reducer.init(), y)
+        except PipelineError as e:
+            raise _on_worker(e, worker) from e.__cause__
+        except Exception as e:       # the reducer's update, a MemoryError, ...
+            raise _on_worker(PipelineError(shard, f"accumulating it raised {_describe(e)}"), worker) from e
         computed.append(shard)
     folded = tree_fold(reducer.merge, [states[s] for s in range(start, stop)])
     return BlockResult(start, stop, folded, states, computed, worker, time.perf_counter() - t0)

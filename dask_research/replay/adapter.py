@@ -6,6 +6,13 @@ spellings ``state_dict`` / ``load_state_dict``), so a training loop written agai
 buffer runs on the plane without changes. States are plain dicts of JSON-able values and numpy
 arrays (no pickle needed to save them).
 
+A ``TensorDict`` is accepted wherever a dict of arrays is (nested keys become ``"a.b"`` fields,
+see :mod:`dask_research.replay.integrations.torchrl`). ``extend`` of more transitions than the
+plane holds keeps the newest ``capacity`` of them, as SB3's and TorchRL's buffers do
+(``overflow="newest"``, the default here); ``overflow="raise"`` refuses such a batch like
+``ExperiencePlane.ingest``. For Stable-Baselines3 use
+:class:`~dask_research.replay.integrations.sb3.SB3ReplayBuffer` instead.
+
 Examples
 --------
 >>> import numpy as np
@@ -27,9 +34,19 @@ from typing import Any
 
 import numpy as np
 
+from ..exceptions import InputError
 from .batch import Batch
 from .delivery import make_converter
 from .plane import ExperiencePlane
+
+
+def _as_fields(transitions: Any) -> Any:
+    """A TensorDict becomes a plain dict of arrays (lazily: no tensordict import otherwise)."""
+    if (type(transitions).__module__ or "").startswith("tensordict"):
+        from .integrations.torchrl import from_tensordict
+
+        return from_tensordict(transitions)
+    return transitions
 
 
 class ReplayBufferAdapter:
@@ -44,10 +61,16 @@ class ReplayBufferAdapter:
         Array type of sampled batches.
     device : str, optional
         Device for ``torch``/``cupy`` batches.
+    overflow : {"newest", "raise"}
+        What :meth:`extend` does with more transitions than the plane holds: keep the newest
+        ``capacity`` of them (the peers' behaviour), or raise ``CapacityError``.
     """
 
     def __init__(self, plane: ExperiencePlane, batch_size: int | None = None,
-                 to: str = "numpy", device: Any = None):
+                 to: str = "numpy", device: Any = None, overflow: str = "newest"):
+        if overflow not in ("newest", "raise"):
+            raise InputError("overflow", overflow, "'newest' or 'raise'", where="ReplayBufferAdapter")
+        self.overflow = overflow
         self.plane = plane
         self.batch_size = batch_size
         self._convert = make_converter(plane.spec, to, device, 2, batch_size or 1)
@@ -55,10 +78,19 @@ class ReplayBufferAdapter:
 
     def add(self, transition: Mapping[str, Any]) -> None:
         """Add one transition (or a batch: the spec decides from the shapes)."""
-        self.plane.ingest(transition)
+        self.extend(transition)
 
     def extend(self, transitions: Mapping[str, Any]) -> None:
-        """Add a batch of transitions (dict of arrays with a leading batch axis)."""
+        """Add a batch of transitions (dict of arrays with a leading batch axis, or a TensorDict).
+
+        Over capacity, ``overflow="newest"`` keeps the newest ``capacity`` transitions.
+        """
+        transitions = _as_fields(transitions)
+        cap = getattr(self.plane, "capacity", None)
+        if self.overflow == "newest" and cap is not None and isinstance(transitions, Mapping):
+            fields, n = self.plane.spec.validate(transitions)
+            if n > cap:
+                transitions = {k: v[n - cap:] for k, v in fields.items()}
         self.plane.ingest(transitions)
 
     def sample(self, batch_size: int | None = None) -> Batch:

@@ -115,9 +115,10 @@ class DeliveryStats:
                 self.exposed_s += exposed
                 self.exposed_max_s = max(self.exposed_max_s, exposed)
                 self.recent.append(exposed)
+                stage_s = self.stage_s
                 for k, v in info.items():
-                    if k in self.stage_s:
-                        self.stage_s[k] += v
+                    if k in stage_s:
+                        stage_s[k] += v
             if step is not None:
                 self.step_s += step
                 self.steps += 1
@@ -331,6 +332,18 @@ def make_converter(spec: Any, to: str, device: Any, slots: int, batch_size: int)
     raise InputError("to", to, "'numpy', 'torch' or 'cupy'", where="batches")
 
 
+def _bool_as_dtype(bool_as: Any) -> np.dtype:
+    """The dtype bool fields are delivered as (``bool_as=``): a numeric numpy dtype."""
+    try:
+        dt = np.dtype(bool_as)
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in "iuf":
+        raise InputError("bool_as", bool_as, "None or a numeric dtype such as 'float32' "
+                         "(bool fields then come out as 0/1 numbers)", where="batches")
+    return dt
+
+
 def drain_and_join(thread: threading.Thread, q: "queue.Queue") -> None:
     """Join a producer thread, emptying its bounded queue so a blocked ``put`` can finish."""
     while thread.is_alive():
@@ -368,10 +381,34 @@ class PrefetchingIterator:
         t_call = time.perf_counter()
         return t_call, None if self._last_return is None else t_call - self._last_return
 
+    # --- hand-over ------------------------------------------------------------------------
+    # A learner that finds the queue empty blocks in ``get`` (releasing the GIL). The producer
+    # puts the batch and would then go on preparing the next one while holding the GIL (numpy
+    # calls on small arrays do not release it), so the woken learner would wait for the
+    # interpreter's switch interval before it could return: that wait, not the work, was most
+    # of ``next()``. So when the learner is waiting, the producer blocks on ``_taken`` right
+    # after the put until the learner has taken the batch (or 50 ms): the GIL goes to the
+    # learner at once. A learner that finds a batch ready costs the producer nothing.
+    _waiting = False
+    _taken_lock: Any = None               # created by the producer thread on its first put
+
     def _take(self) -> Any:
         """The next queued item; closes on the stop marker or a forwarded error."""
         assert self._queue is not None
-        item = self._queue.get()
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            self._waiting = True
+            try:
+                item = self._queue.get()
+            finally:
+                self._waiting = False
+            lock = self._taken_lock
+            if lock is not None and lock.locked():
+                try:
+                    lock.release()        # the producer may go on
+                except RuntimeError:      # pragma: no cover - released concurrently
+                    pass
         if item is _STOP:
             self.close()
             raise StopIteration
@@ -395,12 +432,19 @@ class PrefetchingIterator:
     def _put(self, item: Any) -> None:
         """Queue ``item``, waiting while the queue is full, until the iterator is closed."""
         assert self._queue is not None
+        lock = self._taken_lock
+        if lock is None:
+            lock = self._taken_lock = threading.Lock()
+        lock.acquire(blocking=False)      # locked: no batch taken since this put
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
-                return
             except queue.Full:
                 self._on_full()
+                continue
+            if self._waiting:             # the learner is blocked on this very batch
+                lock.acquire(timeout=0.05)
+            return
 
     def close(self) -> None:
         """Stop the background pipeline (idempotent)."""
@@ -432,8 +476,10 @@ class BatchIterator(PrefetchingIterator):
     def __init__(self, plane: "ExperiencePlane", batch_size: int | None = None,
                  prefetch: int | None = None, to: str = "numpy", device: Any = None,
                  transforms: Sequence[Callable] = (), max_batches: int | None = None,
-                 timeout: float | None = None, switch_interval: float | None = None):
+                 timeout: float | None = None, switch_interval: float | None = None,
+                 bool_as: Any = None):
         self.plane = plane
+        self.bool_as = None if bool_as is None else _bool_as_dtype(bool_as)
         self.batch_size = int(config.get("replay.batch-size", batch_size))
         self.prefetch = int(config.get("replay.prefetch", prefetch))
         if self.batch_size < 1:
@@ -454,8 +500,12 @@ class BatchIterator(PrefetchingIterator):
                 bind(plane)
         self.convert = make_converter(plane.spec, to, device, self.prefetch + 2, self.batch_size)
         self.to, self.device = to, device
+        self._staging = getattr(self.convert, "staging", None)
+        self._whole = not self.transforms and self.bool_as is None   # records go out as gathered
+        self._convert_needed = type(self.convert) is not _NumpyOut     # numpy: the batch as is
+        self._names = plane.spec.names
         self.stats = DeliveryStats(self.prefetch)
-        self._produced = 0
+        self._drawn = 0                   # batches drawn (numbered under the plane's lock)
         self._delivered = 0
         self._last_return: float | None = None
         self._stop = threading.Event()
@@ -463,6 +513,15 @@ class BatchIterator(PrefetchingIterator):
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._switch = False
+        # The learner thread may produce a batch itself when the queue is empty (see
+        # __next__) where the pipeline is safe to run in two threads: the plane's own stages,
+        # host output (numpy, torch on CPU), no rate limiter to wait on, no user transforms.
+        self._inline_ok = (self.prefetch > 0 and type(self.convert) in (_NumpyOut, _TorchCPUOut)
+                           and not self.transforms and plane.rate_limiter is None)
+        self._demand = threading.Event()   # set: the producer thread may prepare batches
+        self._demand.set()
+        self._step_ewma: float | None = None   # the learner's step time, a moving average
+        self._made_ewma = 0.0              # the time to make one batch, a moving average
         if self.prefetch > 0:
             si = config.get("replay.switch-interval", switch_interval, default=None)
             if si is not None and not si > 0:
@@ -492,13 +551,33 @@ class BatchIterator(PrefetchingIterator):
                                            rl.samples_per_insert, self.timeout)
         info["rate_wait"] = time.perf_counter() - t0
 
-    def _produce(self) -> Batch:
+    def _produce(self, inline: bool = False) -> Any:
+        """Draw, gather, transform and convert batch number ``self._drawn``.
+
+        Returns the batch, or ``_STOP`` once ``max_batches`` were drawn. With ``inline`` (the
+        learner found the queue empty) the batch is drawn only if it is the one the learner
+        waits for, i.e. the producer thread has none in flight; else None. Batch numbers are
+        taken under the plane's lock together with the draw, so batch ``k`` always holds the
+        ``k``-th draw from the plane's generator, whichever thread made it.
+        """
         info: dict[str, float] = {}
-        self._await_sample(info)
-        staging = getattr(self.convert, "staging", None)
-        gpu = staging is not None and not self.transforms
-        out = staging() if gpu else None
-        rec, keys, weights = self.plane._draw(self.batch_size, out=out, times=info, device_ok=gpu)
+        mx = self.max_batches
+        if not inline and mx is not None and self._drawn >= mx:
+            return _STOP                  # (inline: the learner may still wait for one in flight)
+        plane = self.plane
+        if plane.rate_limiter is not None:
+            self._await_sample(info)
+        whole = self._whole
+        gpu = self._staging is not None and whole
+        out = self._staging() if gpu else None
+        with plane._lock:
+            seq = self._drawn
+            if inline and seq != self._delivered:
+                return None
+            if mx is not None and seq >= mx:
+                return _STOP
+            self._drawn = seq + 1
+            rec, keys, weights = plane._draw(self.batch_size, out, info, gpu)
         if not isinstance(rec, np.ndarray):     # gathered on the GPU: no host round trip
             t0 = time.perf_counter()
             batch = self.convert.from_device(rec, keys, weights, info)
@@ -506,16 +585,22 @@ class BatchIterator(PrefetchingIterator):
             info["copy"] = time.perf_counter() - t0
             batch.info = info
             return batch
-        if self.plane.rate_limiter is not None:
-            self.plane.rate_limiter.sampled(self.batch_size)
+        if plane.rate_limiter is not None:
+            plane.rate_limiter.sampled(self.batch_size)
         t0 = time.perf_counter()
-        batch = Batch({n: rec[n] for n in self.plane.spec.names}, keys, weights, info)
+        batch = Batch({n: rec[n] for n in self._names}, keys, weights, info)
         for f in self.transforms:
             r = f(batch)
             if r is not None:
                 batch = r if isinstance(r, Batch) else Batch(dict(r), keys, batch.weights, info)
+        if self.bool_as is not None:
+            bd = self.bool_as
+            for k, v in batch.data.items():
+                if v.dtype == np.bool_:
+                    batch.data[k] = v.astype(bd)
         t1 = time.perf_counter()
-        batch = self.convert(None if self.transforms else rec, batch)
+        if self._convert_needed:
+            batch = self.convert(rec if whole else None, batch)
         t2 = time.perf_counter()
         info["transform"] = t1 - t0
         info["copy"] = t2 - t1
@@ -525,11 +610,12 @@ class BatchIterator(PrefetchingIterator):
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.max_batches is not None and self._produced >= self.max_batches:
-                    item: Any = _STOP
-                else:
-                    item = self._produce()
-                    self._produced += 1
+                if self._inline_ok and not self._demand.is_set():
+                    # the learner is inside next() and makes the batch itself: competing
+                    # with it for the GIL would only add thread switches
+                    self._demand.wait(0.1)
+                    continue
+                item = self._produce()
                 self._put(item)
                 if item is _STOP:
                     return
@@ -540,7 +626,9 @@ class BatchIterator(PrefetchingIterator):
     def __next__(self) -> Batch:
         if self.closed:
             raise StopIteration
-        t_call, step = self._clock()
+        t_call = time.perf_counter()
+        last = self._last_return
+        step = None if last is None else t_call - last
         if self._queue is None:
             if self.max_batches is not None and self._delivered >= self.max_batches:
                 self.close()
@@ -550,10 +638,56 @@ class BatchIterator(PrefetchingIterator):
             except BaseException:
                 self.close()
                 raise
+            if batch is _STOP:
+                self.close()
+                raise StopIteration
         else:
-            batch = self._take()
+            batch = None
+            inline = self._inline_ok
+            if inline and self._demand.is_set():
+                self._demand.clear()
+            if inline and not self._queue.qsize():
+                # The learner outpaces the producer thread. Handing a batch from one thread
+                # to the other costs two thread wake-ups and a GIL hand-over (most of next()
+                # on a busy machine); producing the wanted batch here costs neither.
+                try:
+                    batch = self._produce(inline=True)
+                except BaseException:
+                    self.close()
+                    raise
+                if batch is _STOP:
+                    self.close()
+                    raise StopIteration
+            if batch is None:
+                batch = self._take()
         self._delivered += 1
-        return self._hand_over(batch, t_call, step, batch.info)
+        if self._inline_ok:
+            # Wake the producer thread for the learner's step only when that step is long
+            # enough for prefetching to pay for the thread switch (a learner that calls next()
+            # right away is served faster inline, without the producer fighting for the GIL).
+            info = batch.info
+            made = (info.get("sample", 0.0) + info.get("gather", 0.0) + info.get("copy", 0.0))
+            self._made_ewma += 0.2 * (made - self._made_ewma)
+            if step is not None:
+                # clipped, so that one long pause (the OS ran another process) does not wake
+                # the producer for the steps after it
+                st = min(step, 2.0 * self._made_ewma)
+                ew = self._step_ewma
+                self._step_ewma = st if ew is None else ew + 0.2 * (st - ew)
+            if self._step_ewma is None or self._step_ewma >= 0.5 * self._made_ewma:
+                self._demand.set()
+        if self._convert_needed:
+            self.convert.ready(batch)
+        t_ret = time.perf_counter()
+        self.stats.record(t_ret - t_call, step, batch.info)
+        self._last_return = t_ret
+        return batch
+
+    def close(self) -> None:
+        """Stop the background pipeline (idempotent)."""
+        self._stop.set()
+        self._demand.set()                # a producer waiting for demand wakes and sees stop
+        super().close()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:

@@ -121,6 +121,10 @@ class ExperiencePlane:
             self._placement = Placement(self.storage, self.sampler)
         self.capacity = int(self.storage.rows)
         self.sampler.attach(self.capacity)
+        from .spec import add_checks
+
+        # add(): per-field checks for the one-transition fast path (host storage only)
+        self._add_plan = add_checks(self.spec) if type(self.storage) is HostStorage else None
         self.rate_limiter = rate_limiter
         self.rng = np.random.default_rng(seed)
         self.total = 0
@@ -169,28 +173,45 @@ class ExperiencePlane:
         return keys % self.capacity, keys
 
     # --- ingest --------------------------------------------------------------------------
-    def ingest(self, batch: Mapping[str, Any], timeout: float | None = None) -> int:
+    def ingest(self, batch: Mapping[str, Any], timeout: float | None = None,
+               overflow: str | None = None) -> int:
         """Add one transition or a batch (dict of arrays: numpy, torch or CuPy).
 
         Everything is validated before anything is written: a bad batch raises
         :class:`~dask_research.exceptions.SpecError` naming the field and changes nothing.
         With a rate limiter, waits (up to ``timeout``) until inserting is allowed. Returns the
         number of transitions ingested.
+
+        A batch larger than the capacity raises :class:`~dask_research.exceptions.CapacityError`
+        with ``overflow="raise"``; with ``overflow="keep-newest"`` it is ingested as if its
+        transitions came one by one: the newest ``capacity`` are kept, the older ones count as
+        inserted and overwritten (their keys are skipped, ``stats()["inserted"]`` counts them),
+        as SB3's and TorchRL's rings do. Default ``research.replay.overflow``.
         """
         t0 = time.perf_counter()
         fields, n = self.spec.validate(batch)
         cap = self.capacity
+        skip = 0
         if n > cap:
-            from ..exceptions import CapacityError
+            overflow = config.get("replay.overflow", overflow)
+            if overflow == "keep-newest":
+                skip = n - cap
+                fields = {k: v[skip:] for k, v in fields.items()}
+            elif overflow == "raise":
+                from ..exceptions import CapacityError
 
-            raise CapacityError(f"a batch of {n:,} transitions (the plane holds {cap:,}; ingest in smaller "
-                                "batches or give the plane more capacity)", n * self.spec.itemsize,
-                                cap * self.spec.itemsize)
+                raise CapacityError(f"a batch of {n:,} transitions (the plane holds {cap:,}; ingest in "
+                                    "smaller batches, give the plane more capacity, or pass "
+                                    "overflow='keep-newest')", n * self.spec.itemsize,
+                                    cap * self.spec.itemsize)
+            else:
+                raise InputError("overflow", overflow, "'raise' or 'keep-newest'", where="ingest")
         if self.rate_limiter is not None:
             self.rate_limiter.await_insert(n, timeout)
         with self._lock:
             total = self.total + n
-            m = n
+            self.total += skip            # keys of the dropped oldest: inserted and overwritten
+            m = n - skip
             c = self.total % cap
             first = min(m, cap - c)
             if first == m:
@@ -202,7 +223,7 @@ class ExperiencePlane:
                 self.storage.write_fields(0, {k: v[first:] for k, v in fields.items()})
                 self.sampler.on_insert(0, m - first)
             self.total = total
-            self.size = min(self.size + n, cap)
+            self.size = min(self.size + m, cap)
             t1 = time.perf_counter()
             cnt = self._counters
             cnt["ingest_calls"] += 1
@@ -217,6 +238,59 @@ class ExperiencePlane:
             if self.migrate == "background" and self._migrator is None:
                 self._start_migrator()
         return n
+
+    def add(self, **fields: Any) -> int:
+        """Add one transition given as keyword arguments, e.g. ``plane.add(obs=o, action=1,
+        reward=0.5, next_obs=o2, done=False)``; returns 1.
+
+        The same validation as :meth:`ingest` (every field present, the spec's shape, a value
+        that fits the dtype); the fast path takes numpy arrays of exactly the field's shape and
+        dtype and Python or numpy scalars that fit, and writes them straight into the ring.
+        Anything else (torch tensors, other dtypes, a leading batch axis of 1) goes through
+        :meth:`ingest`, so the result is the same; so does every call on a plane with tiers
+        (the fast path writes into the one host tier).
+        """
+        plan = self._add_plan
+        if plan is None or len(fields) != len(plan):
+            return self._add_slow(fields)
+        for name, v in fields.items():
+            chk = plan.get(name)
+            if chk is None or not chk(v):
+                return self._add_slow(fields)
+        rl = self.rate_limiter
+        if rl is not None:
+            rl.await_insert(1, None)
+        t0 = time.perf_counter()
+        with self._lock:
+            c = self.total % self.capacity
+            views = self.storage._views
+            for name, v in fields.items():
+                views[name][c] = v
+            self.sampler.on_insert(c, 1)
+            self.total += 1
+            if self.size < self.capacity:
+                self.size += 1
+            t1 = time.perf_counter()
+            cnt = self._counters
+            cnt["ingest_calls"] += 1
+            cnt["ingest_s"] += t1 - t0
+            if self._t_first is None:
+                self._t_first = t0
+            self._t_last = t1
+        if rl is not None:
+            rl.inserted(1)
+        if self._placement is not None:
+            self._dirty.set()
+        return 1
+
+    def _add_slow(self, fields: Mapping[str, Any]) -> int:
+        batch = dict(fields)
+        _, n = self.spec.validate(batch)           # raises SpecError naming the field
+        if n != 1:
+            from ..exceptions import SpecError
+
+            raise SpecError(None, f"add() takes one transition; got a batch of {n} (use ingest)")
+        return self.ingest(batch)
 
     # --- sampling ------------------------------------------------------------------------
     def _device_rows(self, slots: np.ndarray) -> tuple[Any, np.ndarray] | None:
@@ -244,16 +318,17 @@ class ExperiencePlane:
             size = self.size
             if size == 0:
                 raise EmptyPlaneError()
-            slots, weights = self.sampler.sample(self.cursor, size, batch_size, self.rng)
+            slots, keys, weights = self.sampler.draw(self.total, size, batch_size, self.rng)
             t1 = time.perf_counter()
             dev = self._device_rows(slots) if device_ok else None
             if dev is not None:               # all rows in one GPU tier: gather there
                 storage, rows = dev
                 rec = storage.gather(rows)
+            elif out is None and type(self.storage) is HostStorage:
+                rec = self.storage.take(slots)
             else:
                 rec = self.spec.empty(batch_size) if out is None else out
                 self.storage.read_records(slots, rec)
-            keys = self._keys(slots)
             t2 = time.perf_counter()
             cnt = self._counters
             cnt["sample_calls"] += 1
@@ -318,7 +393,7 @@ class ExperiencePlane:
     def batches(self, batch_size: int | None = None, prefetch: int | None = None,
                 to: str = "numpy", device: Any = None, transforms: Sequence[Callable] = (),
                 max_batches: int | None = None, timeout: float | None = None,
-                switch_interval: float | None = None):
+                switch_interval: float | None = None, bool_as: Any = None):
         """Iterate over batches prepared ahead by a background pipeline.
 
         sample -> gather per tier -> ``transforms`` (callables on numpy batches) -> copy to
@@ -335,12 +410,22 @@ class ExperiencePlane:
         interpreter's thread switch interval while a prefetching iterator is open, so that the
         learner never waits the default 5 ms for the GIL held by the delivery thread; ``None``
         in the config leaves the interpreter alone.
+
+        ``bool_as`` (e.g. ``"float32"``) delivers every bool field (stored ones and those
+        transforms add) as 0/1 numbers of that dtype, so that a torch learner can write
+        ``1 - done`` (``torch.bool`` refuses subtraction). Default ``None``: fields come out in
+        their stored dtype; a field stored as float stays float.
+
+        With ``prefetch > 0``, a learner that asks for a batch while the delivery thread has none
+        ready or in progress gets one made in its own thread (the next draw: the seeded sequence
+        of batches is the same); this needs no user transforms and no rate limiter, and output
+        to numpy or torch on CPU.
         """
         from .delivery import BatchIterator
 
         it = BatchIterator(self, batch_size=batch_size, prefetch=prefetch, to=to, device=device,
                            transforms=transforms, max_batches=max_batches, timeout=timeout,
-                           switch_interval=switch_interval)
+                           switch_interval=switch_interval, bool_as=bool_as)
         self._deliveries = [d for d in self._deliveries if not d.closed][-7:] + [it]
         return it
 
@@ -502,6 +587,8 @@ class ExperiencePlane:
         spec = ExperienceSpec({k: (tuple(s), d) for k, (s, d) in meta["spec"].items()})
         if spec != self.spec:
             raise CheckpointError(where, f"spec {spec} differs from the plane's {self.spec}")
+        from .checkpoints import check_snapshot
+        check_snapshot(self.spec, meta, arrays, where)     # what ingest checks, and exact dtypes
         n, first, total = int(meta["count"]), int(meta["first_key"]), int(meta["total"])
         try:
             fields = {name: np.asarray(arrays[f"field.{name}"]) for name in spec.names}
@@ -603,13 +690,16 @@ class ExperiencePlane:
                                       "pass sampler=... to restore")
             st = info["state"]
             if klass is PrioritizedSampler:
-                sampler = PrioritizedSampler(alpha=st["alpha"], beta=st["beta"], eps=st["eps"])
+                sampler = PrioritizedSampler(alpha=st["alpha"], beta=st["beta"], eps=st["eps"],
+                                             shuffle=st.get("shuffle", True))
             elif klass is RecentSampler:
                 sampler = RecentSampler(window=st["window"])
             else:
                 sampler = klass()
         spec = ExperienceSpec({k: (tuple(s), d) for k, (s, d) in meta["spec"].items()})
-        capacity = int(meta["capacity"]) if tiers is None else kwargs.pop("capacity", None)
+        capacity = meta.get("capacity") if tiers is None else kwargs.pop("capacity", None)
+        if tiers is None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise CheckpointError(where, f"capacity {capacity!r} is not a positive whole number")
         plane = cls(spec, capacity, tiers=tiers, sampler=sampler, rate_limiter=rate_limiter, **kwargs)
         try:
             meta, arrays, _ = checkpoints.load(path, where)       # the same version

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SpecError
+from .exact import check_int_to_float
 
 #: names a field may not take: they are attributes of a delivered :class:`Batch`
 RESERVED = frozenset({"indices", "weights", "info", "keys", "items", "values", "get", "data"})
@@ -87,8 +88,10 @@ def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarr
     """``(int64 keys, float64 priorities)``, flat, one priority per index (numpy, torch, CuPy)."""
     from ..exceptions import InputError
 
-    keys = _as_numpy("indices", indices).astype(np.int64, copy=False).reshape(-1)
-    pr = _as_numpy("priorities", priorities).astype(np.float64, copy=False).reshape(-1)
+    from .exact import key_array, priority_values
+
+    keys = key_array(_as_numpy("indices", indices), where).reshape(-1)
+    pr = priority_values(_as_numpy("priorities", priorities), where).reshape(-1)
     if len(pr) != len(keys):
         raise InputError("priorities", f"{len(pr)} values", f"one per index ({len(keys)})", where=where)
     return keys, pr
@@ -96,6 +99,9 @@ def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarr
 
 def _as_numpy(name: str, x: Any) -> np.ndarray:
     """Host numpy view of ``x`` (numpy, torch, CuPy, scalars, lists) without copying if possible."""
+    if isinstance(x, np.ma.MaskedArray):      # its masked values would be stored unchecked
+        raise SpecError(name, "is a masked array; masked entries have no value to store: fill "
+                              "them first, e.g. x.filled(0)")
     if isinstance(x, np.ndarray):
         return x
     mod = type(x).__module__ or ""
@@ -145,6 +151,110 @@ def _check_fits(name: str, a: np.ndarray, dst: np.dtype) -> None:
             bad = part[over].flat[0]
             raise SpecError(name, f"value {bad.item()!r} overflows {dst} (largest {fmax:.8g}); "
                                   "scale or clip it first, or give the field a wider dtype")
+
+
+def _check_flags(name: str, a: np.ndarray) -> None:
+    """Numbers stored into a bool field (a framework's float or int ``done``) must be 0 or 1.
+
+    The cast is then exact (0 -> False, 1 -> True); any other value (0.5, 2, NaN) is refused,
+    since reading it as a flag would be a guess.
+    """
+    bad = (a != 0) & (a != 1)
+    if bad.any():
+        v = a[bad].flat[0]
+        raise SpecError(name, f"value {v.item()!r} is not a flag: a bool field takes bools or the "
+                              "numbers 0 and 1; give the field a numeric dtype to store other values")
+
+
+def _scalar_check(f: Field):
+    """A check for one Python/numpy scalar into scalar field ``f``: True if it may be written.
+
+    False for anything the check cannot vouch for cheaply; the caller then takes the general
+    path (:meth:`ExperienceSpec.validate`), which accepts or refuses it with the usual message.
+    The rules are those of ``validate``: same kind or a safe widening, ints within range,
+    finite floats that stay finite, 0/1 numbers into a bool field.
+    """
+    dt = f.dtype
+    kind = dt.kind
+    if kind == "b":
+        def check(v: Any) -> bool:
+            t = type(v)
+            if t is bool or t is np.bool_:
+                return True
+            if t is int or t is float or (isinstance(v, np.generic) and v.dtype.kind in "iuf"):
+                return bool(v == 0 or v == 1)
+            return False
+        return check
+    if kind in "iu":
+        info = np.iinfo(dt)
+        lo, hi = int(info.min), int(info.max)
+
+        def check(v: Any) -> bool:
+            t = type(v)
+            if t is int:
+                return lo <= v <= hi
+            if t is bool:
+                return True
+            if isinstance(v, np.generic):
+                if v.dtype == dt:
+                    return True
+                if v.dtype.kind in "biu":
+                    return lo <= int(v) <= hi
+            return False
+        return check
+    if kind == "f":
+        fmax = float(np.finfo(dt).max)
+        inf = float("inf")
+        exact = 1 << (int(np.finfo(dt).nmant) + 1)    # ints up to this magnitude cast exactly
+
+        def check(v: Any) -> bool:
+            t = type(v)
+            if t is float:                # finite values must stay finite; inf/nan are kept
+                return -fmax <= v <= fmax or v != v or v == inf or v == -inf
+            if t is int:                  # larger ints: validate decides (16777217 would round)
+                return -exact <= v <= exact
+            if t is bool:
+                return True
+            if isinstance(v, np.generic):
+                if v.dtype == dt:
+                    return True
+                if v.dtype.kind in "iu" and not -exact <= int(v) <= exact:
+                    return False
+                if v.dtype.kind in "biuf":
+                    w = float(v)
+                    return -fmax <= w <= fmax or w != w or w == inf or w == -inf
+            return False
+        return check
+
+    def check(v: Any) -> bool:
+        return isinstance(v, np.generic) and v.dtype == dt
+    return check
+
+
+def _array_check(f: Field):
+    """A check for a numpy array of exactly ``f``'s shape and dtype."""
+    dt, shape = f.dtype, f.shape
+
+    def check(v: Any) -> bool:
+        return type(v) is np.ndarray and v.dtype == dt and v.shape == shape
+    return check
+
+
+def add_checks(spec: "ExperienceSpec") -> dict[str, Any]:
+    """Per-field checks of one transition for ``ExperiencePlane.add``'s fast path: each takes
+    a value and says whether writing it into the field's slot is exactly what ``validate``
+    followed by a write would store."""
+    out: dict[str, Any] = {}
+    for name, f in spec.fields.items():
+        if f.shape:
+            out[name] = _array_check(f)
+        else:
+            sc, ar = _scalar_check(f), _array_check(f)
+
+            def check(v: Any, sc=sc, ar=ar) -> bool:
+                return ar(v) if type(v) is np.ndarray else sc(v)
+            out[name] = check
+    return out
 
 
 def _is_tensordict(x: Any) -> bool:
@@ -234,7 +344,9 @@ class ExperienceSpec:
 
         Nothing is copied unless needed (torch CPU tensors and numpy arrays are viewed; CuPy
         arrays are copied to the host). Dtypes are cast on write; a cast that changes the kind
-        (float to int, int to bool) is refused, and so is a narrowing cast whose values do not
+        (float to int, complex to float) is refused, except numbers into a bool field, which
+        must all be 0 or 1 (the float or int ``done`` flags of RL frameworks); so is a
+        narrowing cast whose values do not
         fit (an int64 300 into int8, a float64 1e300 into float32), checked only when the
         dtypes narrow. Raises :class:`SpecError` naming the field.
         """
@@ -274,11 +386,15 @@ class ExperienceSpec:
                 raise SpecError(name, f"shape {shape} is neither one transition {f.shape} "
                                       f"nor a batch ({want})")
             if a.dtype != f.dtype:
-                if not np.can_cast(a.dtype, f.dtype, "same_kind"):
+                if f.dtype.kind == "b" and a.dtype.kind in "iuf":
+                    _check_flags(name, a)     # float or int dones: exactly 0 or 1
+                elif not np.can_cast(a.dtype, f.dtype, "same_kind"):
                     raise SpecError(name, f"dtype {a.dtype} cannot be stored as {f.dtype} without "
                                           f"changing kind; cast it first, e.g. x.astype({str(f.dtype)!r})")
                 if not np.can_cast(a.dtype, f.dtype, "safe"):
                     _check_fits(name, a, f.dtype)
+                if a.dtype.kind in "iu" and f.dtype.kind in "fc":
+                    check_int_to_float(name, a, f.dtype)     # 16777217 -> float32 changes it
             if single is None:
                 single, first = one, name
                 n = 1 if one else shape[0]

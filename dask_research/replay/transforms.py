@@ -32,29 +32,47 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class NStepReturn:
-    """Replace one-step transitions by n-step ones.
+    """Replace one-step transitions by n-step ones, with termination and truncation apart.
 
-    For a sampled transition ``t``: ``reward = sum_{j<m} gamma^j r_{t+j}``, ``next_obs`` and
-    ``done`` of step ``t+m-1``, and a new field ``discount = gamma^m``, where ``m <= n`` stops
-    at the end of an episode (``done``) or at the newest stored transition. The learner's target
-    is ``reward + discount * (1 - done) * V(next_obs)``.
+    For a sampled transition ``t``: ``reward = sum_{j<m} gamma^j r_{t+j}``, ``next_obs``,
+    ``done`` (and ``truncated``) of step ``t+m-1``, and a new field ``discount = gamma^m``.
+    The window ``m <= n`` stops at the end of an episode or at the newest stored transition.
+
+    Two ends of an episode, as in gymnasium:
+
+    - ``done`` names the *termination* flag (``terminated`` in gymnasium: a terminal state,
+      nothing to bootstrap from). Pass ``done="terminated"`` for a spec with gymnasium's names.
+    - ``truncated`` (optional) names the *truncation* flag (a time limit: the episode was cut,
+      ``next_obs`` is a real state to bootstrap from). The window stops there too, but the
+      returned ``done`` stays False, so the target still bootstraps from ``next_obs``.
+
+    The learner's target is ``reward + discount * (1 - done) * V(next_obs)``. Without a
+    ``truncated`` field, store ``done = terminated`` (not ``terminated or truncated``) for the
+    same bootstrapping; a truncation then does not stop the window, so give the field when
+    episodes are cut by time limits. The flag fields come back in their stored dtype (a float
+    ``done`` stays float, a bool one bool).
 
     Transitions of one episode must be stored consecutively (one actor per plane, or actors
     that ingest whole episode chunks).
     """
 
     def __init__(self, n: int, gamma: float, reward: str = "reward", done: str = "done",
-                 next_obs: str = "next_obs", discount: str = "discount"):
+                 next_obs: str = "next_obs", discount: str = "discount",
+                 truncated: str | None = None):
         if int(n) < 1:
             raise InputError("n", n, "an integer >= 1", where="NStepReturn")
         if not 0 <= gamma <= 1:
             raise InputError("gamma", gamma, "a number in [0, 1]", where="NStepReturn")
         self.n, self.gamma = int(n), float(gamma)
         self.reward, self.done, self.next_obs, self.discount = reward, done, next_obs, discount
+        self.truncated = truncated
         self.plane: ExperiencePlane | None = None
 
     def bind(self, plane: "ExperiencePlane") -> None:
-        for f in (self.reward, self.done, self.next_obs):
+        names = [self.reward, self.done, self.next_obs]
+        if self.truncated is not None:
+            names.append(self.truncated)
+        for f in names:
             if f not in plane.spec.fields:
                 raise InputError("field", f, f"a field of the spec ({', '.join(plane.spec.names)})",
                                  where="NStepReturn")
@@ -66,29 +84,37 @@ class NStepReturn:
                              where="NStepReturn")
         keys = batch.indices
         r = np.array(batch[self.reward], dtype=np.float64)
-        done = np.array(batch[self.done], dtype=bool)
+        term = np.array(batch[self.done], dtype=bool)
+        tr = self.truncated
+        trunc = np.array(batch[tr], dtype=bool) if tr is not None else None
         nxt = np.array(batch[self.next_obs])
         steps = np.ones(len(keys), dtype=np.int64)
-        alive = ~done
+        alive = ~term if trunc is None else ~(term | trunc)
         if self.n > 1 and alive.any():
             ahead = keys[:, None] + np.arange(1, self.n)[None, :]
             rec, valid = self.plane.gather_keys(ahead)
             valid = valid.reshape(ahead.shape)
             rr = rec[self.reward].reshape(ahead.shape)
             dd = rec[self.done].reshape(ahead.shape).astype(bool)
+            tt = rec[tr].reshape(ahead.shape).astype(bool) if tr is not None else None
             nn = rec[self.next_obs].reshape(ahead.shape + nxt.shape[1:])
             disc = self.gamma
             for j in range(self.n - 1):
                 use = alive & valid[:, j]
                 r += np.where(use, disc * rr[:, j], 0.0)
                 nxt[use] = nn[use, j]
-                done[use] = dd[use, j]
+                term[use] = dd[use, j]
                 steps += use
                 alive = use & ~dd[:, j]
+                if tt is not None:
+                    trunc[use] = tt[use, j]
+                    alive &= ~tt[:, j]
                 disc *= self.gamma
         data = dict(batch.data)
         data[self.reward] = r.astype(batch[self.reward].dtype)
-        data[self.done] = done
+        data[self.done] = term.astype(np.asarray(batch[self.done]).dtype, copy=False)
+        if tr is not None:
+            data[tr] = trunc.astype(np.asarray(batch[tr]).dtype, copy=False)
         data[self.next_obs] = nxt
         data[self.discount] = (self.gamma ** steps).astype(np.float32)
         return Batch(data, keys, batch.weights, batch.info)

@@ -5,7 +5,8 @@ from distributed import Client, LocalCluster
 pytest.importorskip("bokeh")
 
 from dask_research import montecarlo as mc  # noqa: E402
-from dask_research.dashboard.components import STATE_NAMES, ShardBoard, shard_states  # noqa: E402
+from dask_research.dashboard.components import STATE_NAMES, ShardBoard, run_status, shard_states  # noqa: E402
+from dask_research.testing.processes import wait_for  # noqa: E402
 
 
 @pytest.fixture
@@ -56,3 +57,56 @@ def test_many_shards_are_grouped_into_cells(cluster):
     assert len(board.source.data["x"]) <= 4096
     assert board.source.data["state"][0] == "accepted" and board.source.data["state"][-1] == "queued"
     assert "100,000 shards" in board.summary.text
+
+
+def _fails_on_workers(a):
+    """Fine in the client (the pilot), raises on every worker: a run that fails."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return np.sin(a)
+    raise RuntimeError("solver diverged")
+
+
+def test_a_failed_run_is_shown_as_failed_with_its_reason(cluster):
+    from dask_research.exceptions import PipelineError
+
+    cl, c = cluster
+    job = mc.Job(_fails_on_workers, {"a": mc.Normal(0, 1)}, shards=64, samples_per_shard=256, seed=4, bins=16)
+    with pytest.raises(PipelineError, match="solver diverged"):
+        mc.run(job, client=c, verify=0, progress=False, shards_per_task=1)
+    board = ShardBoard(cl.scheduler)
+    board.update()
+    text = board.summary.text
+    assert job.id[:12] in text and "(failed: pipeline output of shard " in text and "solver diverged" in text
+    assert "running" not in text
+
+
+def test_a_run_whose_client_left_the_scheduler_is_shown_as_stale(cluster):
+    cl, c = cluster
+    other = Client(cl.scheduler_address, set_as_default=False)
+    try:
+        gone = other.id
+        other.log_event("research.montecarlo", {"event": "start", "run": "ab" * 32, "shards": 640,
+                                                "key_prefix": "x-y", "client": gone, "name": "orphan"})
+        other.log_event("research.montecarlo", {"event": "accepted", "run": "ab" * 32, "start": 0, "stop": 8})
+        board = ShardBoard(cl.scheduler)
+        board.update()
+        assert "(running)" in board.summary.text      # its client is still connected
+    finally:
+        other.close()
+    wait_for(lambda: gone not in cl.scheduler.clients, 30, "the scheduler to drop the client")
+    board.update()
+    assert f"(stale: its client {gone} has left the scheduler)" in board.summary.text
+    assert "632 queued" in board.summary.text
+
+
+def test_run_status_from_events():
+    start = {"run": "r", "client": "c1"}
+    assert run_status(start, [{"event": "accepted"}, {"event": "done"}], clients=set()) == "done"
+    assert run_status(start, [{"event": "failed", "reason": "lost the scheduler"}]) == "failed: lost the scheduler"
+    assert run_status(start, [], clients={"c1"}) == "running"
+    assert run_status(start, [], clients={"c2"}).startswith("stale")
+    assert run_status({"run": "r"}, [], clients=set()) == "running"   # a run from before client ids

@@ -24,7 +24,7 @@ SMALL = ["--shards", "24", "--no-progress", "--json"]
 # Summary fields that are functions of the accumulated state: equal floats (JSON keeps every
 # bit of a float) mean the same bits; the percentile interval reads the histogram.
 STATE_FIELDS = ["n", "mean", "sd", "stderr", "skewness", "kurtosis", "min", "max",
-                "interval95_percentile", "underflow", "overflow"]
+                "output_interval95_percentile", "underflow", "overflow"]
 
 
 def cli(args, cwd, timeout=240):

@@ -236,7 +236,7 @@ def test_the_documented_cli_command_runs_on_slurm(slurm, tmp_path):
                          capture_output=True, text=True, timeout=280)
     assert ref.returncode == 0, ref.stderr[-3000:]
     ref_summary = json.loads(ref.stdout)
-    keys = ["run_id", "n", "mean", "sd", "skewness", "kurtosis", "min", "max", "interval95_percentile"]
+    keys = ["run_id", "n", "mean", "sd", "skewness", "kurtosis", "min", "max", "output_interval95_percentile"]
     assert {k: summary[k] for k in keys} == {k: ref_summary[k] for k in keys}
 
 

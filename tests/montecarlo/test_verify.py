@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dask_research._cluster import workers_info
@@ -98,6 +98,7 @@ def test_a_straggler_is_duplicated_and_the_result_is_unchanged(two_workers):
     assert time.perf_counter() - t0 < 2.0 * 16  # nowhere near "every block on the slow worker"
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # a shared machine: no wall-clock limits
 @given(st.integers(1, 500), st.integers(0, 8), st.data())
 def test_chosen_shards_cover_every_producer(shards, k, data):
     workers = data.draw(st.lists(st.sampled_from("abcde"), min_size=shards, max_size=shards))
@@ -109,3 +110,23 @@ def test_chosen_shards_cover_every_producer(shards, k, data):
         assert {producers[s] for s in picks} == set(workers)
     else:
         assert picks == []
+
+
+def test_the_record_says_where_each_check_ran(two_workers, loop, tmp_path):
+    res = mc.run(_job(corruptible), client=two_workers, verify=4, progress=False, shards_per_task=2,
+                 store=str(tmp_path))
+    v = res.verification
+    n = len(v["checked"])
+    assert v["checks"] == n >= 4 and v["checks_elsewhere"] == n and v["elsewhere"] == f"{n} of {n}"
+    assert all(c["elsewhere"] and c["producer"] != c["verifier"] for c in v["checked"]) and v["moved"] == 0
+    import json
+
+    stored = json.loads((tmp_path / "runs" / res.run_id / "result.json").read_text())["verification"]
+    assert stored["elsewhere"] == f"{n} of {n}"
+    # One worker (the embedded default's shape): every check re-ran where its shard was made, and says so.
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        one = mc.run(_job(corruptible), client=c, verify=4, progress=False, shards_per_task=2).verification
+    m = len(one["checked"])
+    assert one["elsewhere"] == f"0 of {m}" and one["checks_elsewhere"] == 0
+    assert all(c["same_worker"] and not c["elsewhere"] for c in one["checked"])

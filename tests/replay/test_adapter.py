@@ -45,3 +45,27 @@ def test_torch_output_and_a_framework_style_loop():
         loss.backward()
         opt.step()
     assert torch.isfinite(loss)
+
+
+def test_extend_over_capacity_keeps_the_newest_or_raises():
+    from dask_research.exceptions import CapacityError
+
+    rb = ReplayBufferAdapter(ExperiencePlane(CARTPOLE, capacity=16, seed=0), batch_size=4)
+    rb.extend(make_batch(40))
+    assert len(rb) == 16
+    np.testing.assert_array_equal(np.sort(rb.plane.contents()["action"]), np.arange(24, 40))
+    strict = ReplayBufferAdapter(ExperiencePlane(CARTPOLE, capacity=16), overflow="raise")
+    with pytest.raises(CapacityError):
+        strict.extend(make_batch(40))
+    assert len(strict) == 0
+
+
+def test_a_tensordict_is_accepted():
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    b = make_batch(8)
+    td = tensordict.TensorDict({k: torch.from_numpy(v) for k, v in b.items()}, batch_size=[8])
+    rb = ReplayBufferAdapter(ExperiencePlane(CARTPOLE, capacity=16, seed=0), batch_size=4)
+    rb.extend(td)
+    rb.add(td[0])
+    assert len(rb) == 9

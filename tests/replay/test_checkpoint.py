@@ -86,12 +86,18 @@ def test_corrupt_and_foreign_checkpoints(tmp_path):
         ExperiencePlane.restore(tmp_path / "ok")
     meta_file = data.parent / "meta.json"
     doc = json.loads(meta_file.read_text())
-    del doc["data"]                       # no digest (the layout before versions): parsed
+    del doc["data"]                       # a version must name its data's digest
     meta_file.write_text(json.dumps(doc))
-    with pytest.raises(CheckpointError, match="data.npz is unreadable"):
+    with pytest.raises(CheckpointError, match="meta.json of v000001 has no 'data' record"):
         ExperiencePlane.restore(tmp_path / "ok")
-    data.write_bytes(good)
-    assert len(ExperiencePlane.restore(tmp_path / "ok")) == 5
+    legacy = tmp_path / "legacy"          # the layout before versions has no digest: parsed
+    legacy.mkdir()
+    (legacy / "meta.json").write_text(json.dumps(doc))
+    (legacy / "data.npz").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="data.npz is unreadable"):
+        ExperiencePlane.restore(legacy)
+    (legacy / "data.npz").write_bytes(good)
+    assert len(ExperiencePlane.restore(legacy)) == 5
     other = ExperiencePlane({"x": ((), "float32")}, capacity=10)
     meta, arrays = plane.snapshot()
     with pytest.raises(CheckpointError, match="differs from the plane's"):

@@ -35,12 +35,15 @@ CHILD = textwrap.dedent("""
 
     def hook(name):
         if name == step:
-            pathlib.Path(marker).write_text(name)
+            tmp = pathlib.Path(marker + ".tmp")
+            tmp.write_text(name)
+            tmp.rename(marker)                            # whole when it appears
             time.sleep(600)                               # the parent kills us here
 
     checkpoints._step_hook = hook
     plane.checkpoint(ck)                                  # keys 0..249
-    pathlib.Path(marker).write_text("finished")
+    pathlib.Path(marker + ".tmp").write_text("finished")
+    pathlib.Path(marker + ".tmp").rename(marker)
 """)
 
 
@@ -80,10 +83,13 @@ def test_sigkill_at_each_step_leaves_one_whole_checkpoint(tmp_path, step):
     meta, version = checkpoints.read_meta(ck)
     assert meta["count"] == len(want) and version.name == ("v000002" if committed else "v000001")
 
-    plane.ingest(make_batch(10, start=len(want), seed=9))     # the next checkpoint cleans up
-    plane.checkpoint(ck)
+    holder = json.loads((ck / checkpoints.LOCK).read_text())  # the dead writer's lock
+    assert holder["pid"] != os.getpid()
+    plane.ingest(make_batch(10, start=len(want), seed=9))     # the next checkpoint takes the
+    plane.checkpoint(ck)                                      # lock over and cleans up
     names = sorted(p.name for p in ck.iterdir())
-    assert names == ["CURRENT", checkpoints.current(ck).name], names
+    assert names == [checkpoints.LOCK, "CURRENT", checkpoints.current(ck).name], names
+    assert (ck / checkpoints.LOCK).read_text() == ""          # free again
     np.testing.assert_array_equal(ExperiencePlane.restore(ck).contents()["action"],
                                   np.arange(len(want) + 10))
     plane.close()
@@ -136,7 +142,7 @@ def test_the_layout_before_versions_is_still_read_and_replaced(tmp_path):
     (old / "meta.json").write_text(json.dumps(meta))
     np.testing.assert_array_equal(ExperiencePlane.restore(old).contents()["action"], np.arange(20))
     plane.checkpoint(old)
-    assert sorted(p.name for p in old.iterdir()) == ["CURRENT", "v000001"]
+    assert sorted(p.name for p in old.iterdir()) == [checkpoints.LOCK, "CURRENT", "v000001"]
 
 
 def test_a_failed_write_names_the_path_keeps_the_previous_and_leaves_nothing(tmp_path, monkeypatch):
@@ -153,7 +159,8 @@ def test_a_failed_write_names_the_path_keeps_the_previous_and_leaves_nothing(tmp
                                               r"on device\); the previous checkpoint, if any, is kept"):
         plane.checkpoint(tmp_path / "ck")
     monkeypatch.undo()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["CURRENT", "v000001"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [checkpoints.LOCK, "CURRENT",
+                                                                   "v000001"]
     np.testing.assert_array_equal(ExperiencePlane.restore(tmp_path / "ck").contents()["action"],
                                   np.arange(30))
     (tmp_path / "file").write_text("x")

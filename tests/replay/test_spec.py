@@ -39,7 +39,11 @@ def test_bad_specs(fields, match):
     (lambda b: b.update(obs=np.zeros((8, 3), "float32")), r"field 'obs': shape \(8, 3\) is neither"),
     (lambda b: b.update(action=np.zeros(8, "float64")),
      "field 'action': dtype float64 cannot be stored as int64"),
-    (lambda b: b.update(done=np.zeros(8, "int64")), "field 'done': dtype int64 cannot be stored as bool"),
+    (lambda b: b.update(done=np.full(8, 2, "int64")), "field 'done': value 2 is not a flag"),
+    (lambda b: b.update(done=np.full(8, 0.5)), "field 'done': value 0.5 is not a flag"),
+    (lambda b: b.update(done=np.full(8, np.nan, "float32")), "field 'done': value nan is not a flag"),
+    (lambda b: b.update(obs=np.zeros((8, 4), "complex64")),
+     "field 'obs': dtype complex64 cannot be stored as float32"),
     (lambda b: b.update(reward=np.zeros(7, "float32")),
      "field 'reward': has 7 transitions but field 'obs' has 8"),
     (lambda b: b.update(next_obs=np.zeros(4, "float32")),
@@ -197,3 +201,78 @@ def test_a_tensordict_is_ingested_by_its_leaves():
     with pytest.raises(SpecError, match="field .action.: value 1099511627776 does not fit in int8"):
         ExperiencePlane({**spec, "action": ((), "int8")}, capacity=32).ingest(bad)
     assert len(plane) == 9
+
+
+# --- review findings 9 and 14 (third nit): casts that change a value -------------------------
+def test_a_masked_array_is_refused_not_stored_unchecked():
+    plane = ExperiencePlane({"x": ((), "int8")}, capacity=8)
+    masked = np.ma.array([300, 1, 2, 3], mask=[True, False, False, False])  # was stored as 44
+    with pytest.raises(SpecError, match=r"field 'x': is a masked array.*x\.filled\(0\)"):
+        plane.ingest({"x": masked})
+    assert len(plane) == 0
+    assert plane.ingest({"x": masked.filled(0).astype(np.int8)}) == 4
+
+
+@pytest.mark.parametrize("value, dtype, stored", [
+    (16777217, "float32", 16777216), (2**53 + 1, "float64", 2**53),
+    (-(2**31) + 1, "float32", -(2**31)), (2**64 - 1, "float64", 2**64), (2049, "float16", 2048),
+    (16777217, "complex64", 16777216),
+])
+def test_int_to_float_rounding_that_changes_an_integer_is_refused(value, dtype, stored):
+    src = np.uint64 if value >= 2**63 else np.int64
+    spec = ExperienceSpec({"id": ((), dtype), "ok": ((), "float32")})
+    batch = {"id": np.array([1, value], src), "ok": np.zeros(2, np.float32)}
+    with pytest.raises(SpecError, match=rf"field 'id': integer {value} is not exactly "
+                                        rf"representable in {dtype} \(it would be stored as "
+                                        rf"{stored}\)"):
+        spec.validate(batch)
+    plane = ExperiencePlane(spec, capacity=4)
+    with pytest.raises(SpecError):
+        plane.ingest(batch)
+    assert len(plane) == 0
+
+
+def test_exact_int_to_float_casts_are_accepted():
+    spec = ExperienceSpec({"f32": ((), "float32"), "f64": ((), "float64"), "f16": ((), "float16")})
+    big = np.array([16777216, 2**40, -(2**63), 3], np.int64)     # powers of two times small odds
+    fields, n = spec.validate({"f32": big, "f64": np.array([2**53, 2**62, -(2**63), 3]),
+                               "f16": np.array([2048, 4096, -65504, 3], np.int32)})
+    assert n == 4
+    plane = ExperiencePlane(spec, capacity=4)
+    plane.ingest({"f32": big, "f64": np.arange(4, dtype=np.int32),   # int32 -> float64: no check
+                  "f16": np.arange(4, dtype=np.int8)})
+    np.testing.assert_array_equal(plane.contents()["f32"].astype(np.float64), big.astype(np.float64))
+
+
+def test_update_priorities_refuses_keys_that_a_cast_would_change():
+    from dask_research.exceptions import InputError
+    from dask_research.replay import PrioritizedSampler
+
+    plane = ExperiencePlane({"x": ((), "float32")}, capacity=8, sampler=PrioritizedSampler(),
+                            migrate="manual")
+    plane.ingest({"x": np.arange(8, dtype=np.float32)})
+    with pytest.raises(InputError, match=r"indices='float64 values such as 2.9' is invalid; "
+                                         r"expected integer keys"):
+        plane.update_priorities(np.array([2.9, 5.5]), np.array([1000.0, 1000.0]))  # keys 2, 5
+    with pytest.raises(InputError, match=r"indices=18446744073709551615 is invalid; expected "
+                                         r"integer keys below 2\*\*63"):
+        plane.update_priorities(np.array([2**64 - 1], np.uint64), np.array([5.0]))
+    with pytest.raises(InputError, match=r"priorities='complex128 values such as \(1\+2j\)'"):
+        plane.update_priorities(np.array([1]), np.array([1 + 2j]))
+    assert plane.update_priorities([], []) == 0
+    assert plane.update_priorities(np.array([3, 6], np.uint32), np.array([7, 9])) == 2
+    leaves = plane.sampler.tree.sum[plane.sampler.tree.L + np.arange(8)]
+    assert leaves[3] > leaves[2] and leaves[6] > leaves[5]
+
+
+@pytest.mark.parametrize("value", [16777217, np.int64(16777217), np.uint64(2**63 + 1)])
+def test_add_refuses_an_integer_that_a_float_field_would_round(value):
+    plane = ExperiencePlane({"id": ((), "float32"), "obs": ((2,), "float32")}, capacity=4)
+    with pytest.raises(SpecError, match="field 'id': integer .* is not exactly representable in float32"):
+        plane.add(id=value, obs=np.zeros(2, np.float32))
+    assert len(plane) == 0
+    assert plane.add(id=16777216, obs=np.zeros(2, np.float32)) == 1     # exact: the fast path
+    assert plane.add(id=np.int64(-5), obs=np.zeros(2, np.float32)) == 1
+    np.testing.assert_array_equal(plane.contents()["id"], [16777216, -5])
+    with pytest.raises(SpecError, match="field 'obs': is a masked array"):
+        plane.add(id=1, obs=np.ma.array([1.0, 300.0], mask=[False, True]))

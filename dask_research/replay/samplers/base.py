@@ -55,6 +55,23 @@ class Sampler(ABC):
                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
         """Return ``(slots, weights)``: int64 slots and float32 importance weights or None."""
 
+    def draw(self, total: int, size: int, batch_size: int,
+             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Return ``(slots, keys, weights)`` of one batch from a ring that received ``total``
+        transitions and holds the newest ``size`` of them.
+
+        ``keys`` are insertion numbers (``total - size <= key < total``), ``slots`` are
+        ``key % capacity``. The default calls :meth:`sample` and derives the keys from the
+        slots; :class:`UniformSampler` overrides it: its integer is the age rank, so the key
+        is one addition and the slot one remainder away.
+        """
+        cap = self.capacity
+        cursor = total % cap
+        slots, weights = self.sample(cursor, size, batch_size, rng)
+        d = cursor - 1 - slots
+        d %= cap
+        return slots, (total - 1) - d, weights
+
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """New priorities for ``slots``; a no-op for samplers without priorities."""
 

@@ -44,12 +44,20 @@ class PrioritizedSampler(Sampler):
         ``sampler.beta``. Default ``research.replay.beta``.
     eps : float
         Added to every priority before the exponent.
+    shuffle : bool
+        Batch order (default True: the order of the draws, i.e. random). The tree is searched
+        with the draws sorted, which keeps the descent local; with ``shuffle=True`` the slots
+        are put back in draw order (an ``argsort`` and a scatter, no extra random numbers, so
+        the batches under a seed are as reproducible as before); ``False`` returns them
+        sorted by slot, which a learner that splits a batch into minibatches must not rely on.
     """
 
     policy = "priority"
     prioritized = True
 
-    def __init__(self, alpha: float | None = None, beta: float | None = None, eps: float = 1e-6):
+    def __init__(self, alpha: float | None = None, beta: float | None = None, eps: float = 1e-6,
+                 shuffle: bool = True):
+        self.shuffle = bool(shuffle)
         self.alpha = float(config.get("replay.alpha", alpha))
         self.beta = float(config.get("replay.beta", beta))
         if not self.alpha >= 0:
@@ -82,8 +90,14 @@ class PrioritizedSampler(Sampler):
                              "transitions (all are 0; use eps > 0)", where="PrioritizedSampler")
         u = rng.random(batch_size)
         u *= total
-        u.sort()                          # monotone slots: the descent and the gather stay local
-        slots = tree.find(u, cum)
+        if self.shuffle:                  # search sorted (local descent), return in draw order
+            order = np.argsort(u)
+            found = tree.find(u[order], cum)
+            slots = np.empty_like(found)
+            slots[order] = found
+        else:
+            u.sort()                      # monotone slots: the descent and the gather stay local
+            slots = tree.find(u, cum)
         p = tree.sum[slots + tree.L]
         # w = (p / p_min) ** -beta, largest weight 1
         w = np.divide(tree.min, p)
@@ -117,16 +131,18 @@ class PrioritizedSampler(Sampler):
         self.tree.set(slots, 0.0, np.inf)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "beta": self.beta, "eps": self.eps,
+        return {"alpha": self.alpha, "beta": self.beta, "eps": self.eps, "shuffle": self.shuffle,
                 "max_priority": self.max_priority, "leaves": self.tree.leaves().copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.alpha = float(state["alpha"])
         self.beta = float(state["beta"])
         self.eps = float(state["eps"])
+        self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.max_priority = float(state["max_priority"])
         leaves = np.asarray(state["leaves"], dtype=np.float64)
         self.tree.load(leaves, np.where(leaves > 0, leaves, np.inf))
 
     def __repr__(self) -> str:
-        return f"PrioritizedSampler(alpha={self.alpha}, beta={self.beta}, eps={self.eps})"
+        return (f"PrioritizedSampler(alpha={self.alpha}, beta={self.beta}, eps={self.eps}, "
+                f"shuffle={self.shuffle})")

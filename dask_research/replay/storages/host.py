@@ -67,6 +67,7 @@ class HostStorage(Storage):
         self.data = data
         self._void = data.view(np.dtype((np.void, self.spec.itemsize)))
         self._views = {n: data[n] for n in self.spec.names}
+        self._record_dtype = self.spec.record_dtype
 
     def write_fields(self, start: int, fields: Mapping[str, np.ndarray]) -> None:
         views = self._views
@@ -78,6 +79,13 @@ class HostStorage(Storage):
 
     def read_records(self, rows: np.ndarray, out: np.ndarray) -> None:
         np.take(self._void, rows, out=out.view(self._void.dtype))
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` gathered into a fresh record array (faster than :meth:`read_records`:
+        ``np.take`` into ``out=`` buffers its output when checking the indices)."""
+        # frombuffer: a writable record view of the fresh bytes, without the Python-level
+        # safety check that .view() runs for structured dtypes
+        return np.frombuffer(self._void.take(rows), self._record_dtype)
 
     def close(self) -> None:
         self._bind(np.zeros(0, dtype=self.spec.record_dtype))

@@ -1,0 +1,317 @@
+"""Hangs and faults with real processes: a hung shard, a frozen (SIGSTOP) worker, a lost
+scheduler, a pipeline that fails on one worker or on all of them.
+
+Every process started here is killed by its pid in ``finally`` (a stopped one is continued
+first), and every test has a thread-method timeout, so none can hang the suite.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_research import montecarlo as mc
+from dask_research._cluster import workers_info
+from dask_research.exceptions import PipelineError, ResearchError
+from dask_research.testing import faults
+from dask_research.testing.pipelines import slow_tanh
+from dask_research.testing.processes import wait_for
+
+TOPIC = "research.montecarlo"
+
+
+@contextlib.contextmanager
+def real_cluster(tmp_path: pathlib.Path, worker_envs: list[dict], nthreads: int = 1):
+    """A `dask scheduler` and one `dask worker` (no nanny) per entry of ``worker_envs``.
+
+    Yields ``(client, scheduler_proc, worker_procs)``; each worker's environment is this
+    process's (PYTHONPATH included) plus its entry.
+    """
+    sfile = tmp_path / "scheduler.json"
+    if sfile.exists():
+        sfile.unlink()
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                              "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "w"))
+    workers: list[subprocess.Popen] = []
+    client = None
+    try:
+        wait_for(sfile.exists, 60, "the scheduler file")
+        for i, extra in enumerate(worker_envs):
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
+                 "--nthreads", str(nthreads), "--no-nanny", "--no-dashboard", "--name", f"w{i}"],
+                env={**os.environ, **extra}, stdout=subprocess.DEVNULL,
+                stderr=open(tmp_path / f"worker{i}.log", "w")))
+        client = Client(scheduler_file=str(sfile), set_as_default=False)
+        client.wait_for_workers(len(worker_envs), timeout=60)
+        yield client, sched, workers
+    finally:
+        for p in [*workers, sched]:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGCONT)   # a stopped process cannot die of SIGKILL until continued
+                    p.kill()
+            p.wait(timeout=10)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close(timeout=5)
+
+
+def _in_thread(fn):
+    """Start ``fn`` in a thread; returns (thread, out) with out["result"] or out["error"]."""
+    out: dict = {}
+
+    def go():
+        try:
+            out["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            out["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t, out
+
+
+def _stored(store: pathlib.Path, job) -> int:
+    d = store / "runs" / job.id / "shards"
+    return len(mc.RunStore(str(store)).read_shards(job.id)) if d.exists() else 0
+
+
+def _reference(job):
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        return mc.run(job, client=c, verify=0, progress=False)
+
+
+def _events(client) -> list[dict]:
+    return [m for _, m in client.get_events(TOPIC)]
+
+
+# -- a hung shard ------------------------------------------------------------------------------
+
+def _hang_job():
+    job = mc.Job(faults.hang_on_marked, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=24,
+                 samples_per_shard=512, seed=6, bins=32, range=(0.0, 1.0))
+    assert faults.marked_shards(job) == [10]
+    return job
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_a_hung_shard_fails_the_run_naming_it_and_the_stored_shards_resume(tmp_path):
+    assert not os.environ.get(faults.HANG_ENV)          # this process (pilot, resume) never hangs
+    job, store = _hang_job(), tmp_path / "store"
+    hang = {faults.HANG_ENV: "1"}
+    with real_cluster(tmp_path, [hang, hang]) as (client, _, _):
+        with dask.config.set({"research.montecarlo.block-timeout": 3.0}):
+            t0 = time.monotonic()
+            t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0,
+                                               progress=False, shards_per_task=1))
+            t.join(120)
+            elapsed = time.monotonic() - t0
+        assert not t.is_alive(), "the run hung"
+        err = out.get("error")
+        assert isinstance(err, PipelineError), out
+        msg = str(err)
+        assert err.shard == "10" and msg.startswith("pipeline output of shard 10: did not return within ")
+        assert "s on worker tcp://127.0.0.1:" in msg and "block-timeout allows 3.0 s" in msg
+        assert "thread cannot be killed" in msg and "resumes" in msg
+        assert elapsed < 100
+        events = _events(client)
+        # At most one speculative copy of the hung block, then speculation stops for the run.
+        copies = [m for m in events if m["event"] == "speculate" and m["start"] == 10]
+        assert len(copies) <= 1
+        if copies:   # the copy hung too: the shard is slow, not the worker, so no more copies
+            assert [m for m in events if m["event"] == "speculate-stopped" and m["start"] == 10]
+
+        def failed():
+            return [m for m in _events(client) if m["event"] == "failed" and m["run"] == job.id]
+
+        wait_for(failed, 30, "the run's failed event")     # a failing run waits at most 1 s for its log
+        assert "shard 10" in failed()[-1]["reason"] and failed()[-1]["error"] == "PipelineError"
+    stored = _stored(store, job)
+    assert 0 < stored < 24
+    # The same job on a healthy cluster computes only what is missing, and the same bits.
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        resumed = mc.run(job, client=c, store=str(store), verify=0, progress=False)
+    assert resumed.reused_shards == stored and resumed.computed_shards == 24 - stored
+    assert resumed.state == _reference(job).state
+
+
+# -- a frozen worker ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(240, method="thread")
+def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path):
+    job = mc.Job(slow_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=48,
+                 samples_per_shard=1024, seed=5, bins=32, range=(0.0, 1.0))
+    store = tmp_path / "store"
+    with real_cluster(tmp_path, [{}, {}]) as (client, _, workers):
+        frozen = workers[0]
+        frozen_at = next(w for w, info in workers_info(client).items() if info["name"] == "w0")
+        t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=4, progress=False,
+                                           shards_per_task=2))
+        wait_for(lambda: "error" in out or _stored(store, job) >= 16, 90, "a third of the shards")
+        assert "error" not in out, out.get("error")
+        frozen.send_signal(signal.SIGSTOP)
+        try:
+            t.join(120)                    # Dask's worker TTL (5 minutes) is far away
+            assert not t.is_alive(), "the run waited for the frozen worker"
+            assert frozen.poll() is None   # still frozen: the run ended without it
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+    assert "error" not in out, out.get("error")
+    res = out["result"]
+    assert res.state == _reference(job).state
+    assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(48))
+    v = res.verification
+    assert v["moved"] >= 1 and v["checks"] == len(v["checked"]) >= 4
+    # Every check was answered, and none by the frozen worker (a late check whose first worker
+    # answered after all may keep it as its verifier: the first answer wins).
+    assert all(c["match"] and c["verifier"] != frozen_at for c in v["checked"]), v
+    assert any(frozen_at in c.get("moved_from", []) for c in v["checked"]), v
+
+
+# -- a lost scheduler --------------------------------------------------------------------------
+
+@pytest.mark.timeout(240, method="thread")
+def test_a_lost_scheduler_says_the_stored_shards_are_kept_and_the_command_resumes(tmp_path):
+    job = mc.Job(slow_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=48,
+                 samples_per_shard=1024, seed=5, bins=32, range=(0.0, 1.0))
+    store = tmp_path / "store"
+    with real_cluster(tmp_path, [{}]) as (client, sched, _):
+        t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0, progress=False,
+                                           shards_per_task=1))
+        wait_for(lambda: "error" in out or _stored(store, job) >= 8, 90, "some shards")
+        assert "error" not in out, out.get("error")
+        sched.kill()
+        sched.wait(10)
+        t.join(90)
+        assert not t.is_alive(), "the run hung after the scheduler died"
+    err = out.get("error")
+    assert type(err) is ResearchError, out
+    stored = _stored(store, job)
+    msg = str(err)
+    assert "lost the connection to tcp://127.0.0.1:" in msg
+    assert f"of 48 shards stored in {store}" in msg and "are kept" in msg and "run the same command again" in msg
+    assert 8 <= stored < 48 and "\n" not in msg
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        resumed = mc.run(job, client=c, store=str(store), verify=0, progress=False)
+    assert resumed.reused_shards == stored and resumed.state == _reference(job).state
+
+
+# -- a pipeline failing on one worker, or on all ------------------------------------------------
+
+def _broken_job():
+    return mc.Job(faults.broken_here, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=16,
+                  samples_per_shard=512, seed=3, bins=32, range=(0.0, 1.0))
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_a_failure_on_one_worker_is_retried_on_another_with_the_same_bits(tmp_path):
+    job = _broken_job()
+    with real_cluster(tmp_path, [{faults.BROKEN_ENV: "1"}, {}]) as (client, _, _):
+        broken = next(w for w, info in workers_info(client).items() if info["name"] == "w0")
+        res = mc.run(job, client=client, verify=2, progress=False, shards_per_task=1)
+        retries = [m for m in _events(client) if m["event"] == "retry" and m["run"] == job.id]
+    assert res.state == _reference(job).state               # the retry computed the same bits
+    assert retries and all(m["failed_on"] == broken for m in retries)
+    assert all("ModuleNotFoundError" in m["error"] and f"on worker {broken}" in m["error"] for m in retries)
+    assert broken not in res.workers                          # nothing was accepted from it
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_a_failure_on_every_worker_fails_naming_the_shard_and_the_workers(tmp_path):
+    job = _broken_job()
+    broken = {faults.BROKEN_ENV: "1"}
+    with real_cluster(tmp_path, [broken, broken]) as (client, _, _):
+        with pytest.raises(PipelineError) as info:
+            mc.run(job, client=client, verify=0, progress=False, shards_per_task=1)
+        workers = sorted(workers_info(client))
+    msg = str(info.value)
+    assert isinstance(info.value.shard, int) and msg.startswith(f"pipeline output of shard {info.value.shard}: ")
+    assert "the pipeline raised ModuleNotFoundError: No module named 'fastmath_ext'" in msg
+    assert f"failed on every worker tried ({', '.join(workers)})" in msg
+
+
+def test_a_pipeline_exception_names_the_shard(loop):
+    def boom(a):
+        from distributed import get_worker
+
+        try:
+            get_worker()
+        except ValueError:            # not on a worker: the pilot passes
+            return a
+        raise ZeroDivisionError("division by zero in my model")
+
+    job = mc.Job(boom, {"a": mc.Normal(0, 1)}, shards=4, samples_per_shard=64, seed=1, range=(-5, 5))
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        with pytest.raises(PipelineError, match=r"^pipeline output of shard \d: the pipeline raised "
+                           r"ZeroDivisionError: division by zero in my model \(in boom, "
+                           r"(?:line \d+|test_hangs.py:\d+)\) "
+                           r"\(on worker \w+://"):
+            mc.run(job, client=c, verify=0, progress=False, shards_per_task=1)
+
+
+# -- the limits themselves -----------------------------------------------------------------------
+
+def test_auto_limits_follow_the_pilot_and_the_finished_blocks():
+    from dask_research.montecarlo.engine import Execution
+
+    job = _broken_job()
+    reducer = job.make_reducer(job.range)
+    ex = Execution(None, job, reducer, 4, run_id=job.id)
+    assert ex.block_limit() is None and ex.check_limit() == 5.0   # nothing known: no block limit yet
+    ex.shard_times.append(0.001)
+    assert ex.block_limit() == 60.0                                       # fast blocks: the floor
+    ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)  # the pilot: 2 s per shard
+    assert ex.block_limit() == 20 * 2.0 * 4 and ex.check_limit() == 20 * 2.0
+    ex.shard_times += [3.0, 3.0, 3.0]                                         # blocks slower than the pilot
+    assert ex.block_limit() == 20 * 3.0 * 4
+    with dask.config.set({"research.montecarlo.block-timeout": "90s", "research.montecarlo.check-timeout": None}):
+        ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)
+        assert ex.block_limit() == 90.0 and ex.check_limit() is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", True])
+def test_a_malformed_timeout_is_refused_naming_the_key(bad):
+    from dask_research.exceptions import ConfigError
+    from dask_research.montecarlo.engine import Execution
+
+    job = _broken_job()
+    with dask.config.set({"research.montecarlo.block-timeout": bad}):
+        with pytest.raises(ConfigError, match=r"research\.montecarlo\.block-timeout=.* expected \"auto\", a positive"):
+            Execution(None, job, job.make_reducer(job.range), 4, run_id=job.id)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_run_cancelled_from_outside_says_so(loop, tmp_path):
+    from distributed import Future
+
+    job = mc.Job(slow_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=48,
+                 samples_per_shard=256, seed=5, bins=32, range=(0.0, 1.0))
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c, \
+            Client(cl, set_as_default=False) as other:
+        t, out = _in_thread(lambda: mc.run(job, client=c, store=str(tmp_path), verify=0, progress=False,
+                                           shards_per_task=1))
+        wait_for(lambda: "error" in out or _stored(tmp_path, job) >= 4, 60, "some shards")
+        keys = [k for k in cl.scheduler.tasks if str(k).startswith("mc-block-")]
+        other.cancel([Future(k, other) for k in keys], force=True, reason="by-an-operator")
+        t.join(60)
+    assert not t.is_alive()
+    err = out.get("error")
+    assert type(err) is ResearchError, out
+    assert "was cancelled from outside the run (reason: by-an-operator)" in str(err)
+    assert "stored shards are kept" in str(err)
