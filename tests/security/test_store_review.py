@@ -54,6 +54,15 @@ def client(loop):  # noqa: F811 - distributed's loop fixture
         yield c
 
 
+@pytest.fixture
+def two_workers(loop):  # noqa: F811 - distributed's loop fixture
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(loop=loop, n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        yield c
+
+
 def pipe(a):
     return a * 2
 
@@ -438,3 +447,34 @@ def test_a_pipeline_error_on_replay_names_the_shard(tmp_path, client, monkeypatc
 
 
 warnings.filterwarnings("default", category=StoreWarning)
+
+
+# -- 3, second half: reused shards are verified, picked unpredictably -----------------------------
+@pytest.mark.timeout(300, method="thread")
+def test_an_edited_reused_shard_within_its_bounds_is_caught_by_reused_verification(tmp_path, two_workers):
+    client = two_workers
+    import dask
+
+    job, store = _job(), str(tmp_path / "store")
+    clean = mc.run(job, client=client, store=store, progress=False, verify=0, shards_per_task=4)
+    stored = RunStore(store).read_shards(job.id)
+    # A subtle edit that every invariant allows: the mean moved a little, inside [min, max].
+    _edit(stored[5][2], 5, lambda st: st.__setitem__("mean", (float.fromhex(st["mean"]) + 0.01).hex()))
+    os.remove(f"{store}/runs/{job.id}/result.json")
+    with dask.config.set({"research.montecarlo.verify-reused": "all"}):
+        again = mc.run(job, client=client, store=store, progress=False, verify=1)
+    v = again.verification
+    assert v["reused_checked"] == list(range(16))
+    assert [m["shard"] for m in v["mismatches"]] == [5] and v["recomputed_shards"] >= 1
+    assert again.state == clean.state
+
+
+def test_reused_picks_are_not_a_function_of_the_run_id():
+    from dask_research.montecarlo.verify import choose_reused, reused_count
+
+    draws = {tuple(choose_reused(range(1000), 4)) for _ in range(20)}
+    assert len(draws) > 1                                   # not the public hash order
+    assert choose_reused(range(10), 10) == list(range(10)) and choose_reused([], 4) == []
+    assert reused_count(None, 4, 100) == 4 and reused_count("all", 4, 100) == 100 and reused_count(0, 4, 9) == 0
+    with pytest.raises(InputError, match="verify-reused"):
+        reused_count("some", 4, 100)
