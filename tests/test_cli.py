@@ -154,15 +154,20 @@ def test_traceback_flag_shows_the_full_error(tmp_path):
 
 
 def test_show_says_where_verification_ran_from_the_record():
-    from dask_research.cli import verification_sentence
+    from dask_research.montecarlo.result import verification_sentence
 
     same = [{"shard": s, "producer": "w", "verifier": "w", "same_worker": True, "match": True} for s in range(4)]
-    assert verification_sentence({"checked": same, "quarantined_workers": []}, {"w": 16}) == (
-        "verified 4 shards: 0 on another worker, 4 re-run on the producing worker (one worker in the "
-        "cluster); quarantined none")
+    one = {"verification": {"checked": same}, "workers": ["w"], "computed_shards": 16, "reused_shards": 0}
+    assert verification_sentence(one) == (
+        "4 shards re-run, all match: 4 on the same worker that computed them, the only worker that ran this job")
     mixed = same[:1] + [dict(c, verifier="v", same_worker=False) for c in same[1:]]
-    assert verification_sentence({"checked": mixed}, {"w": 8, "v": 8}).startswith(
-        "verified 4 shards: 3 on another worker, 1 re-run on the producing worker;")
+    two = {"verification": {"checked": mixed, "quarantined_workers": ["x"]}, "workers": ["w", "v"],
+           "computed_shards": 16, "reused_shards": 0}
+    assert verification_sentence(two) == ("4 shards re-run, all match: 3 on another worker than the one that "
+                                          "computed them; 1 on the same worker that computed them; quarantined x")
+    resumed = dict(one, computed_shards=0, reused_shards=16)
+    assert verification_sentence(resumed) == (
+        "4 shards re-run, all match: 4 stored by an earlier run, recomputed on this cluster")
 
 
 def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path):
@@ -174,8 +179,15 @@ def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path
     assert all(c["same_worker"] for c in summary["verification"]["checked"])     # one embedded worker
     show = CliRunner().invoke(main, ["mc", "show", summary["run_id"], "--store", store])
     assert show.exit_code == 0, show.output
-    assert f"verified {n} shards: 0 on another worker, {n} re-run on the producing worker" in show.output
-    assert "on other workers" not in show.output
+    assert f"verified {n} shards re-run, all match: {n} on the same worker that computed them" in show.output
+    assert "on other workers" not in show.output and "another worker" not in show.output
+    # The mean is shown with its 95 % CI, labelled, never a bare "+- stderr".
+    lo, hi = summary["mean_interval95"]
+    assert f"95 % CI of the mean [{lo:.6g}, {hi:.6g}]" in show.output and "+-" not in show.output
+    # Run it again: the same sentence as the run itself prints for a resumed run.
+    again = CliRunner().invoke(main, ["mc", "run", f"{job_file}:job", "--no-progress", "--store", store])
+    assert again.exit_code == 0 and "stored by an earlier run, recomputed on this cluster" in again.output
+    assert f"{store}/runs/{summary['run_id']}" in again.output
 
 
 def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, monkeypatch):

@@ -257,7 +257,8 @@ def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_t
         bar = _progress_bar(job.shards, progress, f"mc {job.name}")
         try:
             ex = Execution(c, job, reducer, block, run_id=job.id, known=known, known_producers=producers,
-                           store=rs, verify=verify, window=win, speculate=speculate, progress=bar)
+                           store=rs, verify=verify, window=win, speculate=speculate, progress=bar,
+                           shard_seconds=p.shard_seconds)   # the block timeout from the first block on
             state, outcome = ex.execute()
         finally:
             bar.close()

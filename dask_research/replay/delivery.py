@@ -329,7 +329,24 @@ def make_converter(spec: Any, to: str, device: Any, slots: int, batch_size: int)
         return _TorchCPUOut(spec, torch)
     if to == "cupy":
         return _CupyOut(spec, device, slots, batch_size)
-    raise InputError("to", to, "'numpy', 'torch' or 'cupy'", where="batches")
+    raise InputError("to", to, "'numpy', 'torch', 'cupy' or 'tensordict'", where="batches")
+
+
+def _same(it: Any) -> Any:
+    return it
+
+
+def tensordict_output(to: str) -> tuple[Callable[[Any], Any], str]:
+    """``(wrap, to)`` for a ``batches(to=...)`` call: ``to="tensordict"`` delivers torch tensors
+    and wraps the iterator so that it yields ``TensorDict`` (needs ``torch`` and ``tensordict``)."""
+    if to != "tensordict":
+        return _same, to
+    try:
+        from .integrations.tensordict import TensorDictBatches
+    except ImportError as e:
+        raise InputError("to", to, f"an output whose package is installed ({e.name or e} is missing: "
+                         "pip install tensordict)", where="batches") from None
+    return TensorDictBatches, "torch"
 
 
 def _bool_as_dtype(bool_as: Any) -> np.dtype:

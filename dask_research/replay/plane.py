@@ -397,7 +397,9 @@ class ExperiencePlane:
         """Iterate over batches prepared ahead by a background pipeline.
 
         sample -> gather per tier -> ``transforms`` (callables on numpy batches) -> copy to
-        ``to`` (``"numpy"``, ``"torch"``, ``"cupy"``) on ``device`` (e.g. ``"cuda:0"``). With
+        ``to`` (``"numpy"``, ``"torch"``, ``"cupy"``, or ``"tensordict"``: torch tensors in a
+        ``TensorDict`` with ``"index"``, which needs the ``tensordict`` package) on ``device``
+        (e.g. ``"cuda:0"``). With
         ``prefetch=k > 0`` up to ``k`` batches wait in a bounded queue; ``prefetch=0`` samples
         in ``next()``. The time ``next()`` blocks is the exposed latency (``plane.stats()``).
         Use as a context manager or call ``close()`` to stop the pipeline early.
@@ -421,13 +423,14 @@ class ExperiencePlane:
         of batches is the same); this needs no user transforms and no rate limiter, and output
         to numpy or torch on CPU.
         """
-        from .delivery import BatchIterator
+        from .delivery import BatchIterator, tensordict_output
 
+        wrap, to = tensordict_output(to)
         it = BatchIterator(self, batch_size=batch_size, prefetch=prefetch, to=to, device=device,
                            transforms=transforms, max_batches=max_batches, timeout=timeout,
                            switch_interval=switch_interval, bool_as=bool_as)
         self._deliveries = [d for d in self._deliveries if not d.closed][-7:] + [it]
-        return it
+        return wrap(it)
 
     # --- placement -----------------------------------------------------------------------
     def _valid_keys(self, keys: np.ndarray) -> np.ndarray:

@@ -315,3 +315,22 @@ def test_a_run_cancelled_from_outside_says_so(loop, tmp_path):
     assert type(err) is ResearchError, out
     assert "was cancelled from outside the run (reason: by-an-operator)" in str(err)
     assert "stored shards are kept" in str(err)
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_auto_block_timeout_holds_from_the_first_block_with_the_pilots_figure(tmp_path):
+    """One block holds every shard and hangs: with ``block-timeout: auto`` the limit comes from the
+    pilot's time per shard, so the run fails instead of waiting for a block that never finishes."""
+    job, store = _hang_job(), tmp_path / "store"
+    hang = {faults.HANG_ENV: "1"}
+    with real_cluster(tmp_path, [hang]) as (client, _, _):
+        with dask.config.set({"research.montecarlo.block-timeout": "auto",
+                              "research.montecarlo.block-timeout-min": 2.0,
+                              "research.montecarlo.timeout-factor": 2.0,
+                              "research.montecarlo.speculate": 0}):
+            t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0,
+                                               progress=False, shards_per_task=32))   # one block
+            t.join(120)
+        assert not t.is_alive(), "the run waited for a block that never finishes"
+        err = out.get("error")
+        assert isinstance(err, PipelineError) and "did not return within" in str(err), out
