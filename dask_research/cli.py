@@ -399,7 +399,6 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
 
-    run_id = montecarlo.show(run_id, store)["run_id"]
     job = _load_job(job_ref) if job_ref else None
     report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
@@ -419,7 +418,6 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
 
-    run_id = montecarlo.show(run_id, store)["run_id"]
     try:
         picks = [int(x) for x in shards.split(",")] if shards else None
     except ValueError:

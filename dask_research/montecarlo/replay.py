@@ -175,10 +175,20 @@ def _load_pipelines(origin: dict, where: str, trust_origin: bool) -> list:
     found = _pipelines_in_this_process(origin)
     if found or trust_origin:
         return found
-    raise StoreError(where, f"records its pipeline as {qualname!r} in module {module!r}, file {path!r}, which "
-                     "this process has not imported; a store never chooses the code that runs: pass job= "
-                     "(CLI: --job FILE:JOB or --job MODULE:JOB), or trust_origin=True (CLI: --trust-origin) "
-                     "to import it if you trust whoever wrote this store")
+    raise StoreError(where, f"records its pipeline as {_recorded(origin)}, which this process has not imported, "
+                     "and a store never chooses the code that runs: pass job= the job that ran (command line: "
+                     "--job FILE:JOB or MODULE:JOB, naming the Job object in your own copy of the code), or "
+                     "--trust-origin (trust_origin=True) to import what it records if you trust whoever wrote "
+                     "this store")
+
+
+def _recorded(origin: dict) -> str:
+    """How a manifest names its pipeline: qualname, file and (a public) module."""
+    module, qualname, path = origin.get("module"), origin.get("qualname"), origin.get("file")
+    where = [f"file {path}"] if isinstance(path, str) and path else []
+    if isinstance(module, str) and module and not module.startswith("_dask_research_"):
+        where.append(f"module {module}")
+    return f"{qualname!r}" + (f" ({', '.join(where)})" if where else "")
 
 
 def load_job(run_id: str, store: Any, job: Job | None = None,
@@ -210,6 +220,7 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     rs = open_store(store, must_exist=True)
     if rs is None:
         raise InputError("store", store, "the run store the run was written to", where="replay")
+    run_id = rs.resolve(run_id)
     manifest = rs.read_manifest(run_id)
     where = rs.display(rs.run_dir(run_id) + "/manifest.json")
     if job is None:
@@ -217,8 +228,12 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     if job is None:
         job = _rebuild_matching(manifest, run_id, where, bool(trust_origin))
     if job.id != run_id:
+        d = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
+        part = d.get("partitioning") if isinstance(d.get("partitioning"), dict) else {}
         raise StoreError(where, f"the job given or found ({job.id[:12]}) is not the one that ran ({run_id[:12]}): "
-                         "its pipeline, inputs or engine changed since")
+                         f"the run recorded pipeline {_recorded(manifest.get('origin') or {})}, "
+                         f"{part.get('shards')} shards of {part.get('samples_per_shard')} samples, seed "
+                         f"{d.get('seed')}; a different job, or its pipeline, inputs or engine changed since")
     remember_job(job)
     return job, manifest
 
@@ -271,6 +286,7 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
     """
     rs = open_store(store, must_exist=True)
     job, manifest = load_job(run_id, rs, job, trust_origin)
+    run_id = job.id                    # the whole id, if a prefix was given
     if not isinstance(shard, int) or not 0 <= shard < job.shards:
         raise InputError("shard", shard, f"an index in [0, {job.shards})", where=f"run {run_id[:12]}")
     stored = rs.read_shards(run_id)
@@ -295,6 +311,7 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
     """Replay the given shards, or ``k`` chosen from the hash of the run id (see :func:`replay`)."""
     rs = open_store(store, must_exist=True)
     job, _ = load_job(run_id, rs, job, trust_origin)
+    run_id = job.id
     picks = shards if shards is not None else hash_order(run_id, job.shards, k)
     return [replay(run_id, s, rs, job=job) for s in picks]
 
@@ -307,11 +324,7 @@ def show(run_id: str | None, store: Any) -> dict:
     rs = open_store(store, must_exist=True)
     if run_id is None:
         return {"store": repr(rs), "runs": rs.list_runs()}
-    matches = [r for r in rs.list_runs() if r.startswith(run_id)]
-    if len(matches) != 1:
-        raise StoreError(repr(rs), f"{len(matches)} runs start with {run_id!r}; give more characters"
-                         if matches else f"has no run starting with {run_id!r}")
-    rid = matches[0]
+    rid = rs.resolve(run_id)
     manifest = rs.read_manifest(rid)
     stored = rs.read_shards(rid)            # decoded: an edited accumulator is refused here too
     try:

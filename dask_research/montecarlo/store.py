@@ -410,6 +410,16 @@ class RunStore:
         return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False)
                       if _RUN_ID.fullmatch(posixpath.basename(p.rstrip("/"))))
 
+    def resolve(self, run_id: str) -> str:
+        """The whole id of the one run whose id starts with ``run_id`` (a prefix is enough)."""
+        if not isinstance(run_id, str) or not run_id or not re.fullmatch(r"[0-9a-f]{1,64}", run_id):
+            raise StoreError(repr(self), f"{run_id!r} is not a run id or a prefix of one (lowercase hex characters)")
+        matches = [r for r in self.list_runs() if r.startswith(run_id)]
+        if len(matches) != 1:
+            raise StoreError(repr(self), f"{len(matches)} runs start with {run_id!r}; give more characters"
+                             if matches else f"has no run starting with {run_id!r}")
+        return matches[0]
+
     def has_run(self, run_id: str) -> bool:
         return self.fs.exists(self._path(run_id, "manifest.json"))
 
