@@ -368,12 +368,29 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     from . import montecarlo
 
     job = _apply_overrides(_load_job(job_ref), shards, seed)
-    with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
-        result = montecarlo.run(job, client=client, store=store, verify=verify,
-                                shards_per_task=shards_per_task, progress=progress)
+    try:
+        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
+            result = montecarlo.run(job, client=client, store=store, verify=verify,
+                                    shards_per_task=shards_per_task, progress=progress)
+    except KeyboardInterrupt:
+        raise click.ClickException(_interrupted(job, store)) from None
     click.echo(result.to_json() if as_json else str(result))
     if store and not as_json:
         click.echo(f"  stored               {_redact(store).rstrip('/')}/runs/{result.run_id}")
+
+
+def _interrupted(job, store: str | None) -> str:
+    """What an interrupted run leaves: the shards stored, and how to go on."""
+    if not store:
+        return "interrupted; nothing was stored (without --store a run cannot resume)"
+    try:
+        from .montecarlo.run import open_store
+
+        n = len(open_store(store).read_shards(job.id, decoder=lambda doc: None))
+    except Exception:  # noqa: BLE001 - a damaged store: say what we can
+        return f"interrupted; the shards stored in {_redact(store)} are kept: the same command resumes"
+    return (f"interrupted: {n} of {job.shards} shards are stored in {_redact(store)}; "
+            "the same command resumes from them")
 
 
 def _redact(url: str) -> str:

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -227,3 +228,47 @@ def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, 
     blob = cloudpickle.dumps(job.pipeline)                          # which sends the code itself
     assert b"twice" in blob and job.pipeline(3.0) == 6.0
     sys.modules.pop("libpkg", None)
+
+
+@pytest.mark.timeout(180, method="thread")
+def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path):
+    """A real ``dask-research mc run`` process interrupted with SIGINT mid-run: one line that says
+    how many shards are stored and that the same command resumes; then it does."""
+    import os
+    import signal
+    import time
+
+    job_file = tmp_path / "slow_job.py"
+    job_file.write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        from dask_research import montecarlo as mc
+
+        def slow(a):
+            time.sleep(0.05)
+            return np.tanh(a)
+
+        job = mc.Job(slow, {"a": mc.Normal(0.0, 1.0)}, shards=256, samples_per_shard=64, seed=3)
+    """))
+    store = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "dask_research.cli", "mc", "run", f"{job_file}:job", "--store", str(store),
+           "--no-progress", "--verify", "0", "--shards-per-task", "1"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not list(store.glob("runs/*/shards/*.json")):
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    m = re.search(r"interrupted: (\d+) of 256 shards are stored in .*; the same command resumes", err)
+    assert m and 0 < int(m.group(1)) < 256, err
+    again = subprocess.run(cmd + ["--json"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
+                           env=dict(os.environ))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["reused_shards"] >= int(m.group(1))
