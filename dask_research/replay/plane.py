@@ -224,13 +224,7 @@ class ExperiencePlane:
                 self.sampler.on_insert(0, m - first)
             self.total = total
             self.size = min(self.size + m, cap)
-            t1 = time.perf_counter()
-            cnt = self._counters
-            cnt["ingest_calls"] += 1
-            cnt["ingest_s"] += t1 - t0
-            if self._t_first is None:
-                self._t_first = t0
-            self._t_last = t1
+            self._count_ingest(t0)
         if self.rate_limiter is not None:
             self.rate_limiter.inserted(n)
         if self._placement is not None:
@@ -270,13 +264,7 @@ class ExperiencePlane:
             self.total += 1
             if self.size < self.capacity:
                 self.size += 1
-            t1 = time.perf_counter()
-            cnt = self._counters
-            cnt["ingest_calls"] += 1
-            cnt["ingest_s"] += t1 - t0
-            if self._t_first is None:
-                self._t_first = t0
-            self._t_last = t1
+            self._count_ingest(t0)
         if rl is not None:
             rl.inserted(1)
         if self._placement is not None:
@@ -293,6 +281,16 @@ class ExperiencePlane:
         return self.ingest(batch)
 
     # --- sampling ------------------------------------------------------------------------
+    def _count_ingest(self, t0: float) -> None:
+        """Book one ingest call that started at ``t0`` (under the plane's lock)."""
+        t1 = time.perf_counter()
+        cnt = self._counters
+        cnt["ingest_calls"] += 1
+        cnt["ingest_s"] += t1 - t0
+        if self._t_first is None:
+            self._t_first = t0
+        self._t_last = t1
+
     def _device_rows(self, slots: np.ndarray) -> tuple[Any, np.ndarray] | None:
         """``(device storage, rows)`` if every slot lives in the same GPU tier, else None."""
         st = self.storage
