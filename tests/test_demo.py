@@ -14,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -206,29 +205,17 @@ def test_demo_command_help():
     assert out.exit_code == 0 and "HTML report" in out.output
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
+from dask_research.testing.browser import headless_chrome, missing  # noqa: E402
 
 
-@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None, reason="needs Debian's chromium and chromium-driver")
+@pytest.mark.skipif(missing() is not None, reason=str(missing()))
 @pytest.mark.timeout(180, method="thread")
 def test_the_report_renders_in_a_browser_within_1000_pixels(demo, tmp_path):
     """Opened offline in headless chromium: every plot draws, nothing errs, nothing overflows sideways."""
     PIL = pytest.importorskip("PIL.Image")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
 
     where, _, _ = demo
-    opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1000,4000"):
-        opts.add_argument(flag)
-    opts.binary_location = CHROMIUM
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    profile = tempfile.mkdtemp(prefix="chromium-")
-    opts.add_argument(f"--user-data-dir={profile}")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
+    with headless_chrome(1000, 4000) as driver:
         driver.get((where / "report.html").as_uri())
         colors = ["#4c72b0", "#c44e52", "#8c8c8c", "#55a868"]       # histogram, normal/latency, round-robin, band
         deadline = time.monotonic() + 60
@@ -246,6 +233,4 @@ def test_the_report_renders_in_a_browser_within_1000_pixels(demo, tmp_path):
         assert width <= inner, f"the report is {width} px wide in a {inner} px window"
         errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
         assert not errors, errors
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+

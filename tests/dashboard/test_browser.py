@@ -1,6 +1,4 @@
 """The research pages in a real headless browser (Debian's chromium): they render data."""
-import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -14,31 +12,15 @@ from dask_research import montecarlo as mc  # noqa: E402
 
 webdriver = pytest.importorskip("selenium.webdriver")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                                reason="needs Debian's chromium and chromium-driver")
+from dask_research.testing.browser import headless_chrome, missing  # noqa: E402
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 
 @pytest.fixture
 def browser():
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--hide-scrollbars", "--window-size=1200,900"):
-        opts.add_argument(flag)
-    opts.binary_location = CHROMIUM
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    profile = tempfile.mkdtemp(prefix="chromium-")
-    opts.add_argument(f"--user-data-dir={profile}")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
+    with headless_chrome(1200, 900) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def wait_for_colors(driver, path: str, colors: list[str], timeout: float = 20.0):
