@@ -39,6 +39,7 @@ from .._cluster import workers_info
 from ..exceptions import ConfigError, PipelineError, ResearchError, VerificationError
 from .accumulators import Moments
 from .events import EventOutbox, RunningEstimate
+from .blocks import compute_and_store_block, store_target
 from .shard import BlockResult, compute_block, compute_shard
 from .tree import block_bounds, tree_fold
 from .verify import TOLERANCE, choose_shards, hash_order, states_match
@@ -64,6 +65,8 @@ class Outcome:
     speculated: list = field(default_factory=list)
     max_in_flight: int = 0
     retried: list = field(default_factory=list)
+    #: Who wrote the store's shard files (see :mod:`.blocks`); ``None`` without a store.
+    store_writes: dict | None = None
 
 
 def _seconds_setting(key: str) -> float | str | None:
@@ -117,7 +120,7 @@ class Execution:
     def __init__(self, client, job, reducer, block: int, *, run_id: str, known=None,
                  known_producers=None, store=None, verify: int = 0, window: int = 64,
                  speculate: float = 0.0, progress=None, poll: float = 0.2,
-                 shard_seconds: float | None = None):
+                 shard_seconds: float | None = None, store_token: str | None = None):
         self.client, self.job, self.reducer, self.block = client, job, reducer, block
         self.run_id, self.store, self.verify_k = run_id, store, int(verify)
         self.window, self.speculate, self.poll = max(1, int(window)), float(speculate or 0.0), poll
@@ -165,6 +168,20 @@ class Execution:
         self.spec_stopped = False                        # a copy was as slow as its original
         self.check_attempts: dict[int, list] = {}        # shard -> [(future, target, submitted)]
         self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
+        # Who writes the shard files: the block tasks when the store is reachable from the
+        # workers (each block checks, see .blocks), else the client. The run's lease token is
+        # the workers' probe: without one (no lease held) the client writes.
+        writes = config.get("montecarlo.store-writes")
+        if writes not in ("auto", "client"):
+            raise ConfigError("montecarlo.store-writes", writes, '"auto" (the workers write when they can '
+                              'reach the store) or "client"')
+        self.target = store_target(store, run_id, store_token) if writes == "auto" else None
+        self.stored_files: dict[int, tuple[str, str, str]] = {}  # block -> (file, checksum, worker), worker-written
+        if store is not None:
+            reason = None if self.target is not None else (
+                "research.montecarlo.store-writes is client" if writes == "client" else "no lease held on the store")
+            self.outcome.store_writes = {"setting": writes, "blocks_by_workers": 0, "blocks_by_client": 0,
+                                         "client_reason": reason}
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _wid(self, worker: str) -> int:
@@ -300,14 +317,19 @@ class Execution:
     # -- leaves -----------------------------------------------------------------------------
     def _submit_leaf(self, idx: int, workers=None, speculative: bool = False, retry: int = 0) -> None:
         a, b = self.bounds[idx]
-        known = {s: self.known[s] for s in range(a, b) if s in self.known}
+        known = {s: self.known[s] for s in range(a, b) if s in self.known} if self.known else {}
         # Distinct keys for duplicates and recomputations: Dask would hand back a cached value.
         prefix = "mc-spec" if speculative else ("mc-redo" if not self.tree_enabled else "mc-block")
         if retry:
             prefix = f"mc-retry{retry}"
         kw = {"workers": workers, "allow_other_workers": False} if workers else {}
-        fut = self.client.submit(compute_block, self.job, self.reducer, a, b, known,
-                                 key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
+        if self.target is not None:
+            keep = tuple(sorted(s for s in self.candidates if a <= s < b))
+            fut = self.client.submit(compute_and_store_block, self.job, self.reducer, a, b, known, self.target,
+                                     keep, key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
+        else:
+            fut = self.client.submit(compute_block, self.job, self.reducer, a, b, known,
+                                     key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
         self.pending[fut] = idx
         self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
         self.leaf_futures.setdefault(idx, []).append(fut)
@@ -322,23 +344,26 @@ class Execution:
                 other.cancel()
                 self.outcome.speculated.append({"block": list(self.bounds[idx]), "winner": res.worker,
                                                 "speculative_won": fut.key.startswith("mc-spec")})
-        computed = {s: res.shard_states[s] for s in res.computed}
-        if computed and self.store is not None:
-            self.store.write_shards(self.run_id, computed, res.worker, encoder=self._encoder())
+        if res.computed and self.store is not None:
+            self._record_store(idx, res)
         wid = self._wid(res.worker)
-        for s in res.computed:
-            self.producer[s] = wid
-            if s in self.candidates:
-                self.kept[s] = res.shard_states[s]
+        if res.computed:
+            self.producer[np.asarray(res.computed, dtype=np.int64)] = wid
+        states = res.shard_states    # a block that wrote the store returns only the few kept here
+        small, large = (states, self.candidates) if len(states) < len(self.candidates) else (self.candidates, states)
+        for s in [s for s in small if s in large]:
+            if s not in self.known:    # computed by this task (a known shard's state is the stored one)
+                self.kept[s] = states[s]
         for s in self.early.intersection(res.computed):
             self._submit_check(s, res.worker)
         if res.computed and res.worker not in self.first_of_worker:
             s0 = res.computed[0]
             self.first_of_worker[res.worker] = s0
             self.kept[s0] = res.shard_states[s0]
-        for s in range(*self.bounds[idx]):
-            if s in self.known and s in self.candidates:
-                self.kept.setdefault(s, self.known[s])
+        if self.known:
+            for s in range(*self.bounds[idx]):
+                if s in self.known and s in self.candidates:
+                    self.kept.setdefault(s, self.known[s])
         self.outcome.computed += len(res.computed)
         self.outcome.workers[res.worker] = self.outcome.workers.get(res.worker, 0) + len(res.computed)
         self.block_states[idx] = res.state
@@ -350,6 +375,19 @@ class Execution:
             self.progress.update(res.stop - res.start)
         if self.tree_enabled:
             self._arrive(0, idx, res.state)
+
+    def _record_store(self, idx: int, res: BlockResult) -> None:
+        """The block's computed shards are in the store: written by its task, or now by the client."""
+        rec = self.outcome.store_writes
+        if res.stored is not None:
+            self.stored_files[idx] = (res.stored, res.checksum, res.worker)
+            rec["blocks_by_workers"] += 1
+            return
+        computed = {s: res.shard_states[s] for s in res.computed}
+        self.store.write_shards(self.run_id, computed, res.worker, encoder=self._encoder())
+        rec["blocks_by_client"] += 1
+        if res.store_note and not rec.get("client_reason"):
+            rec["client_reason"] = res.store_note
 
     def _emit_accepted(self, a: int, b: int, worker: str, computed: int, state: Any) -> None:
         data: dict[str, Any] = {"start": a, "stop": b, "worker": worker, "computed": computed}
