@@ -84,8 +84,16 @@ def _unreachable(store, target: StoreTarget, worker: str) -> str | None:
     return None
 
 
+def _trim(res: BlockResult, keep) -> None:
+    """Keep only the states the client keeps: ``keep`` and the block's first computed shard."""
+    wanted = set(keep)
+    wanted.add(res.computed[0])
+    res.shard_states = {s: res.shard_states[s] for s in wanted if s in res.shard_states}
+
+
 def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[int, Any] | None,
-                            target: StoreTarget | None, keep=(), tamper: Any = None) -> BlockResult:
+                            target: StoreTarget | None, keep=(), tamper: Any = None,
+                            trim: bool = False) -> BlockResult:
     """:func:`~.shard.compute_block`, then write the block's shard file here if the store is reachable.
 
     Parameters
@@ -96,6 +104,9 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
         The store to write; ``None`` returns every shard state (the client writes).
     keep : iterable of int
         Shards of this block whose states the client wants back (verification candidates).
+    trim : bool
+        Without a ``target``: return only the kept states too (a run without a store, whose
+        client needs no other shard state).
 
     Returns
     -------
@@ -105,7 +116,11 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
         not and every shard state, as :func:`~.shard.compute_block` returns it.
     """
     res = compute_block(job, reducer, start, stop, known, tamper=tamper)
-    if target is None or not res.computed:
+    if not res.computed:
+        return res
+    if target is None:
+        if trim:
+            _trim(res, keep)
         return res
     try:
         store = target.open()
@@ -121,9 +136,7 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
         except StoreError as e:
             note = f"writing on worker {res.worker} failed: {' '.join(str(e).split())}"
         else:
-            wanted = set(keep)
-            wanted.add(res.computed[0])
-            res.shard_states = {s: st for s, st in res.shard_states.items() if s in wanted}
+            _trim(res, keep)
             res.stored, res.checksum = path, checksum
             return res
     res.store_note = note[:500]

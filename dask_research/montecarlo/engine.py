@@ -168,6 +168,8 @@ class Execution:
         self.spec_stopped = False                        # a copy was as slow as its original
         self.check_attempts: dict[int, list] = {}        # shard -> [(future, target, submitted)]
         self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
+        self._tracked: set[str] = set()                  # block keys whose end wakes _collect (see _track)
+        self._wake: asyncio.Event | None = None          # set on the client's loop when a tracked block ends
         # Who writes the shard files: the block tasks when the store is reachable from the
         # workers (each block checks, see .blocks), else the client. The run's lease token is
         # the workers' probe: without one (no lease held) the client writes.
@@ -323,14 +325,19 @@ class Execution:
         if retry:
             prefix = f"mc-retry{retry}"
         kw = {"workers": workers, "allow_other_workers": False} if workers else {}
-        if self.target is not None:
+        if self.target is not None or self.store is None:
+            # The block's task writes the store, or there is none: only the states the client
+            # keeps for verification come back with the block's root (see .blocks).
             keep = tuple(sorted(s for s in self.candidates if a <= s < b))
             fut = self.client.submit(compute_and_store_block, self.job, self.reducer, a, b, known, self.target,
-                                     keep, key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
+                                     keep, trim=self.store is None, key=f"{prefix}-{self.tag}-{a}-{b}",
+                                     pure=False, **kw)
         else:
             fut = self.client.submit(compute_block, self.job, self.reducer, a, b, known,
                                      key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
         self.pending[fut] = idx
+        self._tracked.add(fut.key)
+        self.client.loop.add_callback(self._track, fut)
         self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
         self.leaf_futures.setdefault(idx, []).append(fut)
 
@@ -339,6 +346,7 @@ class Execution:
             return  # a speculative twin already won
         for other in self.leaf_futures.pop(idx, []):
             self.running.pop(other.key, None)
+            self._tracked.discard(other.key)
             if other is not fut:
                 self.pending.pop(other, None)
                 other.cancel()
@@ -530,6 +538,43 @@ class Execution:
                                      "retry_on": others})
         self.events.emit("retry", self.run_id, start=a, stop=b, failed_on=worker, error=failures[worker][:300])
 
+    async def _track(self, fut) -> None:
+        """On the client's loop: wake :meth:`_collect` when block ``fut`` ends (once per future).
+
+        Waiting on every pending block at each turn of the driver cost the client a coroutine
+        per block in flight per turn; one tracker per submitted block is constant work per block.
+        A block that ends, is lost and ends again is seen by the next turn's status check.
+        """
+        from distributed.client import _wait
+
+        try:
+            await _wait([fut])
+        except BaseException:        # cancelled, errored, the client closing: all end the wait
+            pass
+        finally:
+            self._wake_event().set()
+
+    def _wake_event(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        return self._wake
+
+    async def _first_done(self, futures: list, timeout: float) -> list:
+        """The ended ones of ``futures`` (all tracked blocks), waiting up to ``timeout`` for one."""
+        ready = [f for f in futures if f.done()]
+        if ready:
+            return ready
+        wake = self._wake_event()
+        wake.clear()
+        ready = [f for f in futures if f.done()]   # nothing runs on this loop between the two checks
+        if not ready:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                return []
+            ready = [f for f in futures if f.done()]
+        return ready
+
     async def _collect(self, futures: list, timeout: float) -> tuple[list, dict]:
         """Wait for the first of ``futures`` to end, then gather every finished one: one hop."""
         from distributed.client import _wait   # distributed.wait() insists on a default client
@@ -540,12 +585,17 @@ class Execution:
             return [], {}
         from distributed.client import FuturesCancelledError
 
-        try:
-            done = (await _wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")).done
-        except TimeoutError:
-            return [], {}
-        except FuturesCancelledError:      # the caller says by whom (see _raise_if_cancelled)
-            return [f for f in futures if f.status == "cancelled"], {}
+        if all(f.key in self._tracked for f in futures):
+            done = await self._first_done(futures, timeout)
+            if not done:
+                return [], {}
+        else:
+            try:
+                done = (await _wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")).done
+            except TimeoutError:
+                return [], {}
+            except FuturesCancelledError:      # the caller says by whom (see _raise_if_cancelled)
+                return [f for f in futures if f.status == "cancelled"], {}
         finished = [f for f in done if f.status == "finished"]
         if not finished:
             return list(done), {}

@@ -137,6 +137,15 @@ def test_a_block_writes_only_under_the_runs_lease_and_returns_what_verification_
         assert got.state == tree_fold(reducer.merge, [mc.compute_shard(job, s, reducer=reducer) for s in range(4, 8)])
 
 
+def test_without_a_store_a_block_returns_its_root_and_only_the_states_verification_keeps():
+    job = _job(shards=16, seed=15)
+    reducer = job.make_reducer((0.0, 1.0))
+    got = compute_and_store_block(job, reducer, 8, 16, {}, None, keep=(11, 13), trim=True)
+    assert sorted(got.shard_states) == [8, 11, 13] and got.computed == list(range(8, 16)) and got.stored is None
+    assert got.state == tree_fold(reducer.merge, [mc.compute_shard(job, s, reducer=reducer) for s in range(8, 16)])
+    assert got.shard_states[11] == mc.compute_shard(job, 11, reducer=reducer)
+
+
 def test_store_writes_must_be_auto_or_client(tmp_path):
     from dask_research.exceptions import ConfigError
 
