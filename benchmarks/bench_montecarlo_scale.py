@@ -118,11 +118,39 @@ def measure(client, sched_pid, spt: int, store: bool, writes: str, base: int, re
            for n, got in runs.items()}
     per_shard = max(0.0, (med[2 * base]["client_cpu"] - med[base]["client_cpu"]) / base)
     sched_per_shard = max(0.0, (med[2 * base]["scheduler_cpu"] - med[base]["scheduler_cpu"]) / base)
-    return {"shards_per_task": spt, "store": store, "store_writes": writes,
+    net = net_per_block(med[base], med[2 * base], base // spt, IDLE)
+    return {"client_us_per_block_net": net["client"] * 1e6, "scheduler_us_per_task_net": net["scheduler"] * 1e6,
+            "shards_per_task": spt, "store": store, "store_writes": writes,
             "mode": runs[2 * base][0]["mode"], "shards": [base, 2 * base], "runs": med,
             "client_us_per_shard": per_shard * 1e6, "client_us_per_block": per_shard * spt * 1e6,
             "client_us_per_shard_total": med[2 * base]["client_cpu"] / (2 * base) * 1e6,
             "scheduler_us_per_task": sched_per_shard * spt * 1e6}
+
+
+#: CPU share of a core the connected client and the scheduler use while nothing runs (measured first).
+IDLE = {"client": 0.0, "scheduler": 0.0}
+
+
+def measure_idle(client, sched_pid: int, seconds: float = 5.0) -> dict:
+    """Seconds of CPU per second the client process and the scheduler spend doing nothing."""
+    import psutil
+
+    sched = psutil.Process(sched_pid)
+    s0, c0, w0 = sum(sched.cpu_times()[:2]), time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    w = time.perf_counter() - w0
+    return {"client": (time.process_time() - c0) / w, "scheduler": (sum(sched.cpu_times()[:2]) - s0) / w}
+
+
+def net_per_block(small: dict, large: dict, blocks: int, idle: dict) -> dict:
+    """Marginal CPU per block, less what the idle client/scheduler spend over the extra wall time.
+
+    The larger run lasts longer, and a connected client and a scheduler spend CPU per second
+    (event-loop ticks, heartbeats) whatever the run does: that is not a per-block cost.
+    """
+    dwall = large["wall"] - small["wall"]
+    return {k: max(0.0, (large[f"{k}_cpu"] - small[f"{k}_cpu"] - idle[k] * dwall) / blocks)
+            for k in ("client", "scheduler")}
 
 
 def model(per_block_us: float, sched_per_task_us: float, spt: int, shard_seconds: float = SEED_SHARD_SECONDS) -> dict:
@@ -134,39 +162,51 @@ def model(per_block_us: float, sched_per_task_us: float, spt: int, shard_seconds
             "client_cores": client, "scheduler_cores": sched, "cores": min(client, sched)}
 
 
+HEADER = ("spt", "store", "writes", "mode", "us/shard", "us/block", "us/shard(total)", "sched us/task",
+          "net us/block", "net us/shard", "net sched us/task")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller runs, one repeat")
     ap.add_argument("--label", default="", help="a tag for this measurement (e.g. before / after)")
+    ap.add_argument("--spt", default="1,16,256", help="shards per task to measure (comma-separated powers of two)")
     args = ap.parse_args()
     repeat = 1 if args.quick else 3
-    bases = {1: 256, 16: 2048, 256: 8192} if not args.quick else {1: 128, 16: 1024, 256: 4096}
+    spts = [int(x) for x in args.spt.split(",")]
+    bases = {1: 256, 16: 2048, 256: 8192, 1024: 16384} if not args.quick else {1: 128, 16: 1024, 256: 4096, 1024: 8192}
     rows, figures = [], []
     with cluster() as (client, sched_pid):
+        IDLE.update(measure_idle(client, sched_pid))
+        print(f"idle: client {IDLE['client']:.1%} of a core, scheduler {IDLE['scheduler']:.1%}")
         seed = 1
-        for spt in (1, 16, 256):
+        for spt in spts:
             for store, writes in ((False, "auto"), (True, "client"), (True, "auto")):
                 seed += 1
-                f = measure(client, sched_pid, spt, store, writes, bases[spt], repeat, seed * 100_000)
+                f = measure(client, sched_pid, spt, store, writes, bases.get(spt, 32 * spt), repeat, seed * 100_000)
                 figures.append(f)
                 rows.append((spt, "yes" if store else "no", writes if store else "-", f["mode"] or "-",
                              f"{f['client_us_per_shard']:.1f}", f"{f['client_us_per_block']:.0f}",
-                             f"{f['client_us_per_shard_total']:.1f}", f"{f['scheduler_us_per_task']:.0f}"))
-                print_table(rows[-1:], ("spt", "store", "writes", "mode", "us/shard", "us/block",
-                                        "us/shard(total)", "sched us/task"))
+                             f"{f['client_us_per_shard_total']:.1f}", f"{f['scheduler_us_per_task']:.0f}",
+                             f"{f['client_us_per_block_net']:.0f}", f"{f['client_us_per_block_net'] / spt:.1f}",
+                             f"{f['scheduler_us_per_task_net']:.0f}"))
+                print_table(rows[-1:], HEADER)
     print()
-    print_table(rows, ("spt", "store", "writes", "mode", "us/shard", "us/block", "us/shard(total)",
-                       "sched us/task"))
+    print_table(rows, HEADER)
     models = []
     for f in figures:
-        if f["shards_per_task"] == 256:
-            m = model(f["client_us_per_block"], f["scheduler_us_per_task"], 256)
+        if f["shards_per_task"] >= 256:
+            m = model(f["client_us_per_block_net"], f["scheduler_us_per_task_net"], f["shards_per_task"])
+            m["client_idle_share"], m["scheduler_idle_share"] = IDLE["client"], IDLE["scheduler"]
+            m["client_cores"] *= 1 - IDLE["client"]          # the idle share is not available to blocks
+            m["scheduler_cores"] *= 1 - IDLE["scheduler"]
+            m["cores"] = min(m["client_cores"], m["scheduler_cores"])
             m.update(store=f["store"], store_writes=f["store_writes"], mode=f["mode"])
             models.append(m)
     print()
-    print_table([(m["store"], m["store_writes"], m["mode"], f"{m['client_cores']:,.0f}",
+    print_table([(m["shards_per_task"], m["store"], m["store_writes"], m["mode"], f"{m['client_cores']:,.0f}",
                   f"{m['scheduler_cores']:,.0f}") for m in models],
-                ("store", "writes", "mode", "cores/client", "cores/scheduler"))
+                ("spt", "store", "writes", "mode", "cores/client", "cores/scheduler"))
     name = "bench_montecarlo_scale"
     out = ROOT / "benchmarks" / "results" / f"{name}.json"
     import json
@@ -176,9 +216,10 @@ def main() -> None:
     except (OSError, ValueError, KeyError):
         prev = {}
     label = args.label or "latest"
-    prev[label] = {"blocks": figures, "model_256": models, "quick": args.quick}
-    write_results(name, prev, notes="client CPU per shard is the marginal cost between N and 2N shards; "
-                  "workers and scheduler are subprocesses; model: cores = B x 7.5 ms / client CPU per block")
+    prev[label] = {"blocks": figures, "model_256": models, "quick": args.quick, "idle": dict(IDLE)}
+    write_results(name, prev, notes="client CPU per shard is the marginal cost between N and 2N shards; net: less the "
+                  "idle client's CPU over the extra wall time; workers and scheduler are subprocesses; model: "
+                  "cores = (1 - idle share) x B x 7.5 ms / net client CPU per block")
 
 
 if __name__ == "__main__":
