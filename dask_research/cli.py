@@ -368,12 +368,29 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     from . import montecarlo
 
     job = _apply_overrides(_load_job(job_ref), shards, seed)
-    with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
-        result = montecarlo.run(job, client=client, store=store, verify=verify,
-                                shards_per_task=shards_per_task, progress=progress)
+    try:
+        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
+            result = montecarlo.run(job, client=client, store=store, verify=verify,
+                                    shards_per_task=shards_per_task, progress=progress)
+    except KeyboardInterrupt:
+        raise click.ClickException(_interrupted(job, store)) from None
     click.echo(result.to_json() if as_json else str(result))
     if store and not as_json:
-        click.echo(f"  stored       runs/{result.run_id} in {_redact(store)}")
+        click.echo(f"  stored               {_redact(store).rstrip('/')}/runs/{result.run_id}")
+
+
+def _interrupted(job, store: str | None) -> str:
+    """What an interrupted run leaves: the shards stored, and how to go on."""
+    if not store:
+        return "interrupted; nothing was stored (without --store a run cannot resume)"
+    try:
+        from .montecarlo.run import open_store
+
+        n = len(open_store(store).read_shards(job.id, decoder=lambda doc: None))
+    except Exception:  # noqa: BLE001 - a damaged store: say what we can
+        return f"interrupted; the shards stored in {_redact(store)} are kept: the same command resumes"
+    return (f"interrupted: {n} of {job.shards} shards are stored in {_redact(store)}; "
+            "the same command resumes from them")
 
 
 def _redact(url: str) -> str:
@@ -399,7 +416,6 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
 
-    run_id = montecarlo.show(run_id, store)["run_id"]
     job = _load_job(job_ref) if job_ref else None
     report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
@@ -419,7 +435,6 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
 
-    run_id = montecarlo.show(run_id, store)["run_id"]
     try:
         picks = [int(x) for x in shards.split(",")] if shards else None
     except ValueError:
@@ -450,7 +465,8 @@ def mc_show(run_id, store, as_json):
         click.echo(json.dumps(info, indent=2, default=str))
         return
     if run_id is None:
-        click.echo(f"{len(info['runs'])} runs in {_redact(store)}")
+        n = len(info["runs"])
+        click.echo(f"{n} run{'' if n == 1 else 's'} in {_redact(store)}")
         for r in info["runs"]:
             click.echo(f"  {r}")
         return
@@ -459,40 +475,14 @@ def mc_show(run_id, store, as_json):
                f"{'' if info['complete'] else ' (incomplete: run it again to resume)'}")
     res = info["result"]
     if res and res.get("mean") is not None:
-        click.echo(f"  mean {res['mean']:.6g} +- {res['stderr']:.3g}, sd {res['sd']:.6g}, n {res['n']:,}")
-        v = res.get("verification") or {}
-        if v:
-            click.echo(f"  {verification_sentence(v, res.get('workers'))}")
+        from .montecarlo.result import verification_sentence
 
-
-def verification_sentence(record: dict, workers: Any = None) -> str:
-    """What a run's verification record says happened, in one line.
-
-    Parameters
-    ----------
-    record : dict
-        ``result.json``'s ``verification``: ``checked`` holds one record per check with
-        ``same_worker`` (true when the check re-ran on the worker that produced the shard).
-    workers : list, optional
-        The run's workers (``result.json``'s ``workers``), to say why checks stayed on one.
-
-    >>> verification_sentence({"checked": [{"same_worker": True}] * 4}, ["w1"])
-    'verified 4 shards: 0 on another worker, 4 re-run on the producing worker (one worker in the cluster); quarantined none'
-    """
-    checked = record.get("checked") or []
-    same = sum(1 for c in checked if c.get("same_worker"))
-    unknown = sum(1 for c in checked if "same_worker" not in c)
-    other = len(checked) - same - unknown
-    parts = [f"{other} on another worker"]
-    if same:
-        why = " (one worker in the cluster)" if workers is not None and len(workers) == 1 else ""
-        parts.append(f"{same} re-run on the producing worker{why}")
-    if unknown:
-        parts.append(f"{unknown} where the record does not say")
-    mismatched = [m.get("shard") for m in record.get("mismatches") or []]
-    tail = f"; mismatched shards {mismatched}" if mismatched else ""
-    return (f"verified {len(checked)} shards: {', '.join(parts)}{tail}; "
-            f"quarantined {', '.join(record.get('quarantined_workers') or []) or 'none'}")
+        ci = res.get("mean_interval95")
+        ci_text = f" (95 % CI of the mean [{ci[0]:.6g}, {ci[1]:.6g}])" if isinstance(ci, list) and len(ci) == 2 else ""
+        click.echo(f"  mean {res['mean']:.6g}{ci_text}, stderr {res['stderr']:.3g}; output sd {res['sd']:.6g}, "
+                   f"n {res['n']:,}")
+        if res.get("verification"):
+            click.echo(f"  verified {verification_sentence(res)}")
 
 
 @mc.command("pilot")
@@ -532,7 +522,7 @@ def _check_demo_paths(out: str, store: str | None) -> tuple[str, str | None]:
 
 @main.command("demo")
 @click.option("--out", default="dask-research-report.html", show_default=True, help="Where to write the HTML report.")
-@click.option("--quick", is_flag=True, help="A smaller run (about 15 s).")
+@click.option("--quick", is_flag=True, help="A smaller run (a few seconds).")
 @click.option("--store", metavar="PATH", default=None,
               help="Where to keep the demo's run store (default: dask-research-demo-store/ next to the report).")
 @click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,

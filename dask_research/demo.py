@@ -1,4 +1,4 @@
-"""``dask-research demo``: all three capabilities on an embedded cluster in about a minute.
+"""``dask-research demo``: all three capabilities on an embedded cluster in under a minute.
 
 1. **Monte-Carlo**: the 7-input saturating pipeline (320 shards x 65,536 draws), verified and
    stored; the delta method printed next to the sampled values.
@@ -369,6 +369,9 @@ def run_demo(out: str = "dask-research-report.html", quick: bool = False, client
             base = link.rsplit("/", 1)[0]
             _say(f"Dashboard: {link}  (research pages: {base}/individual-research-shards, "
                  f"{base}/individual-research-branches, {base}/individual-research-experience)")
+            if owns:
+                _say("           (live while the demo runs: its embedded cluster closes at the end; "
+                     "use --scheduler ADDRESS to keep the pages)")
         facts = environment_facts(client)
         if owns:
             facts["cluster"] = "embedded LocalCluster: " + facts["cluster"]

@@ -15,6 +15,14 @@ import dask_research  # noqa: F401
 # the configuration, so gen_cluster's clusters start from it too.
 dask.config.set({"distributed.worker.profile.enabled": False})
 
+# dask-jobqueue registers its defaults (jobqueue.slurm.*) when imported; import it before
+# distributed.utils_test snapshots the configuration, or the cluster tests' config resets drop
+# them and a later SLURMCluster fails with KeyError: 'interface'.
+try:
+    import dask_jobqueue  # noqa: F401
+except ImportError:
+    pass
+
 # In CI the property and fuzz tests draw the same examples every run (derandomized), so a
 # submission's result does not depend on luck; locally they explore new examples each run.
 settings.register_profile("ci", derandomize=True, database=None,

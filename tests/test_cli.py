@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -154,15 +155,20 @@ def test_traceback_flag_shows_the_full_error(tmp_path):
 
 
 def test_show_says_where_verification_ran_from_the_record():
-    from dask_research.cli import verification_sentence
+    from dask_research.montecarlo.result import verification_sentence
 
     same = [{"shard": s, "producer": "w", "verifier": "w", "same_worker": True, "match": True} for s in range(4)]
-    assert verification_sentence({"checked": same, "quarantined_workers": []}, {"w": 16}) == (
-        "verified 4 shards: 0 on another worker, 4 re-run on the producing worker (one worker in the "
-        "cluster); quarantined none")
+    one = {"verification": {"checked": same}, "workers": ["w"], "computed_shards": 16, "reused_shards": 0}
+    assert verification_sentence(one) == (
+        "4 shards re-run, all match: 4 on the same worker that computed them, the only worker that ran this job")
     mixed = same[:1] + [dict(c, verifier="v", same_worker=False) for c in same[1:]]
-    assert verification_sentence({"checked": mixed}, {"w": 8, "v": 8}).startswith(
-        "verified 4 shards: 3 on another worker, 1 re-run on the producing worker;")
+    two = {"verification": {"checked": mixed, "quarantined_workers": ["x"]}, "workers": ["w", "v"],
+           "computed_shards": 16, "reused_shards": 0}
+    assert verification_sentence(two) == ("4 shards re-run, all match: 3 on another worker than the one that "
+                                          "computed them; 1 on the same worker that computed them; quarantined x")
+    resumed = dict(one, computed_shards=0, reused_shards=16)
+    assert verification_sentence(resumed) == (
+        "4 shards re-run, all match: 4 stored by an earlier run, recomputed on this cluster")
 
 
 def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path):
@@ -174,8 +180,15 @@ def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path
     assert all(c["same_worker"] for c in summary["verification"]["checked"])     # one embedded worker
     show = CliRunner().invoke(main, ["mc", "show", summary["run_id"], "--store", store])
     assert show.exit_code == 0, show.output
-    assert f"verified {n} shards: 0 on another worker, {n} re-run on the producing worker" in show.output
-    assert "on other workers" not in show.output
+    assert f"verified {n} shards re-run, all match: {n} on the same worker that computed them" in show.output
+    assert "on other workers" not in show.output and "another worker" not in show.output
+    # The mean is shown with its 95 % CI, labelled, never a bare "+- stderr".
+    lo, hi = summary["mean_interval95"]
+    assert f"95 % CI of the mean [{lo:.6g}, {hi:.6g}]" in show.output and "+-" not in show.output
+    # Run it again: the same sentence as the run itself prints for a resumed run.
+    again = CliRunner().invoke(main, ["mc", "run", f"{job_file}:job", "--no-progress", "--store", store])
+    assert again.exit_code == 0 and "stored by an earlier run, recomputed on this cluster" in again.output
+    assert f"{store}/runs/{summary['run_id']}" in again.output
 
 
 def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, monkeypatch):
@@ -215,3 +228,47 @@ def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, 
     blob = cloudpickle.dumps(job.pipeline)                          # which sends the code itself
     assert b"twice" in blob and job.pipeline(3.0) == 6.0
     sys.modules.pop("libpkg", None)
+
+
+@pytest.mark.timeout(180, method="thread")
+def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path):
+    """A real ``dask-research mc run`` process interrupted with SIGINT mid-run: one line that says
+    how many shards are stored and that the same command resumes; then it does."""
+    import os
+    import signal
+    import time
+
+    job_file = tmp_path / "slow_job.py"
+    job_file.write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        from dask_research import montecarlo as mc
+
+        def slow(a):
+            time.sleep(0.05)
+            return np.tanh(a)
+
+        job = mc.Job(slow, {"a": mc.Normal(0.0, 1.0)}, shards=256, samples_per_shard=64, seed=3)
+    """))
+    store = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "dask_research.cli", "mc", "run", f"{job_file}:job", "--store", str(store),
+           "--no-progress", "--verify", "0", "--shards-per-task", "1"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not list(store.glob("runs/*/shards/*.json")):
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    m = re.search(r"interrupted: (\d+) of 256 shards are stored in .*; the same command resumes", err)
+    assert m and 0 < int(m.group(1)) < 256, err
+    again = subprocess.run(cmd + ["--json"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
+                           env=dict(os.environ))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["reused_shards"] >= int(m.group(1))

@@ -18,7 +18,7 @@ def test_docs_build_without_warnings(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     html = (tmp_path / "html" / "configuration-reference.html").read_text()
     assert "research.montecarlo" in html and "speculate" in html   # generated from the schema
-    for page in ("montecarlo", "experiments", "replay", "deployment", "scaling", "security", "api"):
+    for page in ("montecarlo", "experiments", "replay", "deployment", "scaling", "security", "reliability", "api"):
         assert (tmp_path / "html" / f"{page}.html").exists(), page
     footer = (tmp_path / "html" / "getting-started.html").read_text().split('<div class="footer">')[1][:300]
     assert "&#169;." not in footer and "©." not in footer, footer

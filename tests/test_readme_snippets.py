@@ -4,7 +4,9 @@ into a console (``code.InteractiveConsole``), each in a fresh temporary director
 
 The blocks are parsed out of the documents (never copied here). A block that promises a value
 in a comment (``... # ...: True``) must show it; every other block must run without an error.
-Blocks that need a running scheduler or SLURM are skipped with the reason.
+A block that connects to ``DASK_SCHEDULER_ADDRESS`` also runs, as a script, against a real
+``dask scheduler`` with two ``dask worker`` processes started in another directory. Blocks that
+need SLURM are skipped with the reason (the SLURM page's blocks run in ``tests/deploy``).
 """
 import ast
 import os
@@ -51,6 +53,8 @@ BLOCKS += [pytest.param(code, id=f"getting-started-{i}")
 
 
 def _skip_reason(code):
+    if "DASK_SCHEDULER_ADDRESS" in code:        # runs anywhere: in-process, or on the address given
+        return None
     for marker, reason in NEEDS.items():
         if marker in code:
             return reason
@@ -123,3 +127,58 @@ def test_the_blocks_are_found():
     """The parser finds the README's 'A taste' block (if it finds nothing, nothing is tested)."""
     readme = _markdown_blocks(ROOT / "README.md")
     assert any("mc.replay(" in b and _promised(b) == "True" for b in readme)
+
+
+SCHEDULER_BLOCKS = [b for b in BLOCKS if "DASK_SCHEDULER_ADDRESS" in b.values[0]]
+
+
+@pytest.fixture(scope="module")
+def real_scheduler(tmp_path_factory):
+    """``dask scheduler`` and two ``dask worker`` processes, in a directory of their own."""
+    import socket
+    import time
+
+    where = tmp_path_factory.mktemp("cluster")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    env = _env()
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", str(port), "--dashboard-address", ":0"], cwd=where, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address,
+                                           "--nthreads", "1", "--no-nanny", "--dashboard-address", ":0"],
+                                          cwd=where, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        deadline = time.monotonic() + 60
+        with Client(address, timeout=60) as c:
+            while len(c.scheduler_info()["workers"]) < 2:
+                assert time.monotonic() < deadline, "the workers did not connect"
+                time.sleep(0.2)
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("code", SCHEDULER_BLOCKS)
+def test_code_block_runs_on_a_real_scheduler(tmp_path, code, real_scheduler):
+    """The block as a script in a fresh directory, with ``DASK_SCHEDULER_ADDRESS`` set as the docs say."""
+    (tmp_path / "snippet.py").write_text(_as_script(code))
+    env = dict(_env(), DASK_SCHEDULER_ADDRESS=real_scheduler)
+    res = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=280)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"2 workers at {real_scheduler}" in res.stdout, res.stdout[-2000:]
+    # With two workers every check re-ran on the other one, as the text after the block says.
+    assert re.search(r"verified +(\d+) shards re-run, all match: \1 on another worker", res.stdout), res.stdout[-2000:]
+
+
+def test_a_scheduler_block_is_found():
+    assert SCHEDULER_BLOCKS, "getting-started no longer has a block that connects to DASK_SCHEDULER_ADDRESS"

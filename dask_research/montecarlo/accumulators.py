@@ -133,8 +133,11 @@ class Moments:
 
         n >= 0; finite mean and central sums with M2 >= 0 and M4 >= 0 (M3, M4 may be infinite
         only where ``n (max - min)^k`` overflows, as a real sum then does); lo < hi finite; a 1-d
-        histogram of at least 3 non-negative counters (underflow, bins, overflow) adding up to
-        n; min <= max (finite) when n > 0, and the exact empty state when n == 0.
+        histogram of at least 3 non-negative counters (underflow, bins, overflow), each at most
+        n, adding up to n (exactly, in Python integers); min <= max (finite) when n > 0, with
+        the bounds samples in ``[min, max]`` imply (see :meth:`_bounds`: the mean inside, M2..M4
+        bounded, the histogram's outer non-empty bins those of min and max); and the exact
+        empty state when n == 0.
         """
         problems = []
         if self.n < 0:
@@ -160,15 +163,57 @@ class Moments:
             problems.append(f"histogram has shape {hist.shape}; expected underflow, bins, overflow")
         elif (hist < 0).any():
             problems.append("histogram has negative counts")
-        elif int(hist.sum()) != self.n:
-            problems.append(f"histogram counts + underflow + overflow = {int(hist.sum()):,}, not n = {self.n:,}")
+        elif (hist > self.n).any() or sum(hist.tolist()) != self.n:   # Python ints: an int64 sum can wrap
+            problems.append(f"histogram counts + underflow + overflow = {sum(hist.tolist()):,}, not n = {self.n:,}")
         if self.n > 0 and not (math.isfinite(self.min) and math.isfinite(self.max) and self.min <= self.max):
             problems.append(f"min={self.min!r} and max={self.max!r} are not finite min <= max")
+        elif self.n > 0 and not problems:
+            problems.extend(self._bounds())
         if self.n == 0 and (self.mean, self.m2, self.m3, self.m4) != (0.0, 0.0, 0.0, 0.0):
             problems.append("an empty accumulator (n=0) has non-zero moments")
         if problems:
             raise ValueError("invalid accumulator: " + "; ".join(problems))
         return self
+
+    def _bounds(self) -> list[str]:
+        """What samples in ``[min, max]`` imply, for a non-empty accumulator with finite extremes.
+
+        ``min <= mean <= max``; ``M2 <= n (max - min)^2 / 4`` (Popoviciu), ``|M3| <= n (max -
+        min)^3``, ``M4 <= n (max - min)^4``, each with a rounding allowance; and the histogram's
+        first and last non-empty counters are those ``min`` and ``max`` fall in (the bin rule
+        of :meth:`from_samples`, so exact).
+        """
+        out = []
+        n, lo_v, hi_v = self.n, self.min, self.max
+        # Rounding allowance: the computed mean may sit a few ulps of max|y| off the true mean.
+        tol = 1e-9 * max(abs(lo_v), abs(hi_v)) + 1e-300
+        if not (lo_v - tol <= self.mean <= hi_v + tol):
+            out.append(f"mean={self.mean!r} is outside [min, max] = [{lo_v!r}, {hi_v!r}]")
+        half = (hi_v - lo_v) / 2 + tol
+        with np.errstate(over="ignore"):
+            limits = {"m2": float(np.float64(n) * np.float64(half) ** 2),
+                      "m3": float(np.float64(n) * np.float64(2 * half) ** 3),
+                      "m4": float(np.float64(n) * np.float64(2 * half) ** 4)}
+        for k, limit in limits.items():
+            v = getattr(self, k)
+            if math.isfinite(v) and math.isfinite(limit) and abs(v) > limit * (1 + 1e-9):
+                out.append(f"{k}={v!r} exceeds {limit:.6g}, the most {n:,} samples in [{lo_v!r}, {hi_v!r}] can give")
+        nz = np.flatnonzero(self.hist)
+        if nz.size:
+            first, last = self._counter_of(lo_v), self._counter_of(hi_v)
+            if int(nz[0]) != first or int(nz[-1]) != last:
+                out.append(f"histogram's non-empty counters {int(nz[0])}..{int(nz[-1])} do not match min={lo_v!r} "
+                           f"and max={hi_v!r} (counters {first}..{last})")
+        return out
+
+    def _counter_of(self, v: float) -> int:
+        """The histogram counter (0 underflow, 1..bins, bins+1 overflow) a sample ``v`` goes to."""
+        bins = self.bins
+        t = np.array([v], dtype=np.float64) - self.lo
+        t *= bins / (self.hi - self.lo)
+        np.floor(t, out=t)
+        np.clip(t, -1.0, float(bins), out=t)
+        return int(t[0]) + 1
 
 
 def _same(a, b) -> bool:

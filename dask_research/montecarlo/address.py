@@ -20,6 +20,7 @@ import builtins
 import hashlib
 import inspect
 import json
+import math
 import textwrap
 import types
 from collections.abc import Callable
@@ -72,18 +73,10 @@ def pipeline_fingerprint(fn: Callable, _seen: set | None = None) -> dict[str, An
     """
     _seen = set() if _seen is None else _seen
     target = inspect.unwrap(fn)
-    if isinstance(target, functools_partial_type()):
-        return {"partial": pipeline_fingerprint(target.func, _seen),
-                "args": [_value_fingerprint(a) for a in target.args],
-                "kwargs": {k: _value_fingerprint(v) for k, v in sorted(target.keywords.items())}}
     if not isinstance(target, types.FunctionType):
-        call = getattr(type(target), "__call__", None)
-        out = {"qualname": type(target).__qualname__,
-               "state": {k: _value_fingerprint(v) for k, v in sorted(vars(target).items())}
-               if hasattr(target, "__dict__") else None}
-        if isinstance(call, types.FunctionType):
-            out["call"] = pipeline_fingerprint(call, _seen)
-        return out
+        # Anything but a plain function is described by what it *is*, not by its type's name
+        # alone: two bound methods, two builtins or two partials never share an address.
+        return _callable_fingerprint(target, _seen)
     kind, text = _source(target)
     # The qualified name, not the module: the same file run as a script (__main__), imported,
     # or loaded by the CLI must give the same address.
@@ -114,6 +107,109 @@ def pipeline_fingerprint(fn: Callable, _seen: set | None = None) -> dict[str, An
     if deps:
         out["refs"] = deps
     return out
+
+
+def _callable_fingerprint(target: Any, _seen: set) -> dict[str, Any]:
+    """The fingerprint of a callable that is not a plain function (see :func:`pipeline_fingerprint`)."""
+    if isinstance(target, functools_partial_type()):
+        return {"partial": pipeline_fingerprint(target.func, _seen),
+                "args": [_state_fingerprint(a, "partial argument") for a in target.args],
+                "kwargs": {k: _state_fingerprint(v, f"partial keyword {k!r}")
+                           for k, v in sorted(target.keywords.items())}}
+    if isinstance(target, types.MethodType):            # a bound method: its function and its instance
+        return {"method": pipeline_fingerprint(target.__func__, _seen),
+                "self": _state_fingerprint(target.__self__, f"the instance of {target.__func__.__qualname__}")}
+    if isinstance(target, np.ufunc):
+        return {"ufunc": f"numpy.{target.__name__}"}
+    if isinstance(target, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                           types.ClassMethodDescriptorType, types.MethodWrapperType)):
+        owner = getattr(target, "__self__", None)
+        name = f"{getattr(target, '__module__', None) or type(owner).__module__}.{target.__qualname__}"
+        if owner is None or isinstance(owner, (types.ModuleType, type)):   # len, math.sin, dict.fromkeys, str.upper
+            return {"builtin": name}
+        # A builtin bound to an instance (``d.update``, ``arr.sum``): the instance is part of it.
+        return {"builtin": name, "self": _state_fingerprint(owner, f"the object {name} is bound to")}
+    if isinstance(target, type):                       # a class used as the pipeline
+        return {"class": f"{target.__module__}.{target.__qualname__}", "methods": _methods(target, _seen)}
+    # A callable instance or a reducer: its class's code and its own state.
+    cls = type(target)
+    what = f"the {cls.__qualname__} instance"
+    state = _object_state(target, what)
+    return {"qualname": cls.__qualname__, "methods": _methods(cls, _seen),
+            "state": {k: _state_fingerprint(v, what, 1, frozenset({id(target)})) for k, v in sorted(state.items())}}
+
+
+def _object_state(value: Any, what: str) -> dict[str, Any]:
+    """``vars()`` plus ``__slots__`` of an object ({} for an object with neither)."""
+    from ..exceptions import InputError
+
+    state: dict[str, Any] = dict(vars(value)) if hasattr(value, "__dict__") else {}
+    for klass in type(value).__mro__:
+        slots = getattr(klass, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                state[name] = getattr(value, name)
+    if not all(isinstance(k, str) for k in state):
+        raise InputError("pipeline", what, "an object whose attributes have string names", where="content address")
+    return state
+
+
+def _methods(cls: type, _seen: set) -> dict[str, Any]:
+    """Fingerprints of the plain functions a class (and its user-defined bases) defines."""
+    out: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or _is_installed_module(klass.__module__ or ""):
+            continue
+        for name, value in vars(klass).items():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, types.FunctionType) and id(value) not in _seen:
+                out[f"{klass.__qualname__}.{name}"] = pipeline_fingerprint(value, _seen)
+    return out
+
+
+def _state_fingerprint(value: Any, what: str, _depth: int = 0, _ids: frozenset = frozenset()) -> Any:
+    """An exact description of a value a pipeline carries (an instance's state, a partial's args).
+
+    Numbers, strings, arrays, containers of them and objects made of them (by class name and
+    ``vars()``) are described by value; functions by :func:`pipeline_fingerprint`. Anything
+    else has no stable description, and would let two different jobs share one address: it
+    is refused with an :class:`~dask_research.exceptions.InputError`.
+    """
+    from ..exceptions import InputError
+
+    if isinstance(value, (bool, int, str, type(None))):
+        return value
+    if isinstance(value, float):
+        return {"float": value.hex()} if value != value or value in (math.inf, -math.inf) else value
+    if isinstance(value, (np.ndarray, np.generic)) and np.asarray(value).dtype.kind in "biufcSU":
+        arr = np.asarray(value)
+        return {"ndarray": hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest(),
+                "dtype": arr.dtype.str, "shape": list(arr.shape)}
+    if _depth > 8 or id(value) in _ids:
+        raise InputError("pipeline", what, "state nested less than 8 levels deep, without cycles "
+                         "(or pass a plain function)", where="content address")
+    ids = _ids | {id(value)}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_state_fingerprint(v, what, _depth + 1, ids) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"dict": {k: _state_fingerprint(v, what, _depth + 1, ids) for k, v in sorted(value.items())}}
+    if isinstance(value, types.FunctionType):
+        return {"function": pipeline_fingerprint(value)}
+    if isinstance(value, types.ModuleType):
+        return {"module": value.__name__}
+    if callable(value) and not hasattr(value, "__dict__") and not isinstance(value, type):
+        return {"callable": pipeline_fingerprint(value)}
+    if isinstance(value, type):
+        return {"class": f"{value.__module__}.{value.__qualname__}"}
+    has_state = hasattr(value, "__dict__") or any(getattr(k, "__slots__", ()) for k in type(value).__mro__)
+    if not has_state or type(value).__module__ == "builtins":
+        raise InputError("pipeline", what, f"state the content address can describe: numbers, strings, numeric "
+                         f"arrays, lists, tuples, dicts and objects of them (found a {type(value).__qualname__}); "
+                         "or pass a plain function", where="content address")
+    state = _object_state(value, what)
+    return {"type": f"{type(value).__module__}.{type(value).__qualname__}",
+            "state": {k: _state_fingerprint(v, what, _depth + 1, ids) for k, v in sorted(state.items())}}
 
 
 def _is_user_function(value: types.FunctionType, pipeline: types.FunctionType) -> bool:

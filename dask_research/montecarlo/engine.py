@@ -42,7 +42,7 @@ from .events import EventOutbox, RunningEstimate
 from .blocks import compute_and_store_block, store_target
 from .shard import BlockResult, compute_block, compute_shard
 from .tree import block_bounds, tree_fold
-from .verify import TOLERANCE, choose_shards, hash_order, states_match
+from .verify import TOLERANCE, choose_reused, choose_shards, hash_order, reused_count, states_match
 
 __all__ = ["Execution"]
 
@@ -148,6 +148,13 @@ class Execution:
         # States kept for verification: the hashed candidates, and each worker's first shard.
         self.candidates = set(hash_order(run_id, job.shards, self.verify_k + 64)) if self.verify_k else set()
         self.kept: dict[int, Any] = {s: st for s, st in self.known.items() if s in self.candidates}
+        # Shards reused from a store are also checked, drawn unpredictably: the hashed picks are
+        # public, so a store's editor would otherwise know which shards nobody recomputes.
+        from .. import config
+        n_reused = reused_count(config.get("montecarlo.verify-reused"), self.verify_k, len(self.known)) \
+            if self.verify_k else 0
+        self.reused_picks = choose_reused(self.known, n_reused)
+        self.kept.update({s: self.known[s] for s in self.reused_picks})
         self.first_of_worker: dict[str, int] = {}
         # The first k hashed shards are checked as soon as they exist, overlapping the run.
         self.early = set(hash_order(run_id, job.shards, self.verify_k)) if self.verify_k else set()
@@ -781,6 +788,7 @@ class Execution:
     def _verify(self, root: Any) -> Any:
         producers = self._producers()
         picks = [s for s in choose_shards(self.run_id, self.job.shards, producers, self.verify_k) if s in self.kept]
+        picks += [s for s in self.reused_picks if s in self.kept and s not in picks]
         for w, s in self.first_of_worker.items():  # every producer covered, even outside the candidates
             if w not in {producers.get(p) for p in picks}:
                 picks.append(s)
@@ -811,7 +819,8 @@ class Execution:
                   "quarantined_workers": sorted(bad), "recomputed_shards": 0,
                   "checks": len(checks), "checks_elsewhere": elsewhere,
                   "elsewhere": f"{elsewhere} of {len(checks)}",
-                  "moved": sum(1 for c in checks if c.get("moved_from"))}
+                  "moved": sum(1 for c in checks if c.get("moved_from")),
+                  "reused_checked": [int(s) for s in self.reused_picks]}
         for c in checks:
             self.events.emit("check", self.run_id, shard=c["shard"], producer=c["producer"],
                              verifier=c["verifier"], match=c["match"])

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
+import site
 import sys
+import sysconfig
+import types
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import dask
 
-from ..exceptions import InputError, StoreError
+from ..exceptions import InputError, PipelineError, ResearchError, StoreError
 from .distributions import from_spec
 from .job import Job
 from .run import _JOBS, open_store, remember_job
@@ -55,11 +59,37 @@ class ReplayReport:
 
 
 def _walk(obj: Any, qualname: str) -> Any:
+    """``module.A.f`` by ``vars()`` only: no ``__getattr__``, no descriptors, no imports.
+
+    Dunder and private parts are refused (``None``); each step must be a module or a class.
+    """
     for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
+        if not part.isidentifier() or part.startswith("_"):
+            return None
+        if not isinstance(obj, (types.ModuleType, type)):
+            return None
+        try:
+            obj = inspect.getattr_static(obj, part)
+        except AttributeError:
             return None
     return obj
+
+
+def _is_library_module(mod: types.ModuleType) -> bool:
+    """Whether ``mod`` is the standard library, an installed package or built into Python."""
+    if mod.__name__ == "__main__":
+        return False
+    if mod.__name__.split(".")[0] == "dask_research":
+        return True     # this package's own functions: public names, never a stored run's pipeline
+    path = getattr(mod, "__file__", None)
+    if not isinstance(path, str) or mod.__name__ in sys.builtin_module_names:
+        return True     # built in, frozen or a namespace package: nothing a user's job is defined in
+    real = os.path.realpath(path)
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        roots.add(site.getusersitepackages())
+    return any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + os.sep) for r in roots)
 
 
 def _same_file(a: Any, b: Any) -> bool:
@@ -76,20 +106,29 @@ def _pipelines_in_this_process(origin: dict) -> list:
 
     Nothing is imported or executed: the manifest's module name is looked up in
     ``sys.modules`` (``__main__`` included), then any loaded module whose file is the recorded
-    file (the CLI loads ``FILE:JOB`` under a private name). The caller checks the content address.
+    file (the CLI loads ``FILE:JOB`` under a private name). Only a *plain function* defined in
+    that module under that qualified name qualifies (``type(f) is FunctionType``,
+    ``f.__module__`` the module, ``f.__qualname__`` the recorded one), found through ``vars()``
+    without ``__getattr__``, and only in a user's module: never the standard library or an
+    installed package, whose functions anyone can name. The caller checks the content address.
     """
     module, qualname, path = origin.get("module"), origin.get("qualname"), origin.get("file")
     out: list = []
     mods: list = []
+    if not isinstance(qualname, str):
+        return out
     if isinstance(module, str) and module in sys.modules:
         mods.append(sys.modules[module])
     if isinstance(path, str):
         for m in list(sys.modules.values()):
-            if m is not None and m not in mods and _same_file(getattr(m, "__file__", None), path):
+            if isinstance(m, types.ModuleType) and m not in mods and _same_file(getattr(m, "__file__", None), path):
                 mods.append(m)
     for m in mods:
+        if not isinstance(m, types.ModuleType) or _is_library_module(m):
+            continue
         obj = _walk(m, qualname)
-        if callable(obj) and obj not in out:
+        if (type(obj) is types.FunctionType and obj.__module__ == m.__name__
+                and obj.__qualname__ == qualname and obj not in out):
             out.append(obj)
     return out
 
@@ -136,10 +175,20 @@ def _load_pipelines(origin: dict, where: str, trust_origin: bool) -> list:
     found = _pipelines_in_this_process(origin)
     if found or trust_origin:
         return found
-    raise StoreError(where, f"records its pipeline as {qualname!r} in module {module!r}, file {path!r}, which "
-                     "this process has not imported; a store never chooses the code that runs: pass job= "
-                     "(CLI: --job FILE:JOB or --job MODULE:JOB), or trust_origin=True (CLI: --trust-origin) "
-                     "to import it if you trust whoever wrote this store")
+    raise StoreError(where, f"records its pipeline as {_recorded(origin)}, which this process has not imported, "
+                     "and a store never chooses the code that runs: pass job= the job that ran (command line: "
+                     "--job FILE:JOB or MODULE:JOB, naming the Job object in your own copy of the code), or "
+                     "--trust-origin (trust_origin=True) to import what it records if you trust whoever wrote "
+                     "this store")
+
+
+def _recorded(origin: dict) -> str:
+    """How a manifest names its pipeline: qualname, file and (a public) module."""
+    module, qualname, path = origin.get("module"), origin.get("qualname"), origin.get("file")
+    where = [f"file {path}"] if isinstance(path, str) and path else []
+    if isinstance(module, str) and module and not module.startswith("_dask_research_"):
+        where.append(f"module {module}")
+    return f"{qualname!r}" + (f" ({', '.join(where)})" if where else "")
 
 
 def load_job(run_id: str, store: Any, job: Job | None = None,
@@ -171,6 +220,7 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     rs = open_store(store, must_exist=True)
     if rs is None:
         raise InputError("store", store, "the run store the run was written to", where="replay")
+    run_id = rs.resolve(run_id)
     manifest = rs.read_manifest(run_id)
     where = rs.display(rs.run_dir(run_id) + "/manifest.json")
     if job is None:
@@ -178,8 +228,12 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     if job is None:
         job = _rebuild_matching(manifest, run_id, where, bool(trust_origin))
     if job.id != run_id:
+        d = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
+        part = d.get("partitioning") if isinstance(d.get("partitioning"), dict) else {}
         raise StoreError(where, f"the job given or found ({job.id[:12]}) is not the one that ran ({run_id[:12]}): "
-                         "its pipeline, inputs or engine changed since")
+                         f"the run recorded pipeline {_recorded(manifest.get('origin') or {})}, "
+                         f"{part.get('shards')} shards of {part.get('samples_per_shard')} samples, seed "
+                         f"{d.get('seed')}; a different job, or its pipeline, inputs or engine changed since")
     remember_job(job)
     return job, manifest
 
@@ -232,6 +286,7 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
     """
     rs = open_store(store, must_exist=True)
     job, manifest = load_job(run_id, rs, job, trust_origin)
+    run_id = job.id                    # the whole id, if a prefix was given
     if not isinstance(shard, int) or not 0 <= shard < job.shards:
         raise InputError("shard", shard, f"an index in [0, {job.shards})", where=f"run {run_id[:12]}")
     stored = rs.read_shards(run_id)
@@ -240,7 +295,13 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
                          f"({len(stored)} of {job.shards} stored)")
     state, _, path = stored[shard]
     reducer = job.make_reducer(tuple(manifest["range"]) if manifest.get("range") else None)
-    again = compute_shard(job, shard, reducer=reducer)
+    try:
+        again = compute_shard(job, shard, reducer=reducer)
+    except ResearchError:
+        raise
+    except Exception as e:   # the pipeline's own error: name the shard (and keep the cause)
+        raise PipelineError(shard, f"raised {type(e).__name__}: {e} (replayed alone in this process, "
+                            f"run {run_id[:12]})") from e
     diff = states_match(state, again)
     return ReplayReport(run_id, shard, diff is None, diff, state, again, rs.display(path))
 
@@ -250,6 +311,7 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
     """Replay the given shards, or ``k`` chosen from the hash of the run id (see :func:`replay`)."""
     rs = open_store(store, must_exist=True)
     job, _ = load_job(run_id, rs, job, trust_origin)
+    run_id = job.id
     picks = shards if shards is not None else hash_order(run_id, job.shards, k)
     return [replay(run_id, s, rs, job=job) for s in picks]
 
@@ -262,11 +324,7 @@ def show(run_id: str | None, store: Any) -> dict:
     rs = open_store(store, must_exist=True)
     if run_id is None:
         return {"store": repr(rs), "runs": rs.list_runs()}
-    matches = [r for r in rs.list_runs() if r.startswith(run_id)]
-    if len(matches) != 1:
-        raise StoreError(repr(rs), f"{len(matches)} runs start with {run_id!r}; give more characters"
-                         if matches else f"has no run starting with {run_id!r}")
-    rid = matches[0]
+    rid = rs.resolve(run_id)
     manifest = rs.read_manifest(rid)
     stored = rs.read_shards(rid)            # decoded: an edited accumulator is refused here too
     try:
@@ -278,7 +336,64 @@ def show(run_id: str | None, store: Any) -> dict:
         for k in ("mean", "stderr", "sd", "n"):
             if not isinstance(result.get(k), (int, float, type(None))):
                 raise StoreError(rs.display(rs.run_dir(rid) + "/result.json"), f"has a non-numeric {k!r}")
+        result = _checked_result(dict(result), stored, shards, rs.display(rs.run_dir(rid) + "/result.json"))
     return {"run_id": rid, "name": manifest.get("name"), "created": manifest.get("created"),
             "shards": shards, "stored_shards": len(stored), "complete": len(stored) == shards,
             "range": manifest.get("range"), "versions": manifest.get("versions"),
             "origin": manifest.get("origin"), "result": result}
+
+
+#: Relative difference under which result.json's summary agrees with its shards (merge order
+#: changes the last bits: the engine merges per task block, show merges the shards directly).
+SUMMARY_RTOL = 1e-9
+
+
+def _checked_result(result: dict, stored: dict, shards: int, where: str) -> dict:
+    """``result.json`` checked against the stored shards; its summary recomputed from them.
+
+    ``result.json`` is a convenience copy with no authority: ``n``, ``mean``, ``sd``,
+    ``stderr``, ``min`` and ``max`` shown are those of the stored (checked) accumulators. If
+    the file disagrees with them, or claims a result the shards cannot give (an incomplete
+    run), ``result_mismatch`` says how, its verification record is withheld (it cannot be
+    re-checked) and a :class:`~dask_research.montecarlo.store.StoreWarning` is issued.
+    """
+    import math
+    import warnings
+
+    from .accumulators import Moments, merge_moments
+    from .store import StoreWarning
+    from .tree import tree_fold
+
+    states = [stored[s][0] for s in sorted(stored)]
+    problem = None
+    if len(stored) != shards or not states:
+        if result.get("mean") is not None:
+            problem = f"claims a result, but only {len(stored)} of {shards} shards are stored"
+            for k in ("n", "mean", "sd", "stderr", "min", "max"):
+                result[k] = None
+    elif all(isinstance(st, Moments) for st in states):
+        m = tree_fold(merge_moments, states)
+        sd = math.sqrt(m.m2 / (m.n - 1)) if m.n > 1 else math.nan
+        fresh = {"n": m.n, "mean": m.mean, "sd": sd, "stderr": sd / math.sqrt(m.n) if m.n else math.nan,
+                 "min": m.min, "max": m.max}
+        bad = []
+        for k, v in fresh.items():
+            if k not in result:
+                continue      # not claimed by the file (an older or partial summary): nothing to compare
+            old = result[k]
+            if old is None and not math.isfinite(v):
+                continue
+            if not isinstance(old, (int, float)) or isinstance(old, bool) or not math.isclose(
+                    float(old), float(v), rel_tol=SUMMARY_RTOL, abs_tol=0.0):
+                bad.append(f"{k} {old!r} (the shards give {v!r})")
+        result.update({k: (v if math.isfinite(v) else None) for k, v in fresh.items()})
+        if bad:
+            problem = "disagrees with the stored shards: " + ", ".join(bad)
+    else:
+        result["result_checked"] = False   # a user reducer: its summary is not recomputed here
+    if problem is not None:
+        result["result_mismatch"] = problem
+        result["verification"] = None
+        warnings.warn(f"{where} {problem}; showing what the shards hold, without its verification record",
+                      StoreWarning, stacklevel=3)
+    return result

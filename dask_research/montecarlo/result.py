@@ -20,6 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..exceptions import InputError
 from .accumulators import Moments
 from .linearize import Linearized
 
-__all__ = ["Result", "Interval"]
+__all__ = ["Result", "Interval", "verification_sentence"]
 
 
 def _decimals(halfwidth: float) -> int | None:
@@ -253,27 +254,12 @@ class Result:
 
     def _verified_line(self) -> str:
         """Where the verification re-runs happened, as recorded per check (never assumed)."""
-        v = self.verification or {}
-        checked = v.get("checked", [])
+        return f"  verified             {verification_sentence(self.to_summary_record())}"
 
-        def stored(c) -> bool:      # computed by an earlier run: its producer did no work in this one
-            p = c.get("producer")
-            return p in (None, "?") or bool(self.reused_shards and self.workers and p not in self.workers) or (
-                self.computed_shards == 0 and self.reused_shards > 0)
-
-        n_stored = sum(1 for c in checked if stored(c))
-        same = sum(1 for c in checked if c.get("same_worker") and not stored(c))
-        other = len(checked) - n_stored - same
-        parts = []
-        if other:
-            parts.append(f"{other} on another worker than the one that computed them")
-        if same:
-            alone = ", the only worker that ran this job" if len(self.workers) <= 1 else ""
-            parts.append(f"{same} on the same worker that computed them{alone}")
-        if n_stored:
-            parts.append(f"{n_stored} stored by an earlier run, recomputed on this cluster")
-        verdict = "all match" if not v.get("mismatches") else f"{len(v['mismatches'])} mismatched"
-        return f"  verified             {len(checked)} shards re-run, {verdict}: {'; '.join(parts) or 'none'}"
+    def to_summary_record(self) -> dict[str, Any]:
+        """The fields :func:`verification_sentence` reads (as ``result.json`` holds them)."""
+        return {"verification": self.verification or {}, "workers": self.workers,
+                "computed_shards": self.computed_shards, "reused_shards": self.reused_shards}
 
     def _interval_lines(self, level: float = 0.95) -> list[str]:
         """The mean with its confidence interval, the sd, then the output's intervals, labelled."""
@@ -325,3 +311,40 @@ class Result:
             f"<rect x='{i * bw:.2f}' y='{height - h:.2f}' width='{bw:.2f}' height='{h:.2f}'/>"
             for i, h in enumerate(counts / counts.max() * height) if h > 0)
         return f"<svg width='{width}' height='{height}' style='fill:#4c72b0'>{bars}</svg>"
+
+
+def verification_sentence(record: Mapping[str, Any]) -> str:
+    """What a run's verification did, from its record (a :class:`Result` or ``result.json``).
+
+    Each check is counted by where it really ran: on another worker than the shard's producer,
+    on the producer itself (one worker), or, for shards an earlier run stored, on this cluster.
+
+    >>> verification_sentence({"verification": {"checked": [{"producer": "w", "same_worker": True}] * 4},
+    ...                        "workers": ["w"], "computed_shards": 64, "reused_shards": 0})
+    '4 shards re-run, all match: 4 on the same worker that computed them, the only worker that ran this job'
+    """
+    v = record.get("verification") or {}
+    checked = v.get("checked") or []
+    workers = list(record.get("workers") or [])
+    reused, computed = int(record.get("reused_shards") or 0), int(record.get("computed_shards") or 0)
+
+    def stored(c: Mapping[str, Any]) -> bool:   # computed by an earlier run: its producer did no work here
+        p = c.get("producer")
+        return p in (None, "?") or bool(reused and workers and p not in workers) or (computed == 0 and reused > 0)
+
+    n_stored = sum(1 for c in checked if stored(c))
+    same = sum(1 for c in checked if c.get("same_worker") and not stored(c))
+    other = len(checked) - n_stored - same
+    parts = []
+    if other:
+        parts.append(f"{other} on another worker than the one that computed them")
+    if same:
+        alone = ", the only worker that ran this job" if len(workers) <= 1 else ""
+        parts.append(f"{same} on the same worker that computed them{alone}")
+    if n_stored:
+        parts.append(f"{n_stored} stored by an earlier run, recomputed on this cluster")
+    mismatches = v.get("mismatches") or []
+    verdict = "all match" if not mismatches else f"{len(mismatches)} mismatched"
+    quarantined = v.get("quarantined_workers") or []
+    tail = f"; quarantined {', '.join(quarantined)}" if quarantined else ""
+    return f"{len(checked)} shards re-run, {verdict}: {'; '.join(parts) or 'none'}{tail}"

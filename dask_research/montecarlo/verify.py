@@ -20,12 +20,12 @@ True
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .mergers import compare_states
 
-__all__ = ["choose_shards", "hash_order", "states_match", "TOLERANCE"]
+__all__ = ["choose_shards", "choose_reused", "reused_count", "hash_order", "states_match", "TOLERANCE"]
 
 #: Tolerance class of CPU results.
 TOLERANCE = "exact"
@@ -67,6 +67,45 @@ def choose_shards(run_id: str, shards: int, producers: Mapping[int, str], k: int
                 if not missing:
                     break
     return picks
+
+
+def reused_count(setting: Any, k: int, reused: int) -> int:
+    """How many of ``reused`` shards to check: ``research.montecarlo.verify-reused`` resolved.
+
+    ``None``: as many as the run's ``verify`` (``k``); ``"all"``: every reused shard; an integer
+    >= 0: that many (at most ``reused``). Anything else is an :class:`InputError`.
+    """
+    from ..exceptions import InputError
+
+    if setting is None:
+        n = k
+    elif isinstance(setting, str) and setting.strip().lower() == "all":
+        n = reused
+    elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+        n = setting
+    else:
+        raise InputError("research.montecarlo.verify-reused", setting,
+                         'null (as many as verify), "all", or a whole number >= 0', where="verify")
+    return max(0, min(int(n), reused))
+
+
+def choose_reused(reused: Iterable[int], n: int, rng: Any = None) -> list[int]:
+    """``n`` of the shards reused from a store, drawn with an unpredictable random source.
+
+    The run's own picks (:func:`hash_order`) are a public function of the run id, so whoever
+    can edit a store knows which stored shards a resumed run would recompute and can edit the
+    others. Reused shards are therefore sampled with :class:`secrets.SystemRandom` (the
+    operating system's CSPRNG) unless ``rng`` (anything with ``sample``) is given, for tests.
+    """
+    import secrets
+
+    pool = sorted(set(int(s) for s in reused))
+    n = max(0, min(int(n), len(pool)))
+    if n == 0:
+        return []
+    if n == len(pool):
+        return pool
+    return sorted((rng or secrets.SystemRandom()).sample(pool, n))
 
 
 def states_match(a: Any, b: Any, tolerance: str | float = TOLERANCE) -> str | None:

@@ -329,7 +329,24 @@ def make_converter(spec: Any, to: str, device: Any, slots: int, batch_size: int)
         return _TorchCPUOut(spec, torch)
     if to == "cupy":
         return _CupyOut(spec, device, slots, batch_size)
-    raise InputError("to", to, "'numpy', 'torch' or 'cupy'", where="batches")
+    raise InputError("to", to, "'numpy', 'torch', 'cupy' or 'tensordict'", where="batches")
+
+
+def _same(it: Any) -> Any:
+    return it
+
+
+def tensordict_output(to: str) -> tuple[Callable[[Any], Any], str]:
+    """``(wrap, to)`` for a ``batches(to=...)`` call: ``to="tensordict"`` delivers torch tensors
+    and wraps the iterator so that it yields ``TensorDict`` (needs ``torch`` and ``tensordict``)."""
+    if to != "tensordict":
+        return _same, to
+    try:
+        from .integrations.tensordict import TensorDictBatches
+    except ImportError as e:
+        raise InputError("to", to, f"an output whose package is installed ({e.name or e} is missing: "
+                         "pip install tensordict)", where="batches") from None
+    return TensorDictBatches, "torch"
 
 
 def _bool_as_dtype(bool_as: Any) -> np.dtype:
@@ -551,6 +568,18 @@ class BatchIterator(PrefetchingIterator):
                                            rl.samples_per_insert, self.timeout)
         info["rate_wait"] = time.perf_counter() - t0
 
+    def _produce_here(self, inline: bool = False) -> Any:
+        """A batch made in the learner's thread; the iterator closes on an error or the end."""
+        try:
+            batch = self._produce(inline=inline)
+        except BaseException:
+            self.close()
+            raise
+        if batch is _STOP:
+            self.close()
+            raise StopIteration
+        return batch
+
     def _produce(self, inline: bool = False) -> Any:
         """Draw, gather, transform and convert batch number ``self._drawn``.
 
@@ -633,14 +662,7 @@ class BatchIterator(PrefetchingIterator):
             if self.max_batches is not None and self._delivered >= self.max_batches:
                 self.close()
                 raise StopIteration
-            try:
-                batch = self._produce()
-            except BaseException:
-                self.close()
-                raise
-            if batch is _STOP:
-                self.close()
-                raise StopIteration
+            batch = self._produce_here()
         else:
             batch = None
             inline = self._inline_ok
@@ -650,14 +672,7 @@ class BatchIterator(PrefetchingIterator):
                 # The learner outpaces the producer thread. Handing a batch from one thread
                 # to the other costs two thread wake-ups and a GIL hand-over (most of next()
                 # on a busy machine); producing the wanted batch here costs neither.
-                try:
-                    batch = self._produce(inline=True)
-                except BaseException:
-                    self.close()
-                    raise
-                if batch is _STOP:
-                    self.close()
-                    raise StopIteration
+                batch = self._produce_here(inline=True)
             if batch is None:
                 batch = self._take()
         self._delivered += 1

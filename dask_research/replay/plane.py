@@ -224,13 +224,7 @@ class ExperiencePlane:
                 self.sampler.on_insert(0, m - first)
             self.total = total
             self.size = min(self.size + m, cap)
-            t1 = time.perf_counter()
-            cnt = self._counters
-            cnt["ingest_calls"] += 1
-            cnt["ingest_s"] += t1 - t0
-            if self._t_first is None:
-                self._t_first = t0
-            self._t_last = t1
+            self._count_ingest(t0)
         if self.rate_limiter is not None:
             self.rate_limiter.inserted(n)
         if self._placement is not None:
@@ -270,13 +264,7 @@ class ExperiencePlane:
             self.total += 1
             if self.size < self.capacity:
                 self.size += 1
-            t1 = time.perf_counter()
-            cnt = self._counters
-            cnt["ingest_calls"] += 1
-            cnt["ingest_s"] += t1 - t0
-            if self._t_first is None:
-                self._t_first = t0
-            self._t_last = t1
+            self._count_ingest(t0)
         if rl is not None:
             rl.inserted(1)
         if self._placement is not None:
@@ -293,6 +281,16 @@ class ExperiencePlane:
         return self.ingest(batch)
 
     # --- sampling ------------------------------------------------------------------------
+    def _count_ingest(self, t0: float) -> None:
+        """Book one ingest call that started at ``t0`` (under the plane's lock)."""
+        t1 = time.perf_counter()
+        cnt = self._counters
+        cnt["ingest_calls"] += 1
+        cnt["ingest_s"] += t1 - t0
+        if self._t_first is None:
+            self._t_first = t0
+        self._t_last = t1
+
     def _device_rows(self, slots: np.ndarray) -> tuple[Any, np.ndarray] | None:
         """``(device storage, rows)`` if every slot lives in the same GPU tier, else None."""
         st = self.storage
@@ -397,7 +395,9 @@ class ExperiencePlane:
         """Iterate over batches prepared ahead by a background pipeline.
 
         sample -> gather per tier -> ``transforms`` (callables on numpy batches) -> copy to
-        ``to`` (``"numpy"``, ``"torch"``, ``"cupy"``) on ``device`` (e.g. ``"cuda:0"``). With
+        ``to`` (``"numpy"``, ``"torch"``, ``"cupy"``, or ``"tensordict"``: torch tensors in a
+        ``TensorDict`` with ``"index"``, which needs the ``tensordict`` package) on ``device``
+        (e.g. ``"cuda:0"``). With
         ``prefetch=k > 0`` up to ``k`` batches wait in a bounded queue; ``prefetch=0`` samples
         in ``next()``. The time ``next()`` blocks is the exposed latency (``plane.stats()``).
         Use as a context manager or call ``close()`` to stop the pipeline early.
@@ -421,13 +421,14 @@ class ExperiencePlane:
         of batches is the same); this needs no user transforms and no rate limiter, and output
         to numpy or torch on CPU.
         """
-        from .delivery import BatchIterator
+        from .delivery import BatchIterator, tensordict_output
 
+        wrap, to = tensordict_output(to)
         it = BatchIterator(self, batch_size=batch_size, prefetch=prefetch, to=to, device=device,
                            transforms=transforms, max_batches=max_batches, timeout=timeout,
                            switch_interval=switch_interval, bool_as=bool_as)
         self._deliveries = [d for d in self._deliveries if not d.closed][-7:] + [it]
-        return it
+        return wrap(it)
 
     # --- placement -----------------------------------------------------------------------
     def _valid_keys(self, keys: np.ndarray) -> np.ndarray:

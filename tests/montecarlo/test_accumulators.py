@@ -92,3 +92,47 @@ def test_reducer_protocol_of_the_builtin():
     r = MomentsReducer((0.0, 1.0), 8)
     s = r.update(r.init(), np.array([0.1, 0.2, 0.9]))
     assert r.finalize(s).n == 3 and r.merge(s, r.init()) == s
+
+
+# -- invariants a stored (untrusted) accumulator must satisfy (security review, finding 3) ----------
+@settings(max_examples=300, deadline=None)
+@given(sample_arrays(min_size=1, bound=1e12), st.integers(1, 6), st.floats(1e-6, 1e6))
+def test_every_state_samples_can_produce_passes_the_check(y, pieces, scale):
+    y = y * scale
+    parts = [Moments.from_samples(p, RANGE, 16) for p in np.array_split(y, pieces)]
+    acc = Moments.empty(RANGE, 16)
+    for p in parts:
+        Moments.from_dict(p.to_dict())
+        acc = merge_moments(acc, p)
+        Moments.from_dict(acc.to_dict())          # merged states too
+
+
+def test_a_constant_sample_passes_the_bounds_despite_rounding():
+    for v in (0.1, 1e10 / 3, -7.3e-200, 123456.789):
+        Moments.from_samples(np.full(1000, v), RANGE, 16).check()
+
+
+def _forged(**change):
+    import dataclasses
+
+    m = Moments.from_samples(np.random.default_rng(3).normal(0, 20, 256), RANGE, 16)
+    return dataclasses.replace(m, **change)
+
+
+def test_edits_that_keep_the_old_invariants_are_refused():
+    import pytest
+
+    m = _forged()
+    wrapped = m.hist.copy()
+    wrapped[1:5] += 2**62                      # an int64 sum wraps back to n
+    cases = {
+        "outside \\[min, max\\]": _forged(mean=1e6),
+        "exceeds": _forged(m2=m.m2 * 1e3),
+        "m4=.* exceeds": _forged(m4=m.m4 * 1e9),
+        "not n": _forged(hist=wrapped),
+        "do not match min": _forged(min=m.min - 60.0),
+        "do not match min=.* and max": _forged(max=m.max + 60.0),
+    }
+    for pattern, state in cases.items():
+        with pytest.raises(ValueError, match=pattern):
+            state.check()

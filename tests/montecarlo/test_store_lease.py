@@ -189,12 +189,14 @@ def test_a_live_holder_is_named_and_lease_wait_bounds_the_wait(leased, one_worke
             with pytest.raises(StoreError, match=rf"held by another run: alice on host .*, pid {sleeper.pid} "
                                                  r".*gave up after waiting 0.5 s"):
                 mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
-        # The same lease, its heartbeat older than lease-timeout: stale, taken over.
+        # The same lease on another host, unchanged for lease-timeout seconds of our own clock
+        # (its heartbeat's timestamp is never trusted): stale, taken over.
         doc = json.loads(lease.read_text())
         doc["heartbeat"] = time.time() - 3600
         doc["host"] = "another-host"
         lease.write_text(json.dumps(doc))
-        res = mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
+        with dask.config.set({"research.montecarlo.lease-timeout": 1.0}):
+            res = mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
         assert res.computed_shards == 16 and not lease.exists()
     finally:
         sleeper.kill()
@@ -232,3 +234,31 @@ def test_a_lease_on_an_object_store_protocol(tmp_path):
         with pytest.raises(StoreError, match="held by another run"):
             other.acquire()
     assert not rs.fs.exists(lease.path) and len(said) == 1 and "is being written by another run" in said[0]
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_run_whose_lease_was_taken_over_stops_writing(leased):
+    """A holder presumed dead (its lease replaced by another run's) writes no shard when it wakes."""
+    tmp, job, store, lease = leased
+    gate = tmp / "gate"
+    procs = []
+    try:
+        first = Proc(tmp, store, 4, **_gated(tmp, store, job, gate))
+        procs.append(first)
+        _wait_file(tmp / "entered")                        # computing its first blocks, nothing stored yet
+        taken = {**json.loads(lease.read_text()), "token": "thief", "owner": "bob", "pid": 1}
+        tmp_lease = lease.with_name("lease.json.swap")
+        tmp_lease.write_text(json.dumps(taken))
+        os.replace(tmp_lease, lease)                       # as a taker does: the whole file at once
+        gate.write_text("open")
+        first.p.wait(180)
+        first._t.join(10)
+    finally:
+        for p in procs:
+            p.kill()
+    err = "".join(first.err)
+    assert first.p.returncode != 0, err[-3000:]
+    assert "not written: this writer lost the lease of run" in err and "now bob" in err, err[-3000:]
+    shards = store / "runs" / job.id / "shards"
+    assert not shards.exists() or not any(p.name.endswith(".json") for p in shards.iterdir())
+    assert json.loads(lease.read_text())["token"] == "thief"     # never removed or overwritten

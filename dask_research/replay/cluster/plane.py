@@ -474,11 +474,14 @@ class ClusterPlane:
         (bandwidth) rule and fault handling. ``to``/``device`` as in
         :meth:`ExperiencePlane.batches`.
         """
+        from ..delivery import tensordict_output
+
+        wrap, to = tensordict_output(to)
         it = ClusterBatchIterator(self, batch_size=batch_size, prefetch=prefetch, to=to,
                                   device=device, max_batches=max_batches,
                                   max_in_flight=max_in_flight)
         self._deliveries = [d for d in self._deliveries if not d.closed][-7:] + [it]
-        return it
+        return wrap(it)
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Queue new priorities for ``batch.indices``; they are routed to the owning shards.
