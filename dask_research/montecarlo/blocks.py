@@ -1,8 +1,8 @@
 """Block tasks that write their own shard file: the client merges one state per block.
 
 Without this, every shard's accumulator travels to the client, which encodes and writes
-each block's shard file itself: about 36 us of client CPU per shard at 256 shards per task
-(benchmarks/bench_montecarlo_scale.py), which caps one client at a few hundred cores. A block
+each block's shard file itself: 64-76 us of client CPU per shard at 256 shards per task
+(benchmarks/bench_montecarlo_scale.py), which capped one client at about 100 cores. A block
 task run by :func:`compute_and_store_block` folds its aligned subtree as before (the same
 fixed tree over shard indices, so the bits cannot change), writes its block's shard file with
 the store's own writer (:meth:`RunStore.write_shard_file`: write-then-rename, no overwrite, the

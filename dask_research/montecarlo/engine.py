@@ -3,7 +3,9 @@
 Blocks of shards are submitted at most ``window`` at a time (the client and scheduler never
 hold a future per shard), blocks holding the first verification shards first, so their checks
 overlap the run. When a block finishes, the driver gathers its result (the block's folded
-state and each shard's own state, which the store persists and verification keeps), and folds
+state, and the few shard states verification keeps; where the store is reachable from the
+workers the block task has written its shard file itself and sends the file's checksum, else
+every shard's state comes back and the driver writes it, see :mod:`.blocks`), and folds
 the fixed tree: every merge whose two children exist is done at once, so the root exists the
 moment the last block arrives. The driver holds these states anyway, so a merge costs it a few
 microseconds where a merge task would cost a scheduler round trip (and, for the last levels, a
