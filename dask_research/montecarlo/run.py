@@ -47,7 +47,23 @@ def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: i
         return b
     return choose_block(job.shards, shard_seconds, threads,
                         float(config.get("montecarlo.task-seconds")),
-                        int(config.get("montecarlo.max-shards-per-task")))
+                        int(config.get("montecarlo.max-shards-per-task")),
+                        client_block_seconds=_client_block_seconds())
+
+
+def _client_block_seconds() -> float:
+    """``research.montecarlo.client-block-seconds``: the client's CPU per block, >= 0 seconds."""
+    from ..exceptions import ConfigError
+
+    value = config.get("montecarlo.client-block-seconds")
+    try:
+        seconds = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or not seconds >= 0 or seconds != seconds:
+        raise ConfigError("montecarlo.client-block-seconds", value, "a non-negative number of seconds "
+                          "(0 sizes tasks by task-seconds alone)")
+    return seconds
 
 
 def _progress_bar(total: int, enabled: bool, desc: str):

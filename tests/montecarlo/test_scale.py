@@ -153,3 +153,29 @@ def test_store_writes_must_be_auto_or_client(tmp_path):
     with dask.config.set({"research.montecarlo.store-writes": "sometimes"}):
         with pytest.raises(ConfigError, match="store-writes"):
             mc.run(job, store=str(tmp_path / "s"), progress=False, verify=0)
+
+
+def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
+    from dask_research.montecarlo.run import plan_blocks
+    from dask_research.montecarlo.tree import choose_block
+
+    # The seed's shard (7.5 ms): 0.3 s tasks are 32 shards, whatever the cluster, without the rule.
+    assert choose_block(10**7, 0.0075, threads=1000, target_seconds=0.3, max_block=4096) == 32
+    # 1,000 threads finish 1000 / task-time blocks a second; at 2 ms of client CPU per block
+    # tasks of >= 4 s keep the client at most half busy.
+    b = choose_block(10**7, 0.0075, threads=1000, target_seconds=0.3, max_block=4096, client_block_seconds=0.002)
+    assert b == 512 and 1000 / (b * 0.0075) * 0.002 <= 0.55
+    # A small cluster is sized as before; the cap and the balance rule still hold.
+    assert choose_block(640, 0.0106, threads=2, target_seconds=0.3, max_block=4096, client_block_seconds=0.002) == 32
+    assert choose_block(10**7, 0.0075, threads=1000, target_seconds=0.3, max_block=256, client_block_seconds=0.002) == 256
+    assert choose_block(20_000, 0.0075, threads=1000, target_seconds=0.3, max_block=4096, client_block_seconds=0.002) == 4
+    job = _job(shards=10**6, seed=16)
+    with dask.config.set({"research.montecarlo.max-shards-per-task": 4096}):
+        assert plan_blocks(job, 0.0075, threads=1000) == 128       # 10**6 / (1000 x 4) caps it at 250 -> 128
+        with dask.config.set({"research.montecarlo.client-block-seconds": 0}):
+            assert plan_blocks(job, 0.0075, threads=1000) == 32
+    from dask_research.exceptions import ConfigError
+
+    with dask.config.set({"research.montecarlo.client-block-seconds": "fast"}):
+        with pytest.raises(ConfigError, match="client-block-seconds"):
+            plan_blocks(job, 0.0075, threads=8)
