@@ -59,7 +59,7 @@ def choose_block(shards: int, shard_seconds: float, threads: int, target_seconds
     pilot's timing noise, and halving the blocks doubles the per-task overhead.
 
     ``client_block_seconds`` is the client's CPU per block (``research.montecarlo.
-    client-block-seconds``). ``threads`` threads finish ``threads / task time`` blocks a second,
+    client-block-seconds``, 0 by default: off). ``threads`` threads finish ``threads / task time`` blocks a second,
     so the target grows to at least ``2 * threads * client_block_seconds``: on a large cluster
     tasks get longer rather than the client saturating (it stays at most half busy), still
     bounded by ``max_block`` and by the balance rule.

@@ -171,9 +171,9 @@ def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
     assert choose_block(20_000, 0.0075, threads=1000, target_seconds=0.3, max_block=4096, client_block_seconds=0.002) == 4
     job = _job(shards=10**6, seed=16)
     with dask.config.set({"research.montecarlo.max-shards-per-task": 4096}):
-        assert plan_blocks(job, 0.0075, threads=1000) == 128       # 10**6 / (1000 x 4) caps it at 250 -> 128
-        with dask.config.set({"research.montecarlo.client-block-seconds": 0}):
-            assert plan_blocks(job, 0.0075, threads=1000) == 32
+        assert plan_blocks(job, 0.0075, threads=1000) == 32         # the default, 0: task-seconds alone
+        with dask.config.set({"research.montecarlo.client-block-seconds": 0.002}):
+            assert plan_blocks(job, 0.0075, threads=1000) == 128    # 10**6 / (1000 x 4) caps it at 250 -> 128
     from dask_research.exceptions import ConfigError
 
     with dask.config.set({"research.montecarlo.client-block-seconds": "fast"}):
