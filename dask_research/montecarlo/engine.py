@@ -3,7 +3,9 @@
 Blocks of shards are submitted at most ``window`` at a time (the client and scheduler never
 hold a future per shard), blocks holding the first verification shards first, so their checks
 overlap the run. When a block finishes, the driver gathers its result (the block's folded
-state and each shard's own state, which the store persists and verification keeps), and folds
+state, and the few shard states verification keeps; where the store is reachable from the
+workers the block task has written its shard file itself and sends the file's checksum, else
+every shard's state comes back and the driver writes it, see :mod:`.blocks`), and folds
 the fixed tree: every merge whose two children exist is done at once, so the root exists the
 moment the last block arrives. The driver holds these states anyway, so a merge costs it a few
 microseconds where a merge task would cost a scheduler round trip (and, for the last levels, a
@@ -39,6 +41,7 @@ from .._cluster import workers_info
 from ..exceptions import ConfigError, PipelineError, ResearchError, VerificationError
 from .accumulators import Moments
 from .events import EventOutbox, RunningEstimate
+from .blocks import compute_and_store_block, store_target
 from .shard import BlockResult, compute_block, compute_shard
 from .tree import block_bounds, tree_fold
 from .verify import TOLERANCE, choose_reused, choose_shards, hash_order, reused_count, states_match
@@ -64,6 +67,8 @@ class Outcome:
     speculated: list = field(default_factory=list)
     max_in_flight: int = 0
     retried: list = field(default_factory=list)
+    #: Who wrote the store's shard files (see :mod:`.blocks`); ``None`` without a store.
+    store_writes: dict | None = None
 
 
 def _seconds_setting(key: str) -> float | str | None:
@@ -117,7 +122,7 @@ class Execution:
     def __init__(self, client, job, reducer, block: int, *, run_id: str, known=None,
                  known_producers=None, store=None, verify: int = 0, window: int = 64,
                  speculate: float = 0.0, progress=None, poll: float = 0.2,
-                 shard_seconds: float | None = None):
+                 shard_seconds: float | None = None, store_token: str | None = None):
         self.client, self.job, self.reducer, self.block = client, job, reducer, block
         self.run_id, self.store, self.verify_k = run_id, store, int(verify)
         self.window, self.speculate, self.poll = max(1, int(window)), float(speculate or 0.0), poll
@@ -172,6 +177,22 @@ class Execution:
         self.spec_stopped = False                        # a copy was as slow as its original
         self.check_attempts: dict[int, list] = {}        # shard -> [(future, target, submitted)]
         self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
+        self._tracked: set[str] = set()                  # block keys whose end wakes _collect (see _track)
+        self._wake: asyncio.Event | None = None          # set on the client's loop when a tracked block ends
+        # Who writes the shard files: the block tasks when the store is reachable from the
+        # workers (each block checks, see .blocks), else the client. The run's lease token is
+        # the workers' probe: without one (no lease held) the client writes.
+        writes = config.get("montecarlo.store-writes")
+        if writes not in ("auto", "client"):
+            raise ConfigError("montecarlo.store-writes", writes, '"auto" (the workers write when they can '
+                              'reach the store) or "client"')
+        self.target = store_target(store, run_id, store_token) if writes == "auto" else None
+        self.stored_files: dict[int, tuple[str, str, str]] = {}  # block -> (file, checksum, worker), worker-written
+        if store is not None:
+            reason = None if self.target is not None else (
+                "research.montecarlo.store-writes is client" if writes == "client" else "no lease held on the store")
+            self.outcome.store_writes = {"setting": writes, "blocks_by_workers": 0, "blocks_by_client": 0,
+                                         "client_reason": reason}
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _wid(self, worker: str) -> int:
@@ -307,15 +328,25 @@ class Execution:
     # -- leaves -----------------------------------------------------------------------------
     def _submit_leaf(self, idx: int, workers=None, speculative: bool = False, retry: int = 0) -> None:
         a, b = self.bounds[idx]
-        known = {s: self.known[s] for s in range(a, b) if s in self.known}
+        known = {s: self.known[s] for s in range(a, b) if s in self.known} if self.known else {}
         # Distinct keys for duplicates and recomputations: Dask would hand back a cached value.
         prefix = "mc-spec" if speculative else ("mc-redo" if not self.tree_enabled else "mc-block")
         if retry:
             prefix = f"mc-retry{retry}"
         kw = {"workers": workers, "allow_other_workers": False} if workers else {}
-        fut = self.client.submit(compute_block, self.job, self.reducer, a, b, known,
-                                 key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
+        if self.target is not None or self.store is None:
+            # The block's task writes the store, or there is none: only the states the client
+            # keeps for verification come back with the block's root (see .blocks).
+            keep = tuple(sorted(s for s in self.candidates if a <= s < b))
+            fut = self.client.submit(compute_and_store_block, self.job, self.reducer, a, b, known, self.target,
+                                     keep, trim=self.store is None, key=f"{prefix}-{self.tag}-{a}-{b}",
+                                     pure=False, **kw)
+        else:
+            fut = self.client.submit(compute_block, self.job, self.reducer, a, b, known,
+                                     key=f"{prefix}-{self.tag}-{a}-{b}", pure=False, **kw)
         self.pending[fut] = idx
+        self._tracked.add(fut.key)
+        self.client.loop.add_callback(self._track, fut)
         self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
         self.leaf_futures.setdefault(idx, []).append(fut)
 
@@ -324,28 +355,32 @@ class Execution:
             return  # a speculative twin already won
         for other in self.leaf_futures.pop(idx, []):
             self.running.pop(other.key, None)
+            self._tracked.discard(other.key)
             if other is not fut:
                 self.pending.pop(other, None)
                 other.cancel()
                 self.outcome.speculated.append({"block": list(self.bounds[idx]), "winner": res.worker,
                                                 "speculative_won": fut.key.startswith("mc-spec")})
-        computed = {s: res.shard_states[s] for s in res.computed}
-        if computed and self.store is not None:
-            self.store.write_shards(self.run_id, computed, res.worker, encoder=self._encoder())
+        if res.computed and self.store is not None:
+            self._record_store(idx, res)
         wid = self._wid(res.worker)
-        for s in res.computed:
-            self.producer[s] = wid
-            if s in self.candidates:
-                self.kept[s] = res.shard_states[s]
+        if res.computed:
+            self.producer[np.asarray(res.computed, dtype=np.int64)] = wid
+        states = res.shard_states    # a block that wrote the store returns only the few kept here
+        small, large = (states, self.candidates) if len(states) < len(self.candidates) else (self.candidates, states)
+        for s in [s for s in small if s in large]:
+            if s not in self.known:    # computed by this task (a known shard's state is the stored one)
+                self.kept[s] = states[s]
         for s in self.early.intersection(res.computed):
             self._submit_check(s, res.worker)
         if res.computed and res.worker not in self.first_of_worker:
             s0 = res.computed[0]
             self.first_of_worker[res.worker] = s0
             self.kept[s0] = res.shard_states[s0]
-        for s in range(*self.bounds[idx]):
-            if s in self.known and s in self.candidates:
-                self.kept.setdefault(s, self.known[s])
+        if self.known:
+            for s in range(*self.bounds[idx]):
+                if s in self.known and s in self.candidates:
+                    self.kept.setdefault(s, self.known[s])
         self.outcome.computed += len(res.computed)
         self.outcome.workers[res.worker] = self.outcome.workers.get(res.worker, 0) + len(res.computed)
         self.block_states[idx] = res.state
@@ -357,6 +392,19 @@ class Execution:
             self.progress.update(res.stop - res.start)
         if self.tree_enabled:
             self._arrive(0, idx, res.state)
+
+    def _record_store(self, idx: int, res: BlockResult) -> None:
+        """The block's computed shards are in the store: written by its task, or now by the client."""
+        rec = self.outcome.store_writes
+        if res.stored is not None:
+            self.stored_files[idx] = (res.stored, res.checksum, res.worker)
+            rec["blocks_by_workers"] += 1
+            return
+        computed = {s: res.shard_states[s] for s in res.computed}
+        self.store.write_shards(self.run_id, computed, res.worker, encoder=self._encoder())
+        rec["blocks_by_client"] += 1
+        if res.store_note and not rec.get("client_reason"):
+            rec["client_reason"] = res.store_note
 
     def _emit_accepted(self, a: int, b: int, worker: str, computed: int, state: Any) -> None:
         data: dict[str, Any] = {"start": a, "stop": b, "worker": worker, "computed": computed}
@@ -499,6 +547,43 @@ class Execution:
                                      "retry_on": others})
         self.events.emit("retry", self.run_id, start=a, stop=b, failed_on=worker, error=failures[worker][:300])
 
+    async def _track(self, fut) -> None:
+        """On the client's loop: wake :meth:`_collect` when block ``fut`` ends (once per future).
+
+        Waiting on every pending block at each turn of the driver cost the client a coroutine
+        per block in flight per turn; one tracker per submitted block is constant work per block.
+        A block that ends, is lost and ends again is seen by the next turn's status check.
+        """
+        from distributed.client import _wait
+
+        try:
+            await _wait([fut])
+        except BaseException:        # cancelled, errored, the client closing: all end the wait
+            pass
+        finally:
+            self._wake_event().set()
+
+    def _wake_event(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        return self._wake
+
+    async def _first_done(self, futures: list, timeout: float) -> list:
+        """The ended ones of ``futures`` (all tracked blocks), waiting up to ``timeout`` for one."""
+        ready = [f for f in futures if f.done()]
+        if ready:
+            return ready
+        wake = self._wake_event()
+        wake.clear()
+        ready = [f for f in futures if f.done()]   # nothing runs on this loop between the two checks
+        if not ready:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                return []
+            ready = [f for f in futures if f.done()]
+        return ready
+
     async def _collect(self, futures: list, timeout: float) -> tuple[list, dict]:
         """Wait for the first of ``futures`` to end, then gather every finished one: one hop."""
         from distributed.client import _wait   # distributed.wait() insists on a default client
@@ -509,12 +594,17 @@ class Execution:
             return [], {}
         from distributed.client import FuturesCancelledError
 
-        try:
-            done = (await _wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")).done
-        except TimeoutError:
-            return [], {}
-        except FuturesCancelledError:      # the caller says by whom (see _raise_if_cancelled)
-            return [f for f in futures if f.status == "cancelled"], {}
+        if all(f.key in self._tracked for f in futures):
+            done = await self._first_done(futures, timeout)
+            if not done:
+                return [], {}
+        else:
+            try:
+                done = (await _wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")).done
+            except TimeoutError:
+                return [], {}
+            except FuturesCancelledError:      # the caller says by whom (see _raise_if_cancelled)
+                return [f for f in futures if f.status == "cancelled"], {}
         finished = [f for f in done if f.status == "finished"]
         if not finished:
             return list(done), {}

@@ -47,7 +47,23 @@ def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: i
         return b
     return choose_block(job.shards, shard_seconds, threads,
                         float(config.get("montecarlo.task-seconds")),
-                        int(config.get("montecarlo.max-shards-per-task")))
+                        int(config.get("montecarlo.max-shards-per-task")),
+                        client_block_seconds=_client_block_seconds())
+
+
+def _client_block_seconds() -> float:
+    """``research.montecarlo.client-block-seconds``: the client's CPU per block, >= 0 seconds."""
+    from ..exceptions import ConfigError
+
+    value = config.get("montecarlo.client-block-seconds")
+    try:
+        seconds = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or not seconds >= 0 or seconds != seconds:
+        raise ConfigError("montecarlo.client-block-seconds", value, "a non-negative number of seconds "
+                          "(0 sizes tasks by task-seconds alone)")
+    return seconds
 
 
 def _progress_bar(total: int, enabled: bool, desc: str):
@@ -230,7 +246,7 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     p = pilot if pilot is not None else _pilot(job)
     # One writer per run: a second client of the same job on the same store waits here for the
     # first, then resumes from what it stored (so it computes nothing the first one finished).
-    with rs.lease(job.id) if rs is not None else contextlib.nullcontext():
+    with rs.lease(job.id) if rs is not None else contextlib.nullcontext() as lease:
         known: dict[int, Any] = {}
         producers: dict[int, str] = {}
         if rs is not None:
@@ -241,13 +257,13 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
             _check_merger(reducer.merge, p.states, identity=reducer.init())
         result = _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_task,
-                          progress, speculate, window)
+                          progress, speculate, window, store_token=getattr(lease, "token", None))
     remember_job(job)
     return result
 
 
 def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_task, progress,
-             speculate, window) -> Result:
+             speculate, window, store_token=None) -> Result:
     with get_client(client) as c:
         check_memory(c, p)
         t0 = time.perf_counter()
@@ -258,7 +274,8 @@ def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_t
         try:
             ex = Execution(c, job, reducer, block, run_id=job.id, known=known, known_producers=producers,
                            store=rs, verify=verify, window=win, speculate=speculate, progress=bar,
-                           shard_seconds=p.shard_seconds)   # the block timeout from the first block on
+                           shard_seconds=p.shard_seconds,   # the block timeout from the first block on
+                           store_token=store_token)         # the workers' probe of the store (issue 20)
             state, outcome = ex.execute()
         finally:
             bar.close()
@@ -274,8 +291,18 @@ def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_t
     if rs is not None:
         summary = result.summary()
         summary["state"] = _encode_state(reducer, state)
+        summary["store_writes"] = _store_writes_record(outcome.store_writes)
         rs.write_result(job.id, summary)
     return result
+
+
+def _store_writes_record(rec: dict | None) -> dict | None:
+    """Who wrote the run's shard files, for result.json: ``mode`` workers, client or mixed."""
+    if rec is None:
+        return None
+    w, c = rec["blocks_by_workers"], rec["blocks_by_client"]
+    mode = "workers" if w and not c else "client" if c and not w else "mixed" if w else "none (nothing computed)"
+    return {"mode": mode, **rec}
 
 
 def check_memory(client, p: Pilot) -> None:

@@ -113,7 +113,7 @@ def compute_shard(job, shard: int, reducer: Reducer | None = None,
 
 @dataclass
 class BlockResult:
-    """A task's output: the block's folded state and each shard's own state."""
+    """A task's output: the block's folded state and each shard's own state (or its stored file)."""
 
     start: int
     stop: int
@@ -122,6 +122,12 @@ class BlockResult:
     computed: list[int] = field(default_factory=list)
     worker: str = "local"
     seconds: float = 0.0
+    #: Set when the task wrote its shard file itself (see :mod:`.blocks`): the file and the
+    #: sha256 of its states. ``shard_states`` then holds only the few the client keeps.
+    stored: str | None = None
+    checksum: str | None = None
+    #: Why the task did not write the store itself (the client then writes ``shard_states``).
+    store_note: str | None = None
 
 
 def _worker_address() -> str:

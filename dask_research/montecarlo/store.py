@@ -446,6 +446,14 @@ class RunStore:
         Idempotent: if the file exists with the same states (another writer of the same run got
         there first), nothing is written; different states under the same name are refused.
         """
+        return self.write_shard_file(run_id, states, worker, encoder)[0]
+
+    def write_shard_file(self, run_id: str, states: dict[int, Any], worker: str,
+                         encoder=encode) -> tuple[str, str]:
+        """:meth:`write_shards`, returning ``(path, checksum)``: the file and the sha256 of its states.
+
+        What a block task that writes its own shard file (on a worker) sends back to the client.
+        """
         if not states:
             raise ValueError("no shard states to write")
         first, last = min(states), max(states)
@@ -464,7 +472,7 @@ class RunStore:
                     and canonical_json(old.get("states")) == canonical_json(_roundtrip(body))):
                 raise StoreError(self.display(path), "already exists with different states for the same shards "
                                  "(another writer of this run disagrees); refusing to overwrite it") from None
-        return path
+        return path, doc["checksum"]
 
     def shard_files(self, run_id: str) -> list[str]:
         """The shard files of a run, in name order.

@@ -51,16 +51,25 @@ def block_bounds(shards: int, block: int) -> list[tuple[int, int]]:
 
 
 def choose_block(shards: int, shard_seconds: float, threads: int, target_seconds: float,
-                 max_block: int, min_tasks_per_thread: int = 4) -> int:
+                 max_block: int, min_tasks_per_thread: int = 4, client_block_seconds: float = 0.0) -> int:
     """Power-of-two shards per task: about ``target_seconds`` a task, enough tasks to balance.
 
     The time target is rounded to the *nearest* power of two (a task takes 0.71-1.41 x the
     target): rounding down, as before, made the block size flip between two values with the
     pilot's timing noise, and halving the blocks doubles the per-task overhead.
 
+    ``client_block_seconds`` is the client's CPU per block (``research.montecarlo.
+    client-block-seconds``, 0 by default: off). ``threads`` threads finish ``threads / task time`` blocks a second,
+    so the target grows to at least ``2 * threads * client_block_seconds``: on a large cluster
+    tasks get longer rather than the client saturating (it stays at most half busy), still
+    bounded by ``max_block`` and by the balance rule.
+
     >>> choose_block(640, 0.0106, threads=2, target_seconds=0.3, max_block=4096)
     32
+    >>> choose_block(10**7, 0.0075, threads=1000, target_seconds=0.3, max_block=4096, client_block_seconds=0.002)
+    512
     """
+    target_seconds = max(target_seconds, 2.0 * threads * max(client_block_seconds, 0.0))
     by_time = 2.0 ** round(math.log2(max(target_seconds / max(shard_seconds, 1e-9), 1.0)))
     by_balance = shards / max(1, threads * min_tasks_per_thread)
     want = max(1.0, min(by_time, by_balance, float(max_block)))
