@@ -7,7 +7,7 @@ buffer runs on the plane without changes. States are plain dicts of JSON-able va
 arrays (no pickle needed to save them).
 
 A ``TensorDict`` is accepted wherever a dict of arrays is (nested keys become ``"a.b"`` fields,
-see :mod:`dask_research.replay.integrations.torchrl`). ``extend`` of more transitions than the
+see :mod:`dask_research.replay.integrations.tensordict`). ``extend`` of more transitions than the
 plane holds keeps the newest ``capacity`` of them, as SB3's and TorchRL's buffers do
 (``overflow="newest"``, the default here); ``overflow="raise"`` refuses such a batch like
 ``ExperiencePlane.ingest``. For Stable-Baselines3 use
@@ -43,7 +43,7 @@ from .plane import ExperiencePlane
 def _as_fields(transitions: Any) -> Any:
     """A TensorDict becomes a plain dict of arrays (lazily: no tensordict import otherwise)."""
     if (type(transitions).__module__ or "").startswith("tensordict"):
-        from .integrations.torchrl import from_tensordict
+        from .integrations.tensordict import from_tensordict
 
         return from_tensordict(transitions)
     return transitions
