@@ -6,10 +6,15 @@ Examples
 """
 from __future__ import annotations
 
+import contextlib
+import pathlib
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["wait_for"]
+__all__ = ["wait_for", "dask_processes"]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
@@ -20,3 +25,35 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: flo
             return
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def dask_processes(where: pathlib.Path, n_workers: int = 2, nanny: bool = False,
+                   timeout: float = 60.0) -> Iterator[tuple[Any, list[subprocess.Popen]]]:
+    """A real ``dask scheduler`` and ``n_workers`` one-thread ``dask worker`` processes.
+
+    Yields ``(client, worker_processes)``. Without a nanny a killed worker stays dead (what a
+    fault test wants). The processes inherit this environment (``PYTHONPATH`` included), the
+    scheduler logs to ``where/scheduler.log``, and every process is killed on the way out.
+    """
+    from distributed import Client
+
+    sfile = where / "scheduler.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+                              stdout=subprocess.DEVNULL, stderr=open(where / "scheduler.log", "w"))]
+    try:
+        wait_for(sfile.exists, timeout, "the scheduler file")
+        for i in range(n_workers):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
+                 "--nthreads", "1", "--no-dashboard", "--name", f"w{i}"] + ([] if nanny else ["--no-nanny"]),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(scheduler_file=str(sfile), set_as_default=False, timeout=timeout) as client:
+            client.wait_for_workers(n_workers, timeout=timeout)
+            yield client, procs[1:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)

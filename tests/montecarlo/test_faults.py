@@ -12,7 +12,7 @@ from distributed import Client, LocalCluster
 from dask_research._cluster import workers_info
 from dask_research import montecarlo as mc
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
-from dask_research.testing.processes import wait_for
+from dask_research.testing.processes import dask_processes, wait_for
 
 
 def _job(shards=48):
@@ -31,25 +31,8 @@ def _stored(store: pathlib.Path, job) -> int:
 @pytest.fixture
 def real_cluster(tmp_path):
     """A `dask scheduler` and two `dask worker` processes (no nanny: a kill is final)."""
-    sfile = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
-                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "w"))]
-    try:
-        _wait_for(sfile.exists, 30, "the scheduler file")
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
-                 "--nthreads", "1", "--no-nanny", "--no-dashboard", "--name", f"w{i}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        with Client(scheduler_file=str(sfile), set_as_default=False) as client:
-            client.wait_for_workers(2, timeout=30)
-            yield client, procs[1:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+    with dask_processes(tmp_path, 2) as (client, workers):
+        yield client, workers
 
 
 def _reference(job):

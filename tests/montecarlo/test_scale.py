@@ -5,8 +5,6 @@ Real ``dask scheduler`` / ``dask worker`` processes where it matters: the client
 """
 import json
 import pathlib
-import subprocess
-import sys
 import uuid
 
 import dask
@@ -19,7 +17,7 @@ from dask_research.montecarlo.blocks import compute_and_store_block, store_targe
 from dask_research.montecarlo.store import RunStore
 from dask_research.montecarlo.tree import tree_fold
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
-from dask_research.testing.processes import wait_for
+from dask_research.testing.processes import dask_processes
 
 
 def _job(shards=32, seed=11):
@@ -30,25 +28,8 @@ def _job(shards=32, seed=11):
 @pytest.fixture
 def process_cluster(tmp_path):
     """A `dask scheduler` and two `dask worker` processes on this host (the environment passed on)."""
-    sfile = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        wait_for(sfile.exists, 60, "the scheduler file")
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
-                 "--nthreads", "1", "--no-dashboard", "--name", f"w{i}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        with Client(scheduler_file=str(sfile), set_as_default=False, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
-            yield client
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+    with dask_processes(tmp_path, 2, nanny=True) as (client, _):
+        yield client
 
 
 def _reference(job):
