@@ -75,8 +75,21 @@ def evaluate(job, gen: np.random.Generator, n: int, shard: int | str) -> np.ndar
     try:
         y = job.pipeline(**draws)
     except Exception as e:
-        raise PipelineError(shard, f"the pipeline raised {_describe(e)}") from e
+        raise PipelineError(shard, f"the pipeline raised {_describe(e)}{_hint(e)}") from e
     return check_output(y, n, shard, scalar=job.reducer is None)
+
+
+#: What numpy says when a scalar-only function (``math.exp``, ``float(x)``) meets an array.
+_SCALAR_ONLY = ("only 0-dimensional arrays can be converted", "only length-1 arrays can be converted",
+                "only size-1 arrays can be converted", "truth value of an array with more than one element")
+
+
+def _hint(e: BaseException) -> str:
+    """A pointer for the usual first mistake: a pipeline written for one sample, not arrays."""
+    if isinstance(e, (TypeError, ValueError)) and any(m in str(e) for m in _SCALAR_ONLY):
+        return ("; the pipeline is called with one array per input (all samples of a shard at once): "
+                "use numpy's vectorised functions (np.exp, np.where) instead of math.* or if/else on values")
+    return ""
 
 
 def _describe(e: BaseException) -> str:

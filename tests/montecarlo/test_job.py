@@ -112,3 +112,17 @@ def test_correlated_block_names_are_drawn_in_declared_order():
     job = mc.Job(lambda a, b, c: a + b + c, {"a": mc.Normal(0, 1), ("b", "c"): mc.MultivariateNormal(
         [0, 0], [[1, 0.5], [0.5, 1]])})
     assert job.names == ("a", "b", "c")
+
+
+@pytest.mark.parametrize("body", ["math.exp(a)", "1.0 if a > 0 else 0.0"])
+def test_a_pipeline_written_for_one_sample_is_told_to_use_arrays(body):
+    """The usual first mistake (math.* or if/else on values) gets a pointer, not only numpy's words."""
+    import math  # noqa: F401 - used by the pipeline's body
+
+    from dask_research import montecarlo as mc
+    from dask_research.exceptions import PipelineError
+
+    scalar_only = eval(f"lambda a: {body}", {"math": math})    # noqa: S307 - a fixed test expression
+    job = mc.Job(scalar_only, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1)
+    with pytest.raises(PipelineError, match=r"called with one array per input.*np\.exp"):
+        mc.pilot(job)
