@@ -86,12 +86,10 @@ class ReplayBufferAdapter:
         Over capacity, ``overflow="newest"`` keeps the newest ``capacity`` transitions.
         """
         transitions = _as_fields(transitions)
-        cap = getattr(self.plane, "capacity", None)
-        if self.overflow == "newest" and cap is not None and isinstance(transitions, Mapping):
-            fields, n = self.plane.spec.validate(transitions)
-            if n > cap:
-                transitions = {k: v[n - cap:] for k, v in fields.items()}
-        self.plane.ingest(transitions)
+        if getattr(self.plane, "capacity", None) is None:      # a ClusterPlane: its shards decide
+            self.plane.ingest(transitions)
+            return
+        self.plane.ingest(transitions, overflow="keep-newest" if self.overflow == "newest" else "raise")
 
     def sample(self, batch_size: int | None = None) -> Batch:
         """A batch with ``indices`` (keys) and ``weights`` (prioritized samplers)."""
