@@ -16,11 +16,14 @@ True
 """
 from __future__ import annotations
 
+import json
+import pathlib
 import random
+from typing import Any
 
 from hypothesis import strategies as st
 
-__all__ = ["flip_bit", "json_values", "truncate"]
+__all__ = ["flip_bit", "json_values", "mutate", "truncate"]
 
 
 def truncate(raw: bytes, rnd: random.Random) -> bytes:
@@ -32,6 +35,22 @@ def flip_bit(raw: bytes, rnd: random.Random) -> bytes:
     """``raw`` with one random bit inverted."""
     i = rnd.randrange(len(raw))
     return raw[:i] + bytes([raw[i] ^ (1 << rnd.randrange(8))]) + raw[i + 1:]
+
+
+def mutate(path: pathlib.Path, how: str, rnd: random.Random, value: Any) -> bool:
+    """Damage the file at ``path`` the file-level ways (``truncate``, ``bitflip``, ``replace``
+    with ``value`` as JSON, ``delete``); ``False`` for any other ``how`` (the caller's own)."""
+    if how == "truncate":
+        path.write_bytes(truncate(path.read_bytes(), rnd))
+    elif how == "bitflip":
+        path.write_bytes(flip_bit(path.read_bytes(), rnd))
+    elif how == "replace":
+        path.write_text(json.dumps(value))
+    elif how == "delete":
+        path.unlink()
+    else:
+        return False
+    return True
 
 
 def json_values(max_int: int = 2**40, allow_nan: bool = True, max_text: int = 10,

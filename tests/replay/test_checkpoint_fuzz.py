@@ -57,21 +57,14 @@ def test_fuzzed_versioned_checkpoint(pristine, target, how, rnd, value):
     try:
         shutil.copytree(pristine, work)
         path = work / target if target == "CURRENT" else checkpoints.current(work) / target
-        raw = path.read_bytes()
-        if how == "truncate":
-            path.write_bytes(corruption.truncate(raw, rnd))
-        elif how == "bitflip":
-            path.write_bytes(corruption.flip_bit(raw, rnd))
-        elif how == "replace":
-            path.write_text(json.dumps(value))
-        elif how == "retype" and target == "meta.json":
-            doc = json.loads(raw)
+        if how == "retype" and target == "meta.json":
+            doc = json.loads(path.read_bytes())
             doc[rnd.choice(sorted(doc))] = value
             path.write_text(json.dumps(doc))
         elif how == "pickle":
             _pickle_npz(path.parent / "data.npz" if target == "CURRENT" else checkpoints.current(work) / "data.npz")
-        elif how == "delete":
-            path.unlink()
+        else:                                     # truncate, bitflip, replace, delete
+            corruption.mutate(path, how, rnd, value)
         try:
             plane = replay.ExperiencePlane.restore(work)
         except ResearchError as e:

@@ -74,14 +74,10 @@ def mutations(draw):
 
 
 def _apply(path: pathlib.Path, how: str, rnd: random.Random, value, monkeypatch) -> None:
+    if corruption.mutate(path, how, rnd, value):        # truncate, bitflip, replace
+        return
     raw = path.read_bytes()
-    if how == "truncate":
-        path.write_bytes(corruption.truncate(raw, rnd))
-    elif how == "bitflip":
-        path.write_bytes(corruption.flip_bit(raw, rnd))
-    elif how == "replace":
-        path.write_text(json.dumps(value))
-    elif how in ("retype", "retype-signed"):
+    if how in ("retype", "retype-signed"):
         doc = json.loads(raw)
         paths = [p for p in _paths(doc) if p and p[0] != "checksum"]
         doc = _set(doc, rnd.choice(paths), value)
