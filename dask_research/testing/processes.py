@@ -7,14 +7,16 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["wait_for", "dask_processes"]
+__all__ = ["wait_for", "dask_processes", "subprocess_env", "run_python"]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
@@ -57,3 +59,20 @@ def dask_processes(where: pathlib.Path, n_workers: int = 2, nanny: bool = False,
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
+
+
+def subprocess_env() -> dict[str, str]:
+    """This environment with the checkout that holds ``dask_research`` first on ``PYTHONPATH``,
+    so a child process imports the same code as the test that starts it."""
+    import dask_research
+
+    env = dict(os.environ)
+    root = str(pathlib.Path(dask_research.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [root, env.get("PYTHONPATH", "")] if p)
+    return env
+
+
+def run_python(code: str, cwd: Any, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` (dedented) in a fresh ``python -c`` in ``cwd``; output captured as text."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=timeout)

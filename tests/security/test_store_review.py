@@ -28,21 +28,10 @@ import numpy as np
 import pytest
 
 from dask_research import montecarlo as mc
+from dask_research.testing.processes import run_python, subprocess_env
 from dask_research.exceptions import InputError, PipelineError, StoreError
 from dask_research.montecarlo.address import pipeline_fingerprint
 from dask_research.montecarlo.store import RunStore, StoreWarning, _checksum
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(pathlib.Path(mc.__file__).parents[2]),
-                                                    env.get("PYTHONPATH", "")] if p)
-    return env
-
-
-def _python(code: str, cwd, *args, timeout=120):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -122,15 +111,15 @@ print("JSON IS A", type(json).__name__, "| f2py imported:", "numpy.f2py" in sys.
 ])
 def test_a_manifest_never_makes_replay_call_a_builtin_or_library_function(tmp_path, module, qualname, name):
     store = tmp_path / "store"
-    made = _python(ATTACKER, tmp_path, str(store), module, qualname, name)
+    made = run_python(ATTACKER, tmp_path, str(store), module, qualname, name)
     assert made.returncode == 0, made.stderr
     rid = made.stdout.split()[-1]
-    out = _python(VICTIM, tmp_path, rid, str(store))
+    out = run_python(VICTIM, tmp_path, rid, str(store))
     assert out.returncode == 0, out.stderr
     assert "RAISED StoreError" in out.stdout and "this process has not imported" in out.stdout, out.stdout
     assert "JSON IS A module | f2py imported: False" in out.stdout, out.stdout
     cli = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "replay", rid, "--shard", "0",
-                          "--store", str(store)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          "--store", str(store)], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
                          timeout=120)
     assert cli.returncode != 0 and "has not imported" in cli.stderr + cli.stdout
 
@@ -400,7 +389,7 @@ def test_a_forged_result_json_is_shown_as_what_the_shards_hold(tmp_path, client)
     assert math.isclose(info["result"]["mean"], res.mean, rel_tol=1e-12)
     assert info["result"]["verification"] is None and "mean 42.0" in info["result"]["result_mismatch"]
     cli = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "show", job.id[:10], "--store", store],
-                         env=_env(), capture_output=True, text=True, timeout=120)
+                         env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert "mean 42" not in cli.stdout and "verified" not in cli.stdout and f"mean {res.mean:.6g}" in cli.stdout
     assert "disagrees with the stored shards" in cli.stderr

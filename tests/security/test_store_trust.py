@@ -5,15 +5,14 @@ nothing the test process imported can help it, and a planted file would be found
 old code found it (under the working directory, importable from ``sys.path[0]``).
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from dask_research import montecarlo as mc
+from dask_research.testing.processes import run_python, subprocess_env
 from dask_research.montecarlo.store import _checksum
 
 JOB_SOURCE = '''
@@ -36,20 +35,8 @@ def sat(a, b, c):
 '''
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(pathlib.Path(mc.__file__).parents[2]),
-                                                    env.get("PYTHONPATH", "")] if p)
-    return env
-
-
-def _python(code: str, cwd, *args, timeout=120):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _cli(cwd, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "dask_research.cli", *args], cwd=cwd, env=_env(),
+    return subprocess.run([sys.executable, "-m", "dask_research.cli", *args], cwd=cwd, env=subprocess_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -88,7 +75,7 @@ def test_a_hostile_manifest_never_runs_its_file(tmp_path, stored, module):
     marker = tmp_path / "MARKER"
     (cwd / "evil.py").write_text(HOSTILE.format(marker=str(marker)))
     _plant(store, rid, {"module": module, "qualname": "sat", "file": str(cwd / "evil.py")})
-    out = _python(f"""
+    out = run_python(f"""
         from dask_research import montecarlo as mc
         from dask_research.exceptions import StoreError
         for call in (lambda: mc.replay({rid!r}, 2, {str(store)!r}),
@@ -120,7 +107,7 @@ def test_the_pipeline_comes_from_the_caller(tmp_path, stored):
     path, store, rid = stored
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    out = _python(f"""
+    out = run_python(f"""
         import importlib.util, sys
         from dask_research import montecarlo as mc
         from dask_research.exceptions import StoreError
@@ -136,7 +123,7 @@ def test_the_pipeline_comes_from_the_caller(tmp_path, stored):
         """, cwd)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["not", "imported:", "True", "imported:", "True", "job=:", "True"], out.stdout
-    out = _python(f"""
+    out = run_python(f"""
         from dask_research import montecarlo as mc
         print("trusted:", mc.replay({rid!r}, 1, {str(store)!r}, trust_origin=True).match)
         """, cwd)
@@ -145,7 +132,7 @@ def test_the_pipeline_comes_from_the_caller(tmp_path, stored):
     assert res.returncode == 0 and "identical" in res.stdout, (res.stdout, res.stderr)
     # Trusted, but the file changed since the run: refused by the content address.
     path.write_text(JOB_SOURCE.replace("np.tanh(a * b", "np.tanh(a * b * 1.0"))
-    out = _python(f"""
+    out = run_python(f"""
         from dask_research import montecarlo as mc
         mc.replay({rid!r}, 1, {str(store)!r}, trust_origin=True)
         """, cwd)
@@ -180,7 +167,7 @@ def test_a_main_script_is_never_run_again(tmp_path):
     """Replaying a job defined in a __main__ script: the old code re-ran the script (RecursionError)."""
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    res = subprocess.run([sys.executable, str(script), "run"], cwd=tmp_path, env=_env(), capture_output=True,
+    res = subprocess.run([sys.executable, str(script), "run"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
                          text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.split()
@@ -188,6 +175,6 @@ def test_a_main_script_is_never_run_again(tmp_path):
     rid = lines[lines.index("RUN") + 1]
     other = tmp_path / "later.py"
     other.write_text(SCRIPT)
-    res = subprocess.run([sys.executable, str(other), "replay", rid], cwd=tmp_path, env=_env(),
+    res = subprocess.run([sys.executable, str(other), "replay", rid], cwd=tmp_path, env=subprocess_env(),
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split() == ["True"], (res.stdout, res.stderr[-3000:])
