@@ -133,11 +133,9 @@ def workers_info(client) -> dict:
     information) can overwrite between the fetch and the read, so it is sometimes empty on a
     cluster with workers. This asks the scheduler and returns its answer itself.
     """
-    try:
-        info = client.sync(client.scheduler.identity, n_workers=-1)
-    except TypeError:   # distributed before n_workers= existed: identity() has every worker
-        info = client.sync(client.scheduler.identity)
-    return dict(info["workers"])
+    from ._compat import scheduler_identity
+
+    return dict(scheduler_identity(client)["workers"])
 
 
 @contextlib.contextmanager

@@ -159,19 +159,18 @@ def _load_job(ref: str):
 
 def _check_address(address: str) -> str:
     """``address`` if it is a scheduler address Dask can connect to; else a usage error."""
-    from distributed.comm import get_address_host_port
-    from distributed.comm.registry import get_backend
+    from ._compat import address_host_port, comm_backend
 
     expected = "expected PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786"
     text = str(address).strip()
     scheme = text.split("://", 1)[0] if "://" in text else "tcp"
     try:
-        get_backend(scheme)
+        comm_backend(scheme)
     except ValueError:
         raise click.BadParameter(f"{address!r} has an unknown protocol {scheme!r}; {expected}",
                                  param_hint="--scheduler") from None
     try:
-        host, port = get_address_host_port(text if "://" in text else f"tcp://{text}")
+        host, port = address_host_port(text if "://" in text else f"tcp://{text}")
     except (ValueError, TypeError) as e:
         raise click.BadParameter(f"{address!r} is not a scheduler address ({e}); {expected}",
                                  param_hint="--scheduler") from None

@@ -118,7 +118,7 @@ def _submit(cluster, name: str, jobs: int) -> None:
             time.sleep(0.05)
         # Forget the jobs that were never submitted, so that closing the cluster can work
         # (SpecCluster expects every worker object it holds to have started).
-        from distributed.core import Status
+        from distributed import Status
 
         for wname, w in list(cluster.workers.items()):
             if not getattr(w, "job_id", None):

@@ -37,13 +37,15 @@ def register() -> bool:
     Returns False when bokeh is not installed (the pages need the ``[dashboard]`` extra).
     """
     try:
-        import distributed.dashboard.scheduler as dash_scheduler
+        import bokeh  # noqa: F401
     except ImportError:
         return False
+    from .._compat import dashboard_applications
     from . import pages
 
+    applications = dashboard_applications()
     for route, name in ROUTES.items():
-        dash_scheduler.applications.setdefault(route, getattr(pages, name))
+        applications.setdefault(route, getattr(pages, name))
     return True
 
 

@@ -1,9 +1,7 @@
 """Bokeh documents for the research pages (one function per page, like Dask's ``*_doc``)."""
 from __future__ import annotations
 
-from distributed.dashboard.components import add_periodic_callback
-from distributed.dashboard.components.scheduler import BOKEH_THEME, env
-from distributed.utils import log_errors
+from .._compat import add_periodic_callback, dashboard_template, dashboard_theme, log_errors
 
 from .components import BranchBoard, ExperiencePanel, ShardBoard
 
@@ -13,9 +11,9 @@ def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
     add_periodic_callback(doc, component, interval)
     doc.title = f"Dask: {title}"
     doc.add_root(component.root)
-    doc.template = env.get_template("simple.html")
+    doc.template = dashboard_template("simple.html")
     doc.template_variables.update(extra)
-    doc.theme = BOKEH_THEME
+    doc.theme = dashboard_theme()
 
 
 @log_errors

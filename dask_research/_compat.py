@@ -1,0 +1,199 @@
+"""The one place dask-research touches Dask's internals.
+
+Everything else in the package uses Dask's public API. What has no public API is wrapped here,
+one named function each, so that a Dask release that moves an internal breaks this file and
+``tests/test_compat.py`` loudly (a :class:`DaskCompatError` naming the internal and the installed
+``distributed`` version), never a hot path or a guard in silence.
+
+>>> from dask_research import _compat
+>>> _compat.in_async_call(None)
+False
+>>> isinstance(_compat.DISTRIBUTED_VERSION, str)
+True
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import distributed
+
+from .exceptions import ResearchError
+
+DISTRIBUTED_VERSION: str = distributed.__version__
+
+__all__ = [
+    "DISTRIBUTED_VERSION", "DaskCompatError", "CommClosedError", "FutureCancelledError",
+    "FuturesCancelledError", "in_async_call", "wait_futures", "scheduler_log_event",
+    "scheduler_identity", "worker_stream_open", "guard_memory_pause", "bandwidth_workers",
+    "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
+    "log_errors", "address_host_port", "comm_backend",
+]
+
+
+class DaskCompatError(ResearchError, RuntimeError):
+    """A Dask internal that dask-research relies on is not where this release of Dask has it."""
+
+
+def _moved(what: str, error: BaseException | None = None) -> DaskCompatError:
+    why = f" ({type(error).__name__}: {error})" if error is not None else ""
+    return DaskCompatError(
+        f"dask-research relies on distributed's {what}, which distributed {DISTRIBUTED_VERSION} "
+        f"does not provide{why}; install a distributed release this dask-research supports "
+        "(see setup.cfg) or upgrade dask-research")
+
+
+def _attr(module: str, name: str) -> Any:
+    """``module.name``, or a :class:`DaskCompatError` naming both."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise _moved(f"{module}.{name}", e) from None
+
+
+# ----------------------------------------------------------------------------- exceptions
+# distributed raises these but does not export them from its top level.
+FutureCancelledError: type[BaseException] = _attr("distributed.client", "FutureCancelledError")
+FuturesCancelledError: type[BaseException] = _attr("distributed.client", "FuturesCancelledError")
+CommClosedError: type[BaseException] = _attr("distributed.comm.core", "CommClosedError")
+
+
+# ----------------------------------------------------------------------------- client side
+
+def in_async_call(loop: Any) -> bool:
+    """Whether the caller runs on ``loop``'s thread inside a coroutine (``distributed.utils``).
+
+    ``None`` (no client loop) is never an async call.
+    """
+    if loop is None:
+        return False
+    return bool(_attr("distributed.utils", "in_async_call")(loop))
+
+
+async def wait_futures(futures: list, timeout: float | None = None,
+                       return_when: str = "ALL_COMPLETED") -> Any:
+    """Await ``futures`` on the client's loop (``distributed.client._wait``).
+
+    ``distributed.wait`` insists on a default client and blocks; this is its coroutine, for code
+    already on the loop. Returns the ``(done, not_done)`` named tuple; raises ``TimeoutError``.
+    """
+    return await _attr("distributed.client", "_wait")(futures, timeout=timeout,
+                                                       return_when=return_when)
+
+
+async def scheduler_log_event(client: Any, topic: str | list, msg: Any) -> None:
+    """Send one event to the scheduler's log from a coroutine on the client's loop.
+
+    :meth:`distributed.Client.log_event` is the public form, but it blocks a synchronous client
+    and cannot be awaited from its own loop; this awaits the same scheduler handler.
+    """
+    handler = getattr(client, "scheduler", None)
+    if handler is None:
+        raise _moved("Client.scheduler (the scheduler rpc)")
+    await handler.log_event(topic=topic, msg=msg)
+
+
+def scheduler_identity(client: Any) -> dict:
+    """The scheduler's ``identity`` with every worker (a synchronous client).
+
+    ``client.scheduler_info()`` reads a cache that the client's periodic refresh can overwrite
+    without per-worker information; this asks the scheduler and returns its answer.
+    """
+    try:
+        return dict(client.sync(client.scheduler.identity, n_workers=-1))
+    except TypeError:   # distributed before n_workers= existed: identity() has every worker
+        return dict(client.sync(client.scheduler.identity))
+
+
+# ----------------------------------------------------------------------------- worker side
+
+def worker_stream_open(worker: Any) -> bool:
+    """Whether ``worker``'s batched stream to the scheduler is connected (``batched_stream.comm``)."""
+    stream = getattr(worker, "batched_stream", None)
+    if stream is None:
+        return False
+    comm = getattr(stream, "comm", None)
+    return comm is not None and not comm.closed()
+
+
+_PAUSE = "_maybe_pause_or_unpause"
+
+
+def guard_memory_pause(worker: Any, keep_paused: Callable[[Any], bool]) -> Callable[[], None]:
+    """Keep ``worker``'s memory monitor from resuming it while ``keep_paused(worker)`` holds.
+
+    ``WorkerMemoryManager._maybe_pause_or_unpause`` resumes any paused worker whose memory is
+    fine, every ``distributed.worker.memory.monitor-interval``. This wraps it on ``worker``'s
+    instance only and returns the function that restores it. A worker without a memory manager
+    (``memory_monitor`` off) needs no guard; a memory manager without the method means Dask moved
+    it, and the guard would do nothing: that raises rather than pass in silence.
+    """
+    mm = getattr(worker, "memory_manager", None)
+    if mm is None:
+        return lambda: None
+    original = getattr(mm, _PAUSE, None)
+    if not callable(original):
+        raise _moved(f"WorkerMemoryManager.{_PAUSE} (the memory monitor's pause/resume step)")
+
+    def maybe_pause_or_unpause(worker_: Any, memory: int) -> None:
+        if keep_paused(worker_):
+            return
+        original(worker_, memory)
+
+    maybe_pause_or_unpause.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(mm, _PAUSE, maybe_pause_or_unpause)
+
+    def restore() -> None:
+        if vars(mm).get(_PAUSE) is maybe_pause_or_unpause:
+            delattr(mm, _PAUSE)
+
+    return restore
+
+
+# ----------------------------------------------------------------------------- scheduler side
+
+def bandwidth_workers(scheduler: Any) -> dict[tuple[str, str], float]:
+    """The scheduler's measured bandwidth per pair of workers (``Scheduler.bandwidth_workers``)."""
+    try:
+        return dict(scheduler.bandwidth_workers)
+    except AttributeError as e:
+        raise _moved("Scheduler.bandwidth_workers", e) from None
+
+
+# ----------------------------------------------------------------------------- dashboard (bokeh)
+
+def dashboard_applications() -> dict:
+    """The scheduler dashboard's route -> document-function table (needs bokeh)."""
+    return _attr("distributed.dashboard.scheduler", "applications")
+
+
+def dashboard_theme() -> Any:
+    """The theme Dask's own dashboard pages use."""
+    return _attr("distributed.dashboard.components.scheduler", "BOKEH_THEME")
+
+
+def dashboard_template(name: str = "simple.html") -> Any:
+    """One of the Jinja templates Dask's dashboard pages render into."""
+    return _attr("distributed.dashboard.components.scheduler", "env").get_template(name)
+
+
+def add_periodic_callback(doc: Any, component: Any, interval: int) -> None:
+    """Refresh ``component`` every ``interval`` ms while ``doc`` is open (Dask's helper)."""
+    _attr("distributed.dashboard.components", "add_periodic_callback")(doc, component, interval)
+
+
+def log_errors(func: Callable) -> Callable:
+    """Dask's decorator that logs, then re-raises, an error of a dashboard callback."""
+    return _attr("distributed.utils", "log_errors")(func)
+
+
+# ----------------------------------------------------------------------------- addresses
+
+def address_host_port(address: str) -> tuple[str, int]:
+    """``(host, port)`` of a Dask address such as ``tcp://10.0.0.5:8786``."""
+    return _attr("distributed.comm", "get_address_host_port")(address)
+
+
+def comm_backend(scheme: str) -> Any:
+    """Dask's transport for ``scheme`` (``tcp``, ``tls``, ``inproc``...); ``ValueError`` if none."""
+    return _attr("distributed.comm.registry", "get_backend")(scheme)
