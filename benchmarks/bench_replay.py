@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import pathlib
 import statistics
 import sys
@@ -33,8 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import (LoadMonitor, median_time, print_table, update_results,  # noqa: E402
-                                write_results)
+from benchmarks.harness import LoadMonitor, median_time, print_table, update_results, write_results  # noqa: E402
 from dask_research import replay  # noqa: E402
 
 SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32"),

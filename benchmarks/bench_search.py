@@ -80,8 +80,8 @@ class Problem:
     def __init__(self, dataset: str, cache: dict[str, list[float]]):
         self.dataset = dataset
         self.cache = cache
-        best = max(((cache[sp.key(dataset, f, c)][0], f) for f in sp.FAMILIES
-                    for c in sp.configs(f)))
+        best = max((cache[sp.key(dataset, f, c)][0], f) for f in sp.FAMILIES
+                    for c in sp.configs(f))
         self.best_score, self.best_family = best
         self.lookups = 0
         self.lookup_s = 0.0

@@ -92,7 +92,6 @@ def data(dataset: str) -> tuple[Any, Any]:
 def evaluate(dataset: str, family: str, config: dict[str, Any]) -> tuple[float, float]:
     """``(3-fold CV accuracy, seconds)`` of one configuration (stratified, unshuffled)."""
     from sklearn.model_selection import cross_val_score
-
     from threadpoolctl import threadpool_limits
 
     X, y = data(dataset)

@@ -14,7 +14,8 @@ True
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import distributed
 

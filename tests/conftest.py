@@ -2,9 +2,8 @@
 # research.* defaults are part of the configuration every cluster test starts from.
 import os
 
-from hypothesis import HealthCheck, settings
-
 import dask
+from hypothesis import HealthCheck, settings
 
 import dask_research  # noqa: F401
 

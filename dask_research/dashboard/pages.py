@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from .._compat import add_periodic_callback, dashboard_template, dashboard_theme, log_errors
-
 from .components import BranchBoard, ExperiencePanel, ShardBoard
 
 

@@ -28,16 +28,21 @@ Examples
 """
 from __future__ import annotations
 
+from .checkpoint import JournalLegacyWarning
 from .discounted import discounted_ucb_scores
 from .events import EVENT_KINDS, Event, Interval, Trace
 from .klucb import kl_ucb_scores
 from .ledger import BranchLedger
-from .checkpoint import JournalLegacyWarning
 from .linucb import LinUCBModel
 from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
-from .maxbandit import (MAX_POLICY_NAMES, QuantileUCBPolicy, ThresholdAscentPolicy,
-                        quantile_ucb_index, threshold_ascent_index)
+from .maxbandit import (
+    MAX_POLICY_NAMES,
+    QuantileUCBPolicy,
+    ThresholdAscentPolicy,
+    quantile_ucb_index,
+    threshold_ascent_index,
+)
 from .objectives import OBJECTIVES
 from .pareto import pareto_front, pareto_ucb1_indices
 from .policies import select, ucb1_score, ucb1_scores

@@ -33,8 +33,8 @@ from .checkpoint import Journal, hypothesis_to_json
 from .events import Event, Trace, _jsonable, top_scores
 from .execute import is_async_callable
 from .ledger import BranchLedger, ScoreFn
-from .maxbandit import MAX_POLICY_NAMES, make_max_policy
 from .limits import check_batch_memory
+from .maxbandit import MAX_POLICY_NAMES, make_max_policy
 from .options import number as _number
 from .options import parse_objectives, parse_threshold, parse_weights
 from .pareto import pareto_front
@@ -42,8 +42,8 @@ from .progress import ProgressBar
 from .report import Report
 from .resume import Restored, restore
 from .scoring import Policy, make_policy
-from .timeouts import Deadlines, ExperimentTimeout
 from .sources import Branch, SourceTable, add_branches
+from .timeouts import Deadlines, ExperimentTimeout
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = ["IterationScheduler"]

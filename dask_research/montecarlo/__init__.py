@@ -17,15 +17,24 @@ Examples
 >>> result.mean, result.stderr, result.interval(0.95), result.linearized   # doctest: +SKIP
 """
 from .accumulators import Moments, MomentsReducer, Reducer, merge_moments
-from .distributions import (Beta, Distribution, Fixed, LogNormal, MultivariateNormal, Normal,
-                            Triangular, TruncatedNormal, Uniform)
+from .distributions import (
+                            Beta,
+                            Distribution,
+                            Fixed,
+                            LogNormal,
+                            MultivariateNormal,
+                            Normal,
+                            Triangular,
+                            TruncatedNormal,
+                            Uniform,
+)
 from .job import Job
 from .linearize import Linearized, linearize
 from .mergers import MergerReport, check_merger
 from .pilot import Pilot, Plan, pilot
-from .result import Interval, Result
 from .power import PowerPolicy, power_state
 from .replay import ReplayReport, load_job, replay, replay_many, show
+from .result import Interval, Result
 from .run import run
 from .shard import compute_shard
 from .store import RunStore

@@ -54,13 +54,13 @@ class Moments:
     hist: np.ndarray
 
     @classmethod
-    def empty(cls, range: tuple[float, float], bins: int) -> "Moments":
+    def empty(cls, range: tuple[float, float], bins: int) -> Moments:
         """The identity of :func:`merge_moments`."""
         return cls(0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf, float(range[0]), float(range[1]),
                    np.zeros(bins + 2, dtype=np.int64))
 
     @classmethod
-    def from_samples(cls, y: np.ndarray, range: tuple[float, float], bins: int) -> "Moments":
+    def from_samples(cls, y: np.ndarray, range: tuple[float, float], bins: int) -> Moments:
         """Accumulate a 1-d float array (finite values; checked by the caller)."""
         n = int(y.size)
         lo, hi = float(range[0]), float(range[1])
@@ -115,7 +115,7 @@ class Moments:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Moments":
+    def from_dict(cls, d: dict[str, Any]) -> Moments:
         """Inverse of :meth:`to_dict`; the result is :meth:`check`-ed (a stored state is untrusted)."""
         if not isinstance(d, dict):
             raise ValueError(f"an accumulator is a dict, not a {type(d).__name__}")
@@ -128,7 +128,7 @@ class Moments:
             raise ValueError("histogram is not a list of integer counts")
         return cls(n, hist=np.asarray(hist, dtype=np.int64), **f).check()
 
-    def check(self) -> "Moments":
+    def check(self) -> Moments:
         """Raise ``ValueError`` unless the accumulator is one that samples could have produced.
 
         n >= 0; finite mean and central sums with M2 >= 0 and M4 >= 0 (M3, M4 may be infinite

@@ -40,8 +40,8 @@ from .. import config
 from .._cluster import workers_info
 from ..exceptions import ConfigError, PipelineError, ResearchError, VerificationError
 from .accumulators import Moments
-from .events import EventOutbox, RunningEstimate
 from .blocks import compute_and_store_block, store_target
+from .events import EventOutbox, RunningEstimate
 from .shard import BlockResult, compute_block, compute_shard
 from .tree import block_bounds, tree_fold
 from .verify import TOLERANCE, choose_reused, choose_shards, hash_order, reused_count, states_match
@@ -216,7 +216,7 @@ class Execution:
         if not seen:
             return []
         try:
-            from distributed.scheduler import heartbeat_interval   # Dask's own, by cluster size
+            from distributed.scheduler import heartbeat_interval  # Dask's own, by cluster size
 
             beat = float(heartbeat_interval(len(seen)))
         except Exception:  # pragma: no cover - moved in some Dask
@@ -586,7 +586,7 @@ class Execution:
 
     async def _collect(self, futures: list, timeout: float) -> tuple[list, dict]:
         """Wait for the first of ``futures`` to end, then gather every finished one: one hop."""
-        from distributed.client import _wait   # distributed.wait() insists on a default client
+        from distributed.client import _wait  # distributed.wait() insists on a default client
 
         futures = self._waitable(futures)
         if not futures:

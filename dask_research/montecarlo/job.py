@@ -226,7 +226,7 @@ class Job:
             self._id = sha256_hex(self.describe())
         return self._id
 
-    def replace(self, **changes: Any) -> "Job":
+    def replace(self, **changes: Any) -> Job:
         """A copy with some constructor arguments changed."""
         kwargs = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
                       samples_per_shard=self.samples_per_shard, seed=self.seed, bins=self.bins,

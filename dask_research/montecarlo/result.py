@@ -18,9 +18,9 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np

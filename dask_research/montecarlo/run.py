@@ -24,12 +24,13 @@ from .. import config
 from .._cluster import get_client, workers_info
 from .._version import __version__
 from ..exceptions import InputError, StoreError
+from .accumulators import Moments
 from .engine import Execution
 from .job import ENGINE, Job
-from .accumulators import Moments
 from .linearize import linearize
 from .mergers import check_merger as _check_merger
-from .pilot import Pilot, pilot as _pilot
+from .pilot import Pilot
+from .pilot import pilot as _pilot
 from .result import Result
 from .store import RunStore
 from .tree import choose_block
@@ -97,7 +98,7 @@ def open_store(store: Any, must_exist: bool = False) -> RunStore | None:
 
 
 #: Jobs this process has run or rebuilt, by content address (weak: they live while the caller keeps them).
-_JOBS: "weakref.WeakValueDictionary[str, Job]" = weakref.WeakValueDictionary()
+_JOBS: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
 
 
 def remember_job(job: Job) -> None:

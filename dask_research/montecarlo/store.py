@@ -141,7 +141,7 @@ class RunStore:
         except OSError:
             return False
 
-    def require(self) -> "RunStore":
+    def require(self) -> RunStore:
         """Raise :class:`StoreError` unless the store exists (readers never create one)."""
         if self._local and os.path.lexists(self.root) and not os.path.isdir(self.root):
             raise StoreError(self.display(self.root), "is a file, not a run store (a directory)")
@@ -150,7 +150,7 @@ class RunStore:
                              "the run was written to (mc run --store ...)")
         return self
 
-    def prepare(self) -> "RunStore":
+    def prepare(self) -> RunStore:
         """Create the store's root for writing, or raise a one-line :class:`StoreError` why not."""
         where = self.display(self.root)
         if self._local:
@@ -573,7 +573,7 @@ class RunStore:
 
     # -- one writer per run -----------------------------------------------------------------
     def lease(self, run_id: str, *, timeout: float | None = None, wait: float | None = None,
-              announce=None) -> "Lease":
+              announce=None) -> Lease:
         """A :class:`Lease` on ``run_id``: enter it to become the run's only writer."""
         return Lease(self, run_id, timeout=timeout, wait=wait, announce=announce)
 
@@ -798,7 +798,7 @@ class Lease:
                     pass
                 os.close(pfd)
 
-    def acquire(self) -> "Lease":
+    def acquire(self) -> Lease:
         started, t0, said = time.time(), time.monotonic(), False
         while True:
             if self._try_create(self._doc(started)):
@@ -876,7 +876,7 @@ class Lease:
             except (OSError, StoreError):
                 pass
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -30,8 +30,17 @@ from .plane import EmptyPlaneError, ExperiencePlane
 from .rate_limiter import RateLimiter
 from .samplers import PrioritizedSampler, RecentSampler, Sampler, UniformSampler
 from .spec import ExperienceSpec, Field
-from .storages import (DeviceStorage, DeviceTier, DiskStorage, DiskTier, HostStorage, HostTier,
-                       Storage, Tier, TieredStorage)
+from .storages import (
+                       DeviceStorage,
+                       DeviceTier,
+                       DiskStorage,
+                       DiskTier,
+                       HostStorage,
+                       HostTier,
+                       Storage,
+                       Tier,
+                       TieredStorage,
+)
 from .transforms import Normalize, NStepReturn
 
 __all__ = [

@@ -58,7 +58,7 @@ class Batch(Mapping):
         """Number of transitions."""
         return len(self.indices)
 
-    def copy(self) -> "Batch":
+    def copy(self) -> Batch:
         """A batch whose arrays are copies (numpy/torch/CuPy all provide ``.copy`` or ``.clone``)."""
         def cp(a):
             return a.clone() if hasattr(a, "clone") else a.copy()

@@ -361,7 +361,7 @@ def _bool_as_dtype(bool_as: Any) -> np.dtype:
     return dt
 
 
-def drain_and_join(thread: threading.Thread, q: "queue.Queue") -> None:
+def drain_and_join(thread: threading.Thread, q: queue.Queue) -> None:
     """Join a producer thread, emptying its bounded queue so a blocked ``put`` can finish."""
     while thread.is_alive():
         try:
@@ -384,13 +384,13 @@ class PrefetchingIterator:
     closed: bool
     convert: Any
     stats: DeliveryStats
-    _queue: "queue.Queue | None"
+    _queue: queue.Queue | None
     _thread: threading.Thread | None
     _stop: threading.Event
     _switch: bool
     _last_return: float | None
 
-    def __iter__(self) -> "PrefetchingIterator":
+    def __iter__(self) -> PrefetchingIterator:
         return self
 
     def _clock(self) -> tuple[float, float | None]:
@@ -476,7 +476,7 @@ class PrefetchingIterator:
             assert self._queue is not None
             drain_and_join(self._thread, self._queue)
 
-    def __enter__(self) -> "PrefetchingIterator":
+    def __enter__(self) -> PrefetchingIterator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -490,7 +490,7 @@ class BatchIterator(PrefetchingIterator):
     after their upload completed), so a learner may keep a batch as long as it likes.
     """
 
-    def __init__(self, plane: "ExperiencePlane", batch_size: int | None = None,
+    def __init__(self, plane: ExperiencePlane, batch_size: int | None = None,
                  prefetch: int | None = None, to: str = "numpy", device: Any = None,
                  transforms: Sequence[Callable] = (), max_batches: int | None = None,
                  timeout: float | None = None, switch_interval: float | None = None,

@@ -659,7 +659,7 @@ class ExperiencePlane:
     @classmethod
     def restore(cls, path: str | os.PathLike, tiers: Sequence[Tier] | None = None,
                 sampler: Sampler | None = None, rate_limiter: RateLimiter | None = None,
-                **kwargs: Any) -> "ExperiencePlane":
+                **kwargs: Any) -> ExperiencePlane:
         """Rebuild a plane from :meth:`checkpoint`. Tiers are chosen anew (default: one host
         tier); the sampler is rebuilt from the checkpoint unless given.
 
@@ -677,7 +677,7 @@ class ExperiencePlane:
             raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
 
     @classmethod
-    def _restore(cls, path: pathlib.Path, tiers, sampler, rate_limiter, **kwargs: Any) -> "ExperiencePlane":
+    def _restore(cls, path: pathlib.Path, tiers, sampler, rate_limiter, **kwargs: Any) -> ExperiencePlane:
         from . import checkpoints
 
         meta, where = checkpoints.read_meta(path)
@@ -727,7 +727,7 @@ class ExperiencePlane:
             self._migrator.join(timeout=5)
         self.storage.close()
 
-    def __enter__(self) -> "ExperiencePlane":
+    def __enter__(self) -> ExperiencePlane:
         return self
 
     def __exit__(self, *exc: Any) -> None:

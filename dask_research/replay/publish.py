@@ -80,7 +80,7 @@ class Publisher:
     def plane(self) -> Any:
         return self._plane()
 
-    def start(self) -> "Publisher":
+    def start(self) -> Publisher:
         self._thread.start()
         return self
 

@@ -87,7 +87,6 @@ def _field(name: Any, desc: Any) -> Field:
 def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
     """``(int64 keys, float64 priorities)``, flat, one priority per index (numpy, torch, CuPy)."""
     from ..exceptions import InputError
-
     from .exact import key_array, priority_values
 
     keys = key_array(_as_numpy("indices", indices), where).reshape(-1)
@@ -240,7 +239,7 @@ def _array_check(f: Field):
     return check
 
 
-def add_checks(spec: "ExperienceSpec") -> dict[str, Any]:
+def add_checks(spec: ExperienceSpec) -> dict[str, Any]:
     """Per-field checks of one transition for ``ExperiencePlane.add``'s fast path: each takes
     a value and says whether writing it into the field's slot is exactly what ``validate``
     followed by a write would store."""
@@ -297,7 +296,7 @@ class ExperienceSpec:
     20
     """
 
-    def __init__(self, fields: Mapping[str, Any] | "ExperienceSpec"):
+    def __init__(self, fields: Mapping[str, Any] | ExperienceSpec):
         if isinstance(fields, ExperienceSpec):
             fields = fields.to_dict()
         if not isinstance(fields, Mapping) or not fields:
@@ -318,7 +317,7 @@ class ExperienceSpec:
         return json.dumps({n: [list(s), d] for n, (s, d) in self.to_dict().items()})
 
     @classmethod
-    def from_json(cls, text: str) -> "ExperienceSpec":
+    def from_json(cls, text: str) -> ExperienceSpec:
         return cls({n: (tuple(s), d) for n, (s, d) in json.loads(text).items()})
 
     def __eq__(self, other: object) -> bool:

@@ -68,7 +68,7 @@ class NStepReturn:
         self.truncated = truncated
         self.plane: ExperiencePlane | None = None
 
-    def bind(self, plane: "ExperiencePlane") -> None:
+    def bind(self, plane: ExperiencePlane) -> None:
         names = [self.reward, self.done, self.next_obs]
         if self.truncated is not None:
             names.append(self.truncated)

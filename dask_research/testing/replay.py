@@ -26,7 +26,8 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from hypothesis import note, strategies as st
+from hypothesis import note
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -87,8 +88,7 @@ def make_plane_machine(storage: str = "host", sampler: str = "uniform",
     capacity : int
         Plane capacity (small, so that the ring wraps often).
     """
-    from ..replay import (DiskTier, ExperiencePlane, HostTier, PrioritizedSampler, RecentSampler,
-                          UniformSampler)
+    from ..replay import DiskTier, ExperiencePlane, HostTier, PrioritizedSampler, RecentSampler, UniformSampler
 
     class PlaneMachine(RuleBasedStateMachine):
         def __init__(self) -> None:

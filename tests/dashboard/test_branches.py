@@ -6,8 +6,6 @@ from dask_research.dashboard.components import BranchBoard, branch_view  # noqa:
 from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner  # noqa: E402
 
 
-
-
 def test_branch_board_on_a_real_run(small_cluster):
     cl, c = small_cluster
     board = BranchBoard(cl.scheduler)

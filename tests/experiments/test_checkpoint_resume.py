@@ -9,7 +9,9 @@ import sys
 import textwrap
 import time
 
+import crash_scenario as cs
 import pytest
+from exp_scenarios import summary
 
 from dask_research.exceptions import CheckpointError, ExperimentError, InputError
 from dask_research.experiments import (
@@ -20,9 +22,6 @@ from dask_research.experiments import (
 )
 from dask_research.experiments.checkpoint import Journal, _encode
 from dask_research.experiments.lock import JournalLockWarning
-
-import crash_scenario as cs
-from exp_scenarios import summary
 
 HERE = pathlib.Path(__file__).resolve().parent
 REWARDS = {"strong": 0.9, "mid": 0.5, "weak": 0.1}
@@ -155,8 +154,8 @@ def test_in_flight_experiments_are_requeued_once(tmp_path):
 
 def json_results(path):
     state = Journal(path).load()
-    from dask_research.experiments.resume import restore
     from dask_research.experiments.ledger import BranchLedger
+    from dask_research.experiments.resume import restore
 
     return restore(state, BranchLedger(0.5), str(path)).results
 

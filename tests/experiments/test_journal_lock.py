@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import crash_scenario as cs
 import dask
 import pytest
 
@@ -18,8 +19,6 @@ from dask_research.exceptions import CheckpointError
 from dask_research.experiments import Hypothesis, IterationScheduler
 from dask_research.experiments.checkpoint import Journal
 from dask_research.experiments.lock import JournalLock, JournalLockWarning
-
-import crash_scenario as cs
 
 HERE = pathlib.Path(__file__).resolve().parent
 

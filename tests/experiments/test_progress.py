@@ -7,8 +7,8 @@ import warnings
 
 import pytest
 
-from dask_research.experiments import Hypothesis, IterationScheduler
 from dask_research import progress as progress_mod
+from dask_research.experiments import Hypothesis, IterationScheduler
 
 
 def _final(err):

@@ -2,10 +2,9 @@
 import asyncio
 
 from distributed.utils_test import gen_cluster
+from exp_scenarios import HAND_SEQUENCE, gates_scheduler, hand_scheduler, summary
 
 from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
-
-from exp_scenarios import HAND_SEQUENCE, gates_scheduler, hand_scheduler, summary
 
 
 @gen_cluster(client=True, timeout=60)

@@ -7,6 +7,7 @@ import time
 
 import dask
 import pytest
+from exp_scenarios import HAND_SEQUENCE, gates_scheduler, hand_scheduler, summary
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,8 +19,6 @@ from dask_research.experiments import (
     deterministic_expander,
     make_deterministic_runner,
 )
-
-from exp_scenarios import HAND_SEQUENCE, gates_scheduler, hand_scheduler, summary
 
 
 def _hyps(branches, per_branch, prefix=""):

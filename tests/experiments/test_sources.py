@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from distributed.utils_test import gen_cluster
 
 from dask_research.exceptions import ExperimentError

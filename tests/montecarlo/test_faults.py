@@ -9,8 +9,8 @@ import threading
 import pytest
 from distributed import Client, LocalCluster
 
-from dask_research._cluster import workers_info
 from dask_research import montecarlo as mc
+from dask_research._cluster import workers_info
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
 from dask_research.testing.processes import dask_processes, wait_for
 

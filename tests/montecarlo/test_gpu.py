@@ -8,9 +8,18 @@ from distributed.utils_test import gen_cluster
 from dask_research import montecarlo as mc
 from dask_research.exceptions import InputError, PipelineError, ResearchError
 from dask_research.montecarlo.accumulators import Moments
-from dask_research.montecarlo.gpu import (GPU_TOLERANCE, compare, compute_block_portable,
-                                          compute_shard_portable, draw_rows, row_moments,
-                                          select_xp, states_match, submit_kwargs, tolerance_of)
+from dask_research.montecarlo.gpu import (
+    GPU_TOLERANCE,
+    compare,
+    compute_block_portable,
+    compute_shard_portable,
+    draw_rows,
+    row_moments,
+    select_xp,
+    states_match,
+    submit_kwargs,
+    tolerance_of,
+)
 from dask_research.montecarlo.gpu.draws import box_muller, words_per_shard
 from dask_research.montecarlo.mergers import compare_states
 from dask_research.montecarlo.tree import tree_fold

@@ -13,7 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from dask_research.montecarlo.gpu import kernel, philox_ref as ref
+from dask_research.montecarlo.gpu import kernel
+from dask_research.montecarlo.gpu import philox_ref as ref
 
 SHIM = r"""
 #include <cstdio>

@@ -8,8 +8,13 @@ import pytest
 from distributed import Client
 
 from dask_research import montecarlo as mc
-from dask_research.montecarlo.gpu import (compute_block_portable, recompute_shard, states_match,
-                                          submit_kwargs, tolerance_of)
+from dask_research.montecarlo.gpu import (
+    compute_block_portable,
+    recompute_shard,
+    states_match,
+    submit_kwargs,
+    tolerance_of,
+)
 from dask_research.montecarlo.tree import tree_fold
 from dask_research.testing.processes import wait_for
 

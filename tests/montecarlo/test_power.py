@@ -19,8 +19,14 @@ from distributed.utils_test import gen_cluster, inc
 from dask_research._cluster import workers_info
 from dask_research.exceptions import InputError
 from dask_research.montecarlo import power
-from dask_research.montecarlo.power import (PowerPolicy, build_worker_command, parse_battery_floor,
-                                            parse_budget, power_state, worker_command)
+from dask_research.montecarlo.power import (
+    PowerPolicy,
+    build_worker_command,
+    parse_battery_floor,
+    parse_budget,
+    power_state,
+    worker_command,
+)
 
 
 class Readings:

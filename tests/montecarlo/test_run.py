@@ -306,7 +306,6 @@ def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
 
 def test_embedded_process_workers_get_the_malloc_fix():
     import dask
-
     from distributed import default_client
 
     from dask_research._cluster import get_client

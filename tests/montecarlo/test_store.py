@@ -11,8 +11,6 @@ from dask_research import montecarlo as mc
 from dask_research.cli import main
 from dask_research.exceptions import StoreError
 
-from .conftest import MU, SD
-
 JOB_SOURCE = '''
 import numpy as np
 from dask_research import montecarlo as mc

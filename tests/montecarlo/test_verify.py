@@ -6,8 +6,8 @@ from distributed import Client, LocalCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dask_research._cluster import workers_info
 from dask_research import montecarlo as mc
+from dask_research._cluster import workers_info
 from dask_research.montecarlo.verify import choose_shards, hash_order
 
 

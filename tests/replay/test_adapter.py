@@ -1,9 +1,9 @@
 """The replay-buffer adapter: add / extend / sample / __len__ / get_state / set_state."""
 import numpy as np
 import pytest
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.replay import ExperiencePlane, PrioritizedSampler, ReplayBufferAdapter
-from replay_helpers import CARTPOLE, make_batch
 
 
 def _one(i):

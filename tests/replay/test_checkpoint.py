@@ -5,12 +5,18 @@ import zipfile
 
 import numpy as np
 import pytest
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import CheckpointError
-from dask_research.replay import checkpoints
-from dask_research.replay import (DiskTier, ExperiencePlane, HostTier, PrioritizedSampler,
-                                  RecentSampler, UniformSampler)
-from replay_helpers import CARTPOLE, make_batch
+from dask_research.replay import (
+    DiskTier,
+    ExperiencePlane,
+    HostTier,
+    PrioritizedSampler,
+    RecentSampler,
+    UniformSampler,
+    checkpoints,
+)
 
 
 @pytest.mark.parametrize("sampler", [UniformSampler, lambda: PrioritizedSampler(0.6, 0.4),

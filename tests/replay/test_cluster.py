@@ -11,8 +11,8 @@ import pytest
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 from replay_helpers import CARTPOLE, make_batch
 
-from dask_research._cluster import workers_info
 from dask_research import replay
+from dask_research._cluster import workers_info
 from dask_research.replay.cluster import decode, shard_ops
 
 stats = pytest.importorskip("scipy.stats")

@@ -15,11 +15,10 @@ import pytest
 from distributed import Client
 from replay_helpers import CARTPOLE, make_batch
 
-from dask_research._cluster import workers_info
 from dask_research import replay
+from dask_research._cluster import workers_info
 from dask_research.replay.cluster import decode
 from dask_research.testing.processes import wait_for
-
 
 _wait_for = wait_for
 

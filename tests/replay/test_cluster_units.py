@@ -5,8 +5,15 @@ from replay_helpers import CARTPOLE, make_batch
 
 from dask_research import replay
 from dask_research.exceptions import InputError
-from dask_research.replay.cluster import (ShardMissingError, WorkerShard, decode, encode,
-                                          local_shard, plan_moves, prefetch_depth)
+from dask_research.replay.cluster import (
+    ShardMissingError,
+    WorkerShard,
+    decode,
+    encode,
+    local_shard,
+    plan_moves,
+    prefetch_depth,
+)
 from dask_research.replay.cluster.delivery import assemble, request_group
 from dask_research.replay.cluster.plugin import ShardPlugin
 

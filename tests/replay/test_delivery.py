@@ -5,11 +5,10 @@ import time
 import dask
 import numpy as np
 import pytest
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import InputError
-from dask_research.replay import (EmptyPlaneError, ExperiencePlane, Normalize, NStepReturn,
-                                  PrioritizedSampler)
-from replay_helpers import CARTPOLE, make_batch
+from dask_research.replay import EmptyPlaneError, ExperiencePlane, Normalize, NStepReturn, PrioritizedSampler
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ try:
 except Exception:  # pragma: no cover
     pytest.skip("CuPy finds no CUDA device", allow_module_level=True)
 
-from dask_research.replay import DeviceTier, ExperiencePlane, HostTier  # noqa: E402
 from replay_helpers import CARTPOLE, make_batch  # noqa: E402
+
+from dask_research.replay import DeviceTier, ExperiencePlane, HostTier  # noqa: E402
 
 
 @pytest.fixture

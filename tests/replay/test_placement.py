@@ -4,11 +4,10 @@ import time
 
 import numpy as np
 import pytest
-
-from dask_research.replay import (DiskTier, ExperiencePlane, HostTier, PrioritizedSampler,
-                                  RecentSampler)
-from dask_research.replay.placement import desired_tiers
 from replay_helpers import CARTPOLE, make_batch
+
+from dask_research.replay import DiskTier, ExperiencePlane, HostTier, PrioritizedSampler, RecentSampler
+from dask_research.replay.placement import desired_tiers
 
 ITEM = 48     # aligned CartPole record
 

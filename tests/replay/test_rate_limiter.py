@@ -1,13 +1,12 @@
 """The samples-per-insert limiter: bands, timeouts that say which side is stuck, and threads."""
 import threading
-import time
 
 import dask
 import pytest
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import InputError, RateLimitTimeout
 from dask_research.replay import ExperiencePlane, RateLimiter
-from replay_helpers import CARTPOLE, make_batch
 
 
 def test_sample_side_times_out_with_the_counts():

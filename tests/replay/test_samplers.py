@@ -1,14 +1,14 @@
 """Samplers match their distributions (chi-square), priorities update, nothing stale is sampled."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from replay_helpers import CARTPOLE, make_batch
 from scipy import stats
 
 from dask_research.exceptions import InputError
-from dask_research.replay import (EmptyPlaneError, ExperiencePlane, PrioritizedSampler,
-                                  RecentSampler, UniformSampler)
+from dask_research.replay import EmptyPlaneError, ExperiencePlane, PrioritizedSampler, RecentSampler, UniformSampler
 from dask_research.replay.samplers._sumtree import SumTree
-from replay_helpers import CARTPOLE, make_batch
 
 SPEC = {"key": ((), "int64")}
 ALPHA = 1e-3          # significance level of the goodness-of-fit tests (fixed seeds)

@@ -8,11 +8,11 @@ import time
 
 import numpy as np
 import pytest
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.replay import ExperiencePlane, RecentSampler, Sampler, UniformSampler
 from dask_research.replay.samplers.base import Sampler as BaseSampler
 from dask_research.replay.samplers.uniform import uniform_ranks
-from replay_helpers import CARTPOLE, make_batch
 
 
 @pytest.mark.parametrize("total,size", [(7, 7), (10, 10), (23, 10), (40, 10), (9, 6), (23, 4)])

@@ -3,10 +3,10 @@ dones, termination vs truncation in n-step returns, prioritized batch order."""
 import dask
 import numpy as np
 import pytest
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import CapacityError, InputError, SpecError
 from dask_research.replay import ExperiencePlane, NStepReturn, PrioritizedSampler
-from replay_helpers import CARTPOLE, make_batch
 
 
 def _rows(n, seed=0):

@@ -1,15 +1,13 @@
 """ExperienceSpec: construction, validation errors naming the field, no partial writes."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from replay_helpers import CARTPOLE, make_batch
 
-from dask_research.exceptions import CapacityError
-from hypothesis import given, settings, strategies as st
-
-from dask_research.exceptions import SpecError
+from dask_research.exceptions import CapacityError, SpecError
 from dask_research.replay import ExperiencePlane, ExperienceSpec
 from dask_research.testing.replay import batches, specs
-
-from replay_helpers import CARTPOLE, make_batch
 
 
 def test_record_layout_is_aligned_and_fields_are_views():

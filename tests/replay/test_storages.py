@@ -1,14 +1,22 @@
 """Storages behave alike (host, disk, device through ``xp``); tiers never exceed capacity."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import CapacityError, InputError
-from dask_research.replay import (DeviceStorage, DeviceTier, DiskStorage, DiskTier,
-                                  ExperiencePlane, ExperienceSpec, HostStorage, HostTier,
-                                  TieredStorage)
-
-from replay_helpers import CARTPOLE, make_batch
+from dask_research.replay import (
+    DeviceStorage,
+    DeviceTier,
+    DiskStorage,
+    DiskTier,
+    ExperiencePlane,
+    ExperienceSpec,
+    HostStorage,
+    HostTier,
+    TieredStorage,
+)
 
 SPEC = ExperienceSpec(CARTPOLE)
 

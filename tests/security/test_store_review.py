@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 
 from dask_research import montecarlo as mc
-from dask_research.testing.processes import run_python, subprocess_env
 from dask_research.exceptions import InputError, PipelineError, StoreError
 from dask_research.montecarlo.address import pipeline_fingerprint
 from dask_research.montecarlo.store import RunStore, StoreWarning, _checksum
+from dask_research.testing.processes import run_python, subprocess_env
 
 
 @pytest.fixture
@@ -234,10 +234,10 @@ def test_an_edited_shard_that_passed_the_old_checks_is_refused(tmp_path, client,
     victim = 5
     path = stored[victim][2]
     edits = {
-        "mean 1e6": lambda st: st.__setitem__("mean", float(1e6).hex()),
+        "mean 1e6": lambda st: st.__setitem__("mean", 1e6.hex()),
         "hist wraps int64": lambda st: [st["hist"].__setitem__(i, st["hist"][i] + 2**62) for i in (1, 2, 3, 4)],
         "m2 too large": lambda st: st.__setitem__("m2", (float.fromhex(st["m2"]) * 1e3).hex()),
-        "min outside its bins": lambda st: st.__setitem__("min", float(-7.99).hex()),
+        "min outside its bins": lambda st: st.__setitem__("min", (-7.99).hex()),
     }
     _edit(path, victim, edits[label])
     os.remove(f"{store}/runs/{job.id}/result.json")

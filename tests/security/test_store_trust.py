@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from dask_research import montecarlo as mc
-from dask_research.testing.processes import run_python, subprocess_env
 from dask_research.montecarlo.store import _checksum
+from dask_research.testing.processes import run_python, subprocess_env
 
 JOB_SOURCE = '''
 import numpy as np

@@ -10,8 +10,7 @@
 
 Nothing here imports CuPy until a GPU is actually used.
 """
-from .compute import (block_function, compute_block_portable, compute_shard_portable, recompute_shard,
-                      row_moments)
+from .compute import block_function, compute_block_portable, compute_shard_portable, recompute_shard, row_moments
 from .draws import ALGORITHM, check_portable, draw_rows, namespace
 from .placement import DEVICES, GPU_RESOURCE, is_portable, select_xp, submit_kwargs
 from .tolerance import GPU_RTOL, GPU_TOLERANCE, compare, states_match, tolerance_of

@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...exceptions import InputError
-from ..distributions import (Distribution, Fixed, LogNormal, MultivariateNormal, Normal, Triangular,
-                             Uniform)
+from ..distributions import Distribution, Fixed, LogNormal, MultivariateNormal, Normal, Triangular, Uniform
 from . import philox_ref
 
 __all__ = ["ALGORITHM", "SUPPORTED", "check_portable", "words_per_shard", "raw_rows", "uniforms",

@@ -54,9 +54,8 @@ import numpy as np
 from ... import config
 from ...exceptions import InputError
 from ..batch import Batch
+from ..delivery import _STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval, make_converter
 from ..plane import EmptyPlaneError
-from ..delivery import (_STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval,
-                        make_converter)
 from .indices import encode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,7 +127,7 @@ class _Request:
 class ClusterBatchIterator(PrefetchingIterator):
     """Iterator over batches drawn from all shards; see :meth:`ClusterPlane.batches`."""
 
-    def __init__(self, plane: "ClusterPlane", batch_size: int | None = None,
+    def __init__(self, plane: ClusterPlane, batch_size: int | None = None,
                  prefetch: int | None = None, to: str = "numpy", device: Any = None,
                  max_batches: int | None = None, max_in_flight: int | None = None,
                  switch_interval: float | None = None):

@@ -312,8 +312,8 @@ class ClusterPlane:
         """What the committed checkpoint of shard ``uid`` holds (None without one)."""
         if not self.checkpoint_dir:
             return None
-        from ..checkpoints import read_meta
         from ...exceptions import CheckpointError
+        from ..checkpoints import read_meta
         from .shard import checkpoint_info
 
         p = os.path.join(self.checkpoint_dir, self.name, uid)
@@ -699,7 +699,7 @@ class ClusterPlane:
             except Exception as e:  # pragma: no cover
                 logger.debug("could not unregister %s: %s", self.name, e)
 
-    def __enter__(self) -> "ClusterPlane":
+    def __enter__(self) -> ClusterPlane:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -171,7 +171,7 @@ class ShardPlugin(WorkerPlugin):
         return cap, None
 
     # --- hooks ---------------------------------------------------------------------------
-    def setup(self, worker: "Worker") -> None:
+    def setup(self, worker: Worker) -> None:
         cap, tiers = self.shard_layout(worker)
         seed = None
         if self.seed is not None:
@@ -187,7 +187,7 @@ class ShardPlugin(WorkerPlugin):
                                             name=f"replay-checkpoint-{self.plane}")
             self._thread.start()
 
-    def teardown(self, worker: "Worker") -> None:
+    def teardown(self, worker: Worker) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)

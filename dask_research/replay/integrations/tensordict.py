@@ -114,7 +114,7 @@ class TensorDictBatches:
         """Stop the plane's delivery pipeline."""
         self._it.close()
 
-    def __enter__(self) -> "TensorDictBatches":
+    def __enter__(self) -> TensorDictBatches:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -40,7 +40,6 @@ Examples
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,15 +48,22 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler as _TRLSampler
 from torchrl.data.replay_buffers.storages import Storage as _TRLStorage
 
-from ...exceptions import InputError, SpecError
+from ...exceptions import InputError
 from ..batch import Batch
 from ..plane import ExperiencePlane
 
 __all__ = ["from_tensordict", "to_tensordict", "ingest_tensordict", "tensordict_batches",
            "TensorDictBatches", "PlaneStorage", "PlaneSampler", "plane_replay_buffer"]
 
-from .tensordict import (_TORCHRL_KEYS, SEP, TensorDictBatches, from_tensordict,  # noqa: F401
-                         ingest_tensordict, tensordict_batches, to_tensordict)
+from .tensordict import (  # noqa: F401
+    _TORCHRL_KEYS,
+    SEP,
+    TensorDictBatches,
+    from_tensordict,
+    ingest_tensordict,
+    tensordict_batches,
+    to_tensordict,
+)
 
 
 def _identity(x: Any) -> Any:

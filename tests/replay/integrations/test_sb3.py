@@ -9,6 +9,7 @@ th = pytest.importorskip("torch")
 pytest.importorskip("stable_baselines3")
 gym = pytest.importorskip("gymnasium")
 
+from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: E402,F401
 from gymnasium import spaces  # noqa: E402
 from stable_baselines3 import DQN, SAC, TD3  # noqa: E402
 from stable_baselines3.common.buffers import ReplayBuffer  # noqa: E402
@@ -16,7 +17,6 @@ from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize  # noqa: E402
 
-from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: E402,F401
 from dask_research.exceptions import InputError, ResearchError  # noqa: E402
 from dask_research.replay import PrioritizedSampler  # noqa: E402
 from dask_research.replay.integrations import SB3ReplayBuffer  # noqa: E402

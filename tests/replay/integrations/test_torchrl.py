@@ -11,10 +11,15 @@ from torchrl.data import ReplayBuffer  # noqa: E402
 
 from dask_research.exceptions import InputError  # noqa: E402
 from dask_research.replay import ExperiencePlane, PrioritizedSampler  # noqa: E402
-from dask_research.replay.integrations.torchrl import (PlaneSampler, PlaneStorage,  # noqa: E402
-                                                       from_tensordict, ingest_tensordict,
-                                                       plane_replay_buffer, tensordict_batches,
-                                                       to_tensordict)
+from dask_research.replay.integrations.torchrl import (  # noqa: E402
+    PlaneSampler,
+    PlaneStorage,
+    from_tensordict,
+    ingest_tensordict,
+    plane_replay_buffer,
+    tensordict_batches,
+    to_tensordict,
+)
 
 SPEC = {"observation": ((4,), "float32"), "action": ((), "int64"),
         "next.observation": ((4,), "float32"), "next.reward": ((1,), "float32"),
