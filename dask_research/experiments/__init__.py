@@ -29,30 +29,15 @@ Examples
 from __future__ import annotations
 
 from .checkpoint import JournalLegacyWarning
-from .discounted import discounted_ucb_scores
 from .events import EVENT_KINDS, Event, Interval, Trace
-from .klucb import kl_ucb_scores
-from .ledger import BranchLedger
-from .linucb import LinUCBModel
 from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
-from .maxbandit import (
-    MAX_POLICY_NAMES,
-    QuantileUCBPolicy,
-    ThresholdAscentPolicy,
-    quantile_ucb_index,
-    threshold_ascent_index,
-)
 from .objectives import OBJECTIVES
-from .pareto import pareto_front, pareto_ucb1_indices
-from .policies import select, ucb1_score, ucb1_scores
+from .policies import MAX_POLICY_NAMES, POLICY_NAMES, Policy, make_policy
 from .report import Report
 from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
-from .scoring import POLICY_NAMES, Policy, make_policy
 from .sources import Branch, HypothesisSource
-from .thompson import thompson_scores
 from .timeouts import ExperimentTimeout
-from .tuned import ucb1_tuned_scores
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = [
@@ -65,42 +50,45 @@ __all__ = [
     "Trace",
     "Interval",
     "EVENT_KINDS",
-    "BranchLedger",
-    "make_deterministic_runner",
-    "make_followup_expander",
-    "deterministic_expander",
-    "ucb1_score",
-    "ucb1_scores",
-    "select",
+    "Branch",
+    "HypothesisSource",
+    "OptunaSource",
     "Policy",
     "make_policy",
     "POLICY_NAMES",
-    "ucb1_tuned_scores",
-    "kl_ucb_scores",
-    "thompson_scores",
-    "discounted_ucb_scores",
-    "pareto_ucb1_indices",
-    "pareto_front",
-    "LinUCBModel",
+    "MAX_POLICY_NAMES",
+    "OBJECTIVES",
+    "make_deterministic_runner",
+    "make_followup_expander",
+    "deterministic_expander",
+    "ExperimentTimeout",
     "JournalLock",
     "JournalLockWarning",
     "JournalLegacyWarning",
-    "ExperimentTimeout",
-    "Branch",
-    "HypothesisSource",
-    "OBJECTIVES",
-    "MAX_POLICY_NAMES",
-    "QuantileUCBPolicy",
-    "ThresholdAscentPolicy",
-    "quantile_ucb_index",
-    "threshold_ascent_index",
-    "OptunaSource",
 ]
 
+# internal names the package exported before: importable from here still (with a
+# DeprecationWarning), documented where they live
+_MOVED = {
+    "BranchLedger": "ledger",
+    **dict.fromkeys(("ucb1_score", "ucb1_scores", "select", "ucb1_tuned_scores", "kl_ucb_scores",
+                     "thompson_scores", "discounted_ucb_scores", "pareto_ucb1_indices",
+                     "pareto_front", "LinUCBModel", "QuantileUCBPolicy", "ThresholdAscentPolicy",
+                     "quantile_ucb_index", "threshold_ascent_index"), "policies"),
+}
 
-def __getattr__(name: str):  # lazy: optuna is an optional extra
-    if name == "OptunaSource":
+
+def __getattr__(name: str):
+    if name == "OptunaSource":      # lazy: optuna is an optional extra
         from .optuna_source import OptunaSource
 
         return OptunaSource
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        where = f"{__name__}.{_MOVED[name]}"
+        warnings.warn(f"{__name__}.{name} is internal; import it from {where}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(where), name)
     raise AttributeError(name)

@@ -24,63 +24,47 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
-import uuid
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from ..exceptions import ExperimentError, InputError
-from .checkpoint import Journal
-from .events import Trace, _jsonable
+from .events import _jsonable
 from .execute import coerce_result
+from .report import Report
+from .run import Run
 from .types import BranchStats, Hypothesis, Result
-
-if TYPE_CHECKING:
-    from .loop import IterationScheduler
-    from .report import Report
 
 __all__ = ["AskTellSession"]
 
 
 class AskTellSession:
-    """State of one ask/tell session of a scheduler (created by the first ``ask``)."""
+    """State of one ask/tell session over a :class:`~.run.Run` (a scheduler creates it at
+    its first ``ask``); ``paper_writer`` runs synchronously inside the triggering ``tell``.
 
-    def __init__(self, sched: IterationScheduler) -> None:
-        self.sched = sched
-        restored, sched._restored = sched._restored, None
-        self.run_id = uuid.uuid4().hex[:12]
-        led = sched.ledger
-        sched._t0 = time.perf_counter() - (restored.elapsed if restored else 0.0)
-        sched._trace = Trace(sched.slots, led.branches, started_at=time.time())
-        self.results: list[Result] = []
-        self.failed: list[Result] = []
-        self.triggers: list[str] = []
-        self.papers: dict[str, Any] = {}
+    >>> from dask_research.experiments import Hypothesis, IterationScheduler
+    >>> sched = IterationScheduler(None, progress=False)
+    >>> sched.add([Hypothesis("h1", "a")])
+    >>> h = sched.ask(); sched.tell(h, 0.7).reward
+    0.7
+    """
+
+    def __init__(self, run: Run, paper_writer: Callable[..., Any] | None = None) -> None:
+        self.run = run
+        self.paper_writer = paper_writer
+        if paper_writer is not None:
+            run.on_trigger = self.write_paper
+        books = run.books
         self.pending: dict[str, Hypothesis] = {}
-        self.retry: deque[Hypothesis] = deque()
-        self.told: set[str] = set()
-        self.spent = 0
+        self.retry = books.retry            # pending at the crash: asked again first
+        self.told: set[str] = {r.hypothesis.id for r in [*books.results, *books.failed]}
         self.dispatched = 0
-        self.restored = restored
-        self.retry.extend(sched._carry)     # cancelled at a run's deadline: asked again first
-        sched._carry = []
-        if restored is not None:
-            sched._trace._events.extend(restored.events)
-            self.results.extend(restored.results)
-            self.failed.extend(restored.failed)
-            self.triggers.extend(restored.triggers)
-            self.papers.update(restored.papers)
-            sched._dropped[:0] = restored.dropped
-            self.retry.extend(restored.retry)
-            self.spent = restored.spent
-            self.told.update(r.hypothesis.id for r in [*restored.results, *restored.failed])
 
     # -- ask ------------------------------------------------------------------------------
     def ask(self) -> Hypothesis:
-        sched, led = self.sched, self.sched.ledger
+        run, led, emit = self.run, self.run.ledger, self.run.recorder.emit
         if self.retry:                      # pending at the crash: asked again first, once
             h = self.retry.popleft()
-            sched._emit("dispatch", h.branch, h.id, None, requeued=True)
+            emit("dispatch", h.branch, h.id, None, requeued=True)
             self.pending[h.id] = h
             return h
         while True:
@@ -90,36 +74,29 @@ class AskTellSession:
                     "Hypothesis or Branch(name, propose=...) objects first)"
                     + (f"; {len(self.pending)} asks still wait for a tell" if self.pending
                        else ""))
-            reason = sched._budget_reason(self.spent + self.dispatched)
+            reason = run.budget_reason(self.dispatched)
             if reason is not None:
                 raise ExperimentError(f"the {reason} budget is spent ({self.dispatched} asked "
                                       "in this session); raise it or read sched.report()",
                                       reason=reason)
-            picked = led.select()
-            assert picked is not None
-            i, scores = picked
-            if not led.queued[i] and not sched._sources.propose(sched, i):
-                continue                     # the source is exhausted: decide again
-            h = led.pop(i)
-            rng = sched.policy.rng_state()
-            sched._emit("select", h.branch, h.id, None, scores, score=float(scores[i]),
-                        journal=None if rng is None else {"rng": rng}, chosen=i,
-                        **sched._select_data(i, h))
-            sched._emit("dispatch", h.branch, h.id, None)
+            h = run.pick()
+            if h is None:                    # the source is exhausted: decide again
+                continue
+            emit("dispatch", h.branch, h.id, None)
             self.pending[h.id] = h
             self.dispatched += 1
             return h
 
     # -- tell -----------------------------------------------------------------------------
     def tell(self, hypothesis: Hypothesis | str, value: Any, duration: float | None) -> Result:
-        sched = self.sched
+        run = self.run
         hid = hypothesis if isinstance(hypothesis, str) else getattr(hypothesis, "id", None)
         h = self.pending.get(hid)  # type: ignore[arg-type]
         if h is None:
             h = next((x for x in self.retry if x.id == hid), None)
             if h is not None:                # told directly after a resume, without a re-ask
                 self.retry.remove(h)
-                sched._emit("dispatch", h.branch, h.id, None, requeued=True)
+                run.recorder.emit("dispatch", h.branch, h.id, None, requeued=True)
                 self.pending[h.id] = h
         if h is None:
             if hid in self.told:
@@ -132,58 +109,43 @@ class AskTellSession:
         if not isinstance(hypothesis, str) and (hypothesis.branch != h.branch):
             raise ExperimentError(f"tell for {hid!r} on branch {hypothesis.branch!r}, but it "
                                   f"was asked on branch {h.branch!r}", id=hid)
-        objectives = tuple(sched.objectives) if sched.objectives else None
+        s = run.settings
+        objectives = tuple(s.objectives) if s.objectives else None
         dur = 0.0 if duration is None else float(duration)
-        res = coerce_result(value, h, dur, sched.bounded, objectives)
+        res = coerce_result(value, h, dur, s.bounded, objectives)
         if not res.ok and not (isinstance(value, Result) and value.error is not None):
             raise InputError("reward", value, res.error.split("; ", 1)[-1]  # type: ignore
                              if res.error else "a usable reward", where=f"tell({hid!r})")
         del self.pending[h.id]
         self.told.add(h.id)
-        sched._on_outcome(h, None, res, self.results, self.failed, self.triggers,
-                          self.papers, [], None)
+        run.apply(h, None, res)
         return res
 
     # -- papers and report ----------------------------------------------------------------
     def write_paper(self, branch: str, stats: BranchStats, best: Result) -> None:
         """Run the paper writer now (there is no event loop in ask/tell)."""
-        sched = self.sched
+        run = self.run
         try:
-            out = sched.paper_writer(branch, stats, best)  # type: ignore[misc]
+            out = self.paper_writer(branch, stats, best)  # type: ignore[misc]
             if inspect.isawaitable(out):
                 out = asyncio.run(_await(out))
-            self.papers[branch] = out
-            if sched._journal is not None:
-                sched._journal_write({"kind": "output", "branch": branch,
-                                      "output": _jsonable(out)})
-            sched._emit("paper.done", branch=branch)
+            run.books.paper(branch, out)
+            if run.recorder.journal is not None:
+                run.recorder.write({"kind": "output", "branch": branch,
+                                    "output": _jsonable(out)})
+            run.recorder.emit("paper.done", branch=branch)
         except Exception as exc:  # noqa: BLE001 - a failed paper never stops the session
-            self.papers[branch] = f"<{type(exc).__name__}: {exc}>"
-            sched._emit("paper.failed", branch=branch, error=f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            run.books.paper_failed(branch, error)
+            run.recorder.emit("paper.failed", branch=branch, error=error)
 
     def report(self) -> Report:
-        from .report import Report
-
-        sched = self.sched
-        led = sched.ledger
-        trace = sched._trace
-        assert trace is not None
-        journal: Journal | None = sched._journal
+        run = self.run
+        journal = run.recorder.journal
         if journal is not None:
             journal.close()                 # fsync what was told; a later tell reopens it
-        return Report(
-            stop_reason="ask_tell" if led.has_work() or self.pending else "queue_empty",
-            branches=led.snapshot(), total_runs=len(self.results),
-            dispatched=self.dispatched, failures=len(self.failed),
-            wall_seconds=sched._now(), paper_triggers=list(self.triggers),
-            papers=dict(self.papers), events=trace, results=list(self.results),
-            failed=list(self.failed), dropped=list(sched._dropped), slots=sched.slots,
-            run_id=self.run_id,
-            replayed=self.restored.outcomes if self.restored is not None else 0,
-            objectives=dict(sched.objectives) if sched.objectives else None,
-            pareto_front=sched._pareto_front(), policy=sched.policy.name,
-            apply_order=sched.apply_order, objective=sched.objective,
-        )
+        busy = run.ledger.has_work() or self.pending
+        return run.report("ask_tell" if busy else "queue_empty", self.dispatched)
 
 
 async def _await(aw: Any) -> Any:

@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..exceptions import ExperimentError
-from . import policies
+from .policies.base import Policy, select
+from .policies.ucb1 import UCB1Policy
 from .types import BranchStats, Hypothesis, Result
 
 __all__ = ["BranchLedger"]
-
-ScoreFn = Callable[[np.ndarray, np.ndarray, float, float], np.ndarray]
 
 
 class BranchLedger:
@@ -45,9 +44,9 @@ class BranchLedger:
     ----------
     c : float
         UCB1 exploration constant.
-    policy : Policy, str or callable, optional
-        A :class:`~.scoring.Policy`, a policy name (:func:`~.scoring.make_policy`) or a legacy
-        ``policy(mean, n, c, total) -> scores`` function; default UCB1 with ``c``.
+    policy : Policy, optional
+        The :class:`~.policies.Policy` (build one from a name with
+        :func:`~.policies.make_policy`); default UCB1 with ``c``.
     objectives : sequence of (name, "max" | "min"), optional
         Declared objectives of vector rewards; ``Result.reward`` is then a vector (or a
         ``{name: value}`` dict) and the scalar statistics use ``weights``.
@@ -57,18 +56,15 @@ class BranchLedger:
         Rewards in [0, 1]: a ``"min"`` objective ``x`` counts as ``1 - x`` (else ``-x``).
     """
 
-    def __init__(self, c: float, policy: Any = None, capacity: int = 16,
+    def __init__(self, c: float, policy: Policy | None = None, capacity: int = 16,
                  objectives: Sequence[tuple[str, str]] | None = None,
                  weights: Sequence[float] | None = None, bounded: bool = True):
-        from .scoring import Policy, UCB1Policy, make_policy
-
         self.c = float(c)
-        if policy is None:
-            self.policy: Policy = UCB1Policy(self.c)
-        elif isinstance(policy, str) or callable(policy) and not isinstance(policy, Policy):
-            self.policy = make_policy(policy, c=self.c, bounded=bounded)
-        else:
-            self.policy = policy
+        if policy is not None and not isinstance(policy, Policy):
+            raise ExperimentError(
+                f"policy must be a Policy, got {type(policy).__name__}; build one with "
+                "make_policy(name_or_function)", value=policy)
+        self.policy: Policy = UCB1Policy(self.c) if policy is None else policy
         self._fast = self.policy.fast_ucb1
         self.bounded = bool(bounded)
         self.objectives: tuple[str, ...] = tuple(o[0] for o in objectives or ())
@@ -160,9 +156,15 @@ class BranchLedger:
             ) from None
 
     # -- queue --------------------------------------------------------------------------
+    def validate(self, hypotheses: Iterable[Hypothesis]) -> list[Hypothesis]:
+        """Check a batch before it is queued (types, unique ids, features as the policy needs
+        them); returns it as a list for :meth:`add` with ``checked=True``."""
+        batch = self._check_ids(hypotheses, self.ids)
+        self._check_features(batch)
+        return batch
+
     @staticmethod
-    def check(hypotheses: Iterable[Hypothesis], seen: set[str]) -> list[Hypothesis]:
-        """Validate a batch against ``seen`` ids; returns it as a list."""
+    def _check_ids(hypotheses: Iterable[Hypothesis], seen: set[str]) -> list[Hypothesis]:
         batch = list(hypotheses)
         new: set[str] = set()
         for h in batch:
@@ -205,15 +207,14 @@ class BranchLedger:
                 raise ExperimentError(
                     f"features of {h.id!r} are {f!r}; expected {dim} finite numbers like "
                     "the other hypotheses", id=h.id)
-        if self.policy.picks_hypothesis and dim is not None:
-            self.feature_dim = dim
-        elif dim is not None:
+        if dim is not None:
             self.feature_dim = dim
 
-    def add(self, hypotheses: Iterable[Hypothesis]) -> list[Hypothesis]:
-        """Queue hypotheses (all or none). Returns those dropped because their branch is pruned."""
-        batch = self.check(hypotheses, self.ids)
-        self._check_features(batch)
+    def add(self, hypotheses: Iterable[Hypothesis], checked: bool = False) -> list[Hypothesis]:
+        """Queue hypotheses (all or none). Returns those dropped because their branch is pruned.
+
+        ``checked=True``: the batch comes from :meth:`validate` and is not checked again."""
+        batch = list(hypotheses) if checked else self.validate(hypotheses)
         dropped = []
         for h in batch:
             self.ids.add(h.id)
@@ -235,7 +236,7 @@ class BranchLedger:
         if self._fast and total > 1 and c > 0:
             k = len(self.branches)
             # UCB1 from the maintained 1/n: three vectorised operations; +inf stays +inf where
-            # n == 0 (equal to policies.ucb1_scores, which the tests check against a model)
+            # n == 0 (equal to ucb1_scores, which the tests check against a model)
             scores = self.inv_n[:k] * (c * c * math.log(total))
             np.sqrt(scores, out=scores)
             scores += self.mean[:k]
@@ -269,7 +270,7 @@ class BranchLedger:
         if self._fast:
             i = int(np.where(eligible, scores, -math.inf).argmax())  # first maximum: ties
             if not eligible[i]:                                       # to insertion order
-                j = policies.select(scores, eligible)
+                j = select(scores, eligible)
                 return None if j is None else (j, scores)
             return i, scores
         j = self.policy.choose(self, scores, eligible)

@@ -32,15 +32,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..exceptions import ExperimentError
+from .ledger import BranchLedger
 from .types import Hypothesis, Result
 
-if TYPE_CHECKING:
-    from .loop import IterationScheduler
+__all__ = ["Branch", "HypothesisSource", "SourceTable"]
 
-__all__ = ["Branch", "HypothesisSource"]
+Emit = Callable[..., None]                                  # Recorder.emit
+Queue = Callable[[list[Hypothesis], Any, bool], Any]        # the scheduler's intake
 
 
 class HypothesisSource:
@@ -97,15 +98,35 @@ class Branch:
 
 
 class SourceTable:
-    """The scheduler's live sources (one per branch) and their per-branch id counters."""
+    """The scheduler's live sources (one per branch) and their per-branch id counters.
+
+    >>> from dask_research.experiments.ledger import BranchLedger
+    >>> table, led = SourceTable(), BranchLedger(c=1.0)
+    >>> table.take_branches(led, [Branch("a", propose=lambda b: 0.5), "other"], [])
+    ['other']
+    >>> table.propose(led, 0, lambda batch, encoded, checked: led.add(batch),
+    ...               lambda *args, **kwargs: None), led.queues[0][0].id
+    (True, 'a:0')
+    """
 
     def __init__(self) -> None:
         self.by_branch: dict[str, Any] = {}
         self.counter: dict[str, int] = {}
 
-    def register(self, sched: IterationScheduler, branch: Branch) -> None:
-        """Register ``branch``'s source, tell it the restored results, mark the branch live."""
-        led = sched.ledger
+    def take_branches(self, led: BranchLedger, items: Iterable[Any],
+                      restored: list[Result]) -> list[Any]:
+        """Register the :class:`Branch` objects among ``items``; returns the other items."""
+        rest = []
+        for x in items:
+            if isinstance(x, Branch):
+                self.register(led, x, restored)
+            else:
+                rest.append(x)
+        return rest
+
+    def register(self, led: BranchLedger, branch: Branch, restored: list[Result]) -> None:
+        """Register ``branch``'s source, tell it the ``restored`` outcomes of its branch (read
+        from a journal), mark the branch live."""
         if led.policy.picks_hypothesis:
             raise ExperimentError(
                 f"policy {led.policy.name!r} picks among queued hypotheses by their features; "
@@ -117,42 +138,40 @@ class SourceTable:
                                   "Branch once", branch=branch.name)
         self.by_branch[branch.name] = branch.propose
         i = led._branch(branch.name)
-        restored = sched._restored
-        if restored is not None:
-            for res in [*restored.results, *restored.failed]:
-                if res.hypothesis.branch == branch.name:
-                    self.observe(res)
+        for res in restored:
+            if res.hypothesis.branch == branch.name:
+                self.observe(res)
         led.set_sourced(i, True)
 
-    def observe(self, result: Result, sched: IterationScheduler | None = None) -> None:
-        """Tell the branch's source about one outcome. During a run (``sched`` given) a source
-        whose ``observe`` raises is ended like one whose ``propose`` raises: the branch is no
-        longer proposed to, and an ``add`` event carries the error."""
+    def observe(self, result: Result, led: BranchLedger | None = None,
+                emit: Emit | None = None) -> None:
+        """Tell the branch's source about one outcome. During a run (``led`` and ``emit``
+        given) a source whose ``observe`` raises is ended like one whose ``propose`` raises:
+        the branch is no longer proposed to, and an ``add`` event carries the error."""
         name = result.hypothesis.branch
         src = self.by_branch.get(name)
         fn = getattr(src, "observe", None)
         if fn is None:
             return
-        if sched is None:
+        if led is None or emit is None:
             fn(result)
             return
         try:
             fn(result)
         except Exception as exc:  # noqa: BLE001 - a faulty source must not kill the loop
             del self.by_branch[name]
-            led = sched.ledger
             led.set_sourced(led.branch_index(name), False)
-            sched._emit("add", name, n=0, source=True, exhausted=True,
-                        error=f"observe: {type(exc).__name__}: {exc}")
+            emit("add", name, n=0, source=True, exhausted=True,
+                 error=f"observe: {type(exc).__name__}: {exc}")
 
-    def _fresh_id(self, led: Any, name: str) -> str:
+    def _fresh_id(self, led: BranchLedger, name: str) -> str:
         k = self.counter.get(name, 0)
         while f"{name}:{k}" in led.ids:
             k += 1
         self.counter[name] = k + 1
         return f"{name}:{k}"
 
-    def _batch(self, led: Any, name: str, out: Any) -> list[Hypothesis]:
+    def _batch(self, led: BranchLedger, name: str, out: Any) -> list[Hypothesis]:
         if out is None:
             return []
         if isinstance(out, Hypothesis):
@@ -175,10 +194,9 @@ class SourceTable:
                     out[k] = new
         return out
 
-    def propose(self, sched: IterationScheduler, i: int) -> bool:
-        """Ask branch ``i``'s source for hypotheses and queue them; ``False`` (and the branch
-        no longer live) when it is exhausted or failed."""
-        led = sched.ledger
+    def propose(self, led: BranchLedger, i: int, queue: Queue, emit: Emit) -> bool:
+        """Ask branch ``i``'s source for hypotheses and ``queue`` them; ``False`` (and the
+        branch no longer live) when it is exhausted or failed."""
         name = led.branches[i]
         src = self.by_branch.get(name)
         if src is None:
@@ -188,26 +206,16 @@ class SourceTable:
         try:
             batch = self._batch(led, name, fn(name))
             if batch:
-                sched._queue(batch)
+                queue(batch, None, False)
         except Exception as exc:  # noqa: BLE001 - a faulty source must not kill the loop
             led.set_sourced(i, False)
-            sched._emit("add", name, n=0, source=True, exhausted=True,
-                        error=f"{type(exc).__name__}: {exc}")
+            emit("add", name, n=0, source=True, exhausted=True,
+                 error=f"{type(exc).__name__}: {exc}")
             return False
         if not batch:
             led.set_sourced(i, False)
-            sched._emit("add", name, n=0, source=True, exhausted=True)
+            emit("add", name, n=0, source=True, exhausted=True)
             return False
-        sched._emit("add", name, n=len(batch), source=True, ids=[h.id for h in batch])
+        emit("add", name, n=len(batch), source=True, ids=[h.id for h in batch])
         return True
 
-
-def add_branches(sched: IterationScheduler, items: Iterable[Any]) -> list[Any]:
-    """Register the :class:`Branch` objects among ``items``; returns the other items."""
-    rest = []
-    for x in items:
-        if isinstance(x, Branch):
-            sched._sources.register(sched, x)
-        else:
-            rest.append(x)
-    return rest

@@ -154,10 +154,13 @@ def test_in_flight_experiments_are_requeued_once(tmp_path):
 
 def json_results(path):
     state = Journal(path).load()
+    from dask_research.experiments.books import Books
     from dask_research.experiments.ledger import BranchLedger
     from dask_research.experiments.resume import restore
 
-    return restore(state, BranchLedger(0.5), str(path)).results
+    books = Books(BranchLedger(0.5))
+    restore(state, books, str(path))
+    return books.results
 
 
 SCRIPT = """
@@ -216,7 +219,7 @@ def test_sigkill_mid_run_with_three_slots_runs_every_hypothesis_exactly_once(tmp
     runner = cs.LoggingRunner(log, 0.0)
     with pytest.warns(JournalLockWarning, match="is no longer running on this host"):
         sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
-    in_flight = {h.id for h in sched._restored.retry}
+    in_flight = {h.id for h in sched._books.retry}
     report = sched.run()
     ids = [r.hypothesis.id for r in report.results]
     assert len(ids) == len(set(ids))                       # no duplicates

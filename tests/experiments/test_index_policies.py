@@ -10,26 +10,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_research.experiments.discounted import discount_update, discounted_ucb_scores
-from dask_research.experiments.klucb import bernoulli_kl, kl_ucb_scores
-from dask_research.experiments.linucb import LinUCBModel
-from dask_research.experiments.pareto import (
+from dask_research.experiments.policies.discounted import discount_update, discounted_ucb_scores
+from dask_research.experiments.policies.klucb import bernoulli_kl, kl_ucb_scores
+from dask_research.experiments.policies.linucb import LinUCBModel
+from dask_research.experiments.policies.pareto import (
     dominates,
     pareto_front,
     pareto_select,
     pareto_ucb1_indices,
 )
 from dask_research.experiments.policies import select, ucb1_scores
-from dask_research.experiments.thompson import thompson_scores
-from dask_research.experiments.tuned import ucb1_tuned_score, ucb1_tuned_scores
+from dask_research.experiments.policies.thompson import thompson_scores
+from dask_research.experiments.policies.tuned import ucb1_tuned_score, ucb1_tuned_scores
 from dask_research.testing.experiments import branch_stats
 
-PURE = ["policies", "tuned", "klucb", "thompson", "discounted", "pareto", "linucb"]
+PURE = ["ucb1", "base", "factory", "tuned", "klucb", "thompson", "discounted", "pareto", "linucb",
+        "maxbandit"]
 
 
 @pytest.mark.parametrize("name", PURE)
 def test_policy_modules_import_nothing_from_dask(name):
-    mod = importlib.import_module(f"dask_research.experiments.{name}")
+    mod = importlib.import_module(f"dask_research.experiments.policies.{name}")
     tree = ast.parse(inspect.getsource(mod))
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]

@@ -8,15 +8,17 @@ import numpy as np
 import pytest
 
 from dask_research.exceptions import InputError
-from dask_research.experiments import (
-    Hypothesis,
-    IterationScheduler,
+from dask_research.experiments import Hypothesis, IterationScheduler
+from dask_research.experiments.policies import (
     QuantileUCBPolicy,
     ThresholdAscentPolicy,
     quantile_ucb_index,
     threshold_ascent_index,
 )
-from dask_research.experiments.maxbandit import max_prune_reason, should_trigger_paper_max
+from dask_research.experiments.policies.maxbandit import (
+    max_prune_reason,
+    should_trigger_paper_max,
+)
 
 
 def table_runner(h: Hypothesis) -> float:

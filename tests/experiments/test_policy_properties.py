@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from dask_research.experiments import Result
 from dask_research.experiments.ledger import BranchLedger
-from dask_research.experiments.pareto import dominates
-from dask_research.experiments.scoring import POLICY_NAMES, make_policy
+from dask_research.experiments.policies import POLICY_NAMES, dominates, make_policy
 from dask_research.testing.experiments import hypotheses, reward_vectors
 
 SCALAR = [p for p in POLICY_NAMES if p != "pareto-ucb1"]
@@ -42,7 +41,7 @@ def test_vector_rewards_are_scalarised_with_the_weights(case):
     d, rewards, weights = case
     names = [f"o{j}" for j in range(d)]
     dirs = ["max" if j % 2 == 0 else "min" for j in range(d)]
-    led = BranchLedger(1.0, "ucb1", objectives=list(zip(names, dirs)), weights=weights)
+    led = BranchLedger(1.0, make_policy("ucb1"), objectives=list(zip(names, dirs)), weights=weights)
     from dask_research.experiments import Hypothesis
 
     led.add([Hypothesis(f"h{k}", "a") for k in range(len(rewards))])

@@ -19,6 +19,7 @@ from dask_research.experiments import (
     deterministic_expander,
     make_deterministic_runner,
 )
+from dask_research.experiments.run import Run
 
 
 def _hyps(branches, per_branch, prefix=""):
@@ -468,7 +469,7 @@ def test_an_error_in_the_bookkeeping_ends_the_run_and_frees_the_scheduler(monkey
                                progress=False)
     sched.add(_hyps("a", 6))
     booked = []
-    real = IterationScheduler._on_outcome
+    real = Run.apply
 
     def flaky(self, *args, **kwargs):
         booked.append(args[0].id)
@@ -476,11 +477,11 @@ def test_an_error_in_the_bookkeeping_ends_the_run_and_frees_the_scheduler(monkey
             raise OSError("disk full (simulated)")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(IterationScheduler, "_on_outcome", flaky)
+    monkeypatch.setattr(Run, "apply", flaky)
     with pytest.raises(OSError, match="disk full"):
         sched.run()
     assert len(booked) == 2              # nothing was booked after the failure
-    monkeypatch.setattr(IterationScheduler, "_on_outcome", real)
+    monkeypatch.setattr(Run, "apply", real)
     report = sched.run()                 # not stuck in "already running"
     assert report.stop_reason == "queue_empty"
 

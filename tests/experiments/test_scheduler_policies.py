@@ -12,7 +12,8 @@ from dask_research.experiments import (
     Result,
     make_deterministic_runner,
 )
-from dask_research.experiments.scoring import POLICY_NAMES
+from dask_research.experiments.policies import POLICY_NAMES
+from dask_research.experiments.recorder import log_records
 
 
 def _hyps(branches, per_branch, features=False):
@@ -232,7 +233,7 @@ def test_dask_log_records_stay_compatible_for_the_dashboard():
                                policy="kl-ucb", progress=False)
     sched.add(_hyps("abc", 4))
     report = sched.run()
-    records = sched._records(report.events, 0, report.run_id)
+    records = log_records(report.events, 0, report.run_id)
     view = branch_view([(0, {"event": "batch", "run": report.run_id, "events": records})])
     assert view is not None and set(view["branches"]) == {"a", "b", "c"}
     assert sum(b["runs"] for b in view["branches"].values()) == 12

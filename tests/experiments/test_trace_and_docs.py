@@ -49,9 +49,12 @@ def test_records_and_scores():
 
 @pytest.mark.parametrize("module", ["types", "policies", "events", "ledger", "execute",
                                     "runners", "report", "loop", "checkpoint", "__init__",
-                                    "tuned", "klucb", "thompson", "discounted", "pareto",
-                                    "linucb", "scoring", "resume", "options", "lock",
-                                    "timeouts"])
+                                    "policies.ucb1", "policies.base", "policies.tuned",
+                                    "policies.klucb", "policies.thompson", "policies.discounted",
+                                    "policies.pareto", "policies.linucb", "policies.maxbandit",
+                                    "policies.factory", "resume", "options", "lock", "timeouts",
+                                    "settings", "recorder", "gates", "books", "run", "driver",
+                                    "asktell", "objectives", "sources"])
 def test_docstring_examples(module):
     name = "dask_research.experiments" + ("" if module == "__init__" else f".{module}")
     mod = importlib.import_module(name)

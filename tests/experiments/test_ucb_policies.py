@@ -7,12 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dask_research.experiments import policies
+from dask_research.experiments.gates import prune_reason, should_trigger_paper
 from dask_research.experiments.policies import (
     greedy_scores,
-    prune_reason,
     round_robin_scores,
     select,
-    should_trigger_paper,
     ucb1_score,
     ucb1_scores,
 )
@@ -20,12 +19,19 @@ from dask_research.experiments.policies import (
 
 def test_policies_module_imports_nothing_from_dask():
     import ast
+    import importlib
     import inspect
+    import pkgutil
 
-    tree = ast.parse(inspect.getsource(policies))
-    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-    assert not [n for n in names if n.startswith(("dask", "distributed", "asyncio"))], names
+    from dask_research.experiments import gates
+
+    modules = [policies, gates] + [importlib.import_module(f"{policies.__name__}.{m.name}")
+                                   for m in pkgutil.iter_modules(policies.__path__)]
+    for module in modules:
+        tree = ast.parse(inspect.getsource(module))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not [n for n in names if n.startswith(("dask", "distributed", "asyncio"))], names
 
 
 def test_ucb1_by_hand():

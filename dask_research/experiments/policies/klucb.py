@@ -13,7 +13,7 @@ in practice (``c = 3`` is the one their theorem covers). ``+inf`` where ``n_i ==
 
 Examples
 --------
->>> from dask_research.experiments.klucb import kl_ucb_scores, bernoulli_kl
+>>> from dask_research.experiments.policies.klucb import kl_ucb_scores, bernoulli_kl
 >>> s = kl_ucb_scores(mean=[0.5, 0.9, 0.0], n=[10, 10, 0])
 >>> s.round(4).tolist()
 [0.8357, 0.998, inf]
@@ -23,13 +23,15 @@ True
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .policies import log_pulls
+from .base import LedgerView, Policy
+from .ucb1 import log_pulls
 
-__all__ = ["kl_ucb_scores", "bernoulli_kl"]
+__all__ = ["KLUCBPolicy", "kl_ucb_scores", "bernoulli_kl"]
 
 _EPS = 1e-15
 _TOP = 1.0 - 1e-15          # the largest index below 1 that 1 - q still resolves
@@ -94,3 +96,20 @@ def kl_ucb_scores(mean: ArrayLike, n: ArrayLike, c: float = 0.0, total: float | 
                 break
     q[n == 0] = math.inf
     return q
+
+
+class KLUCBPolicy(Policy):
+    """KL-UCB for rewards in [0, 1] (:func:`.klucb.kl_ucb_scores`)."""
+
+    name = "kl-ucb"
+
+    def __init__(self, c: float = 0.0):
+        super().__init__()
+        self.c = float(c)
+
+    def scores(self, led: LedgerView) -> np.ndarray:
+        k = len(led.branches)
+        return kl_ucb_scores(led.mean[:k], led.n[:k], self.c, float(led.total_n))
+
+    def params(self) -> dict[str, Any]:
+        return {"c": self.c}

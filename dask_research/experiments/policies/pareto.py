@@ -15,7 +15,7 @@ scheduler flips ``"min"`` objectives before they reach these functions. Pure num
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.pareto import pareto_front, pareto_ucb1_indices, pareto_select
+>>> from dask_research.experiments.policies.pareto import pareto_front, pareto_ucb1_indices, pareto_select
 >>> means = np.array([[0.9, 0.1], [0.1, 0.9], [0.5, 0.5], [0.2, 0.2]])
 >>> pareto_front(means).tolist()
 [True, True, True, False]
@@ -27,11 +27,14 @@ Examples
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["dominates", "pareto_front", "pareto_ucb1_indices", "pareto_select"]
+from .base import LedgerView, Policy
+
+__all__ = ["ParetoUCB1Policy", "dominates", "pareto_front", "pareto_ucb1_indices", "pareto_select"]
 
 
 def dominates(a: ArrayLike, b: ArrayLike) -> bool:
@@ -105,3 +108,36 @@ def pareto_select(indices: ArrayLike, eligible: ArrayLike,
     if len(cands) == 0:
         return None, front
     return int(cands[rng.integers(len(cands))]), front
+
+
+class ParetoUCB1Policy(Policy):
+    """Pareto UCB1 over vector rewards (:mod:`.pareto`); a seeded uniform pick in the front.
+
+    ``scores`` (what ``select`` events record) is the mean of each branch's per-objective
+    indices; ``last_front`` holds the non-dominated mask of the latest decision.
+    """
+
+    name = "pareto-ucb1"
+    needs_vector = True
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.seed = int(seed)
+        self.rng = np.random.default_rng(self.seed)
+        self.last_front: np.ndarray = np.zeros(0, bool)
+        self._indices: np.ndarray | None = None
+
+    def scores(self, led: LedgerView) -> np.ndarray:
+        k = len(led.branches)
+        mu = led.vector_means()
+        self._indices = pareto_ucb1_indices(mu, led.n[:k], total=float(led.total_n))
+        return self._indices.mean(axis=1)
+
+    def choose(self, led: LedgerView, scores: np.ndarray, eligible: np.ndarray) -> int | None:
+        self.position = 0
+        assert self._indices is not None
+        i, self.last_front = pareto_select(self._indices, eligible, self.rng)
+        return i
+
+    def params(self) -> dict[str, Any]:
+        return {"seed": self.seed}

@@ -30,7 +30,7 @@ the branch holding the best result.
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.maxbandit import quantile_ucb_index, threshold_ascent_index
+>>> from dask_research.experiments.policies.maxbandit import quantile_ucb_index, threshold_ascent_index
 >>> round(quantile_ucb_index([0.1, 0.5, 0.9, 0.95], pending=0, total=40, tau=0.5, c=0.3), 3)
 0.9
 >>> quantile_ucb_index([], pending=0, total=4, tau=0.5, c=0.3)
@@ -43,16 +43,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..exceptions import InputError
-from .scoring import Policy
-
-if TYPE_CHECKING:
-    from .ledger import BranchLedger
-    from .types import Hypothesis
+from ...exceptions import InputError
+from ..types import Hypothesis
+from .base import LedgerView, Policy
 
 __all__ = [
     "MAX_POLICY_NAMES",
@@ -178,11 +175,11 @@ class _MaxPolicy(Policy):
         while len(self.sorted) < k:
             self.sorted.append([])
 
-    def on_result(self, led: BranchLedger, i: int, h: Hypothesis, reward: float) -> None:
+    def on_result(self, led: LedgerView, i: int, h: Hypothesis, reward: float) -> None:
         self._fit(i + 1)
         bisect.insort(self.sorted[i], float(reward))
 
-    def range(self, led: BranchLedger) -> tuple[float, float]:
+    def range(self, led: LedgerView) -> tuple[float, float]:
         """``(low, high)`` of the reward range: [0, 1], or what was seen (unbounded)."""
         if self.bounded:
             return 0.0, 1.0
@@ -200,7 +197,7 @@ class QuantileUCBPolicy(_MaxPolicy):
         self.tau = float(tau)
         self.c = float(c)
 
-    def scores(self, led: BranchLedger) -> np.ndarray:
+    def scores(self, led: LedgerView) -> np.ndarray:
         k = len(led.branches)
         self._fit(k)
         low, high = self.range(led)
@@ -233,7 +230,7 @@ class ThresholdAscentPolicy(_MaxPolicy):
         allr = sorted((v for r in self.sorted for v in r), reverse=True)
         return allr[self.top - 1] if len(allr) >= self.top else -math.inf
 
-    def scores(self, led: BranchLedger) -> np.ndarray:
+    def scores(self, led: LedgerView) -> np.ndarray:
         k = len(led.branches)
         self._fit(k)
         t = self.threshold()
@@ -254,7 +251,7 @@ class ThresholdAscentPolicy(_MaxPolicy):
 
 def make_max_policy(name: str, *, tau: float, c: float, top: int = 5, delta: float = 0.1,
                     bounded: bool = True) -> Policy:
-    """The max-bandit :class:`~.scoring.Policy` called ``name`` (:data:`MAX_POLICY_NAMES`).
+    """The max-bandit :class:`~.base.Policy` called ``name`` (:data:`MAX_POLICY_NAMES`).
 
     >>> make_max_policy("quantile-ucb", tau=0.8, c=0.5)
     QuantileUCBPolicy(tau=0.8, c=0.5)

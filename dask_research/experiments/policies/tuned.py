@@ -5,13 +5,13 @@
     s_i = \\bar x_i + \\sqrt{\\frac{\\ln N}{n_i} \\min\\left(\\tfrac14, V_i\\right)}, \\qquad
     V_i = \\hat\\sigma_i^2 + \\sqrt{\\frac{2 \\ln N}{n_i}}
 
-``n_i = runs + pending`` (experiments in flight count as pulls, as in :mod:`.policies`), the mean
+``n_i = runs + pending`` (experiments in flight count as pulls, as in :mod:`.ucb1`), the mean
 and the variance ``sigma^2 = sq_sum / runs - mean^2`` come from completed runs (0 before the
 first one), ``N = sum(n)``. ``+inf`` where ``n_i == 0``. Pure numpy, no Dask.
 
 Examples
 --------
->>> from dask_research.experiments.tuned import ucb1_tuned_scores
+>>> from dask_research.experiments.policies.tuned import ucb1_tuned_scores
 >>> ucb1_tuned_scores(mean=[0.5, 0.5], sq_sum=[0.5, 0.25], runs=[2, 1], n=[2, 1]).round(4).tolist()
 [0.8706, 1.0241]
 >>> ucb1_tuned_scores([0.2, 0.0], [0.04, 0.0], [1, 0], [1, 0]).tolist()   # ln 1 = 0: no bonus
@@ -24,9 +24,10 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .policies import log_pulls
+from .base import LedgerView, Policy
+from .ucb1 import log_pulls
 
-__all__ = ["ucb1_tuned_scores", "ucb1_tuned_score"]
+__all__ = ["UCB1TunedPolicy", "ucb1_tuned_scores", "ucb1_tuned_score"]
 
 
 def ucb1_tuned_score(mean: float, sq_sum: float, runs: int, pending: int, total: int) -> float:
@@ -74,3 +75,14 @@ def ucb1_tuned_scores(mean: ArrayLike, sq_sum: ArrayLike, runs: ArrayLike, n: Ar
     scores = mean + np.sqrt(log_total / safe_n * np.minimum(0.25, v))
     scores[n == 0] = math.inf
     return scores
+
+
+class UCB1TunedPolicy(Policy):
+    """UCB1-Tuned (:func:`.tuned.ucb1_tuned_scores`)."""
+
+    name = "ucb1-tuned"
+
+    def scores(self, led: LedgerView) -> np.ndarray:
+        k = len(led.branches)
+        return ucb1_tuned_scores(led.mean[:k], led.sq_sum[:k], led.runs[:k], led.n[:k],
+                                 float(led.total_n))

@@ -20,7 +20,7 @@ every policy here). A failed experiment takes its pull back out. Pure numpy, no 
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.linucb import LinUCBModel
+>>> from dask_research.experiments.policies.linucb import LinUCBModel
 >>> m = LinUCBModel(dim=2, alpha=1.0)
 >>> m.dispatch("a", [1.0, 0.0]); m.record("a", [1.0, 0.0], 1.0)
 >>> m.scores("a", np.array([[1.0, 0.0], [0.0, 1.0]])).round(4).tolist()
@@ -30,12 +30,16 @@ Examples
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["LinUCBModel", "linucb_disjoint_scores", "linucb_hybrid_scores"]
+from ..types import Hypothesis
+from .base import LedgerView, Policy
+
+__all__ = ["LinUCBPolicy", "LinUCBModel", "linucb_disjoint_scores", "linucb_hybrid_scores"]
 
 
 def linucb_disjoint_scores(X: ArrayLike, A_inv: np.ndarray, b: np.ndarray,
@@ -168,3 +172,63 @@ class LinUCBModel:
         """Plain-list snapshot (for reports and tests)."""
         return {"dim": self.dim, "alpha": self.alpha, "hybrid": self.hybrid,
                 "arms": {b: {"A": a.A.tolist(), "b": a.b.tolist()} for b, a in self.arms.items()}}
+
+
+class LinUCBPolicy(Policy):
+    """LinUCB over ``Hypothesis.features`` (:mod:`.linucb`): picks a hypothesis.
+
+    ``scores`` per branch is the best upper bound among its queued hypotheses (``-inf`` when
+    it has none); ``choose`` also sets ``position``, the index of that hypothesis in the
+    branch's queue.
+    """
+
+    name = "linucb"
+    picks_hypothesis = True
+
+    def __init__(self, alpha: float = 1.0, hybrid: bool = False, ridge: float = 1.0):
+        super().__init__()
+        self.alpha = float(alpha)
+        self.hybrid = bool(hybrid)
+        self.ridge = float(ridge)
+        if self.hybrid:
+            self.name = "linucb-hybrid"
+        self.model: LinUCBModel | None = None
+        self._best_pos: np.ndarray = np.zeros(0, int)
+
+    def _model(self, dim: int) -> LinUCBModel:
+        if self.model is None:
+            self.model = LinUCBModel(dim, self.alpha, self.hybrid, self.ridge)
+        return self.model
+
+    def scores(self, led: LedgerView) -> np.ndarray:
+        k = len(led.branches)
+        out = np.full(k, -math.inf)
+        self._best_pos = np.zeros(k, int)
+        dim = led.feature_dim
+        if dim is None:
+            return out
+        model = self._model(dim)
+        for i in np.flatnonzero(led.eligible[:k]):
+            q = led.queues[i]
+            X = np.array([h.features for h in q], dtype=float)
+            s = model.scores(led.branches[i], X)
+            j = int(s.argmax())
+            out[i], self._best_pos[i] = s[j], j
+        return out
+
+    def choose(self, led: LedgerView, scores: np.ndarray, eligible: np.ndarray) -> int | None:
+        i = super().choose(led, scores, eligible)
+        self.position = int(self._best_pos[i]) if i is not None and i < len(self._best_pos) else 0
+        return i
+
+    def on_dispatch(self, led: LedgerView, i: int, h: Hypothesis) -> None:
+        self._model(len(h.features)).dispatch(h.branch, h.features)  # type: ignore[arg-type]
+
+    def on_result(self, led: LedgerView, i: int, h: Hypothesis, reward: float) -> None:
+        self._model(len(h.features)).record(h.branch, h.features, reward)  # type: ignore[arg-type]
+
+    def on_failure(self, led: LedgerView, i: int, h: Hypothesis) -> None:
+        self._model(len(h.features)).cancel(h.branch, h.features)  # type: ignore[arg-type]
+
+    def params(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "hybrid": self.hybrid, "ridge": self.ridge}

@@ -17,7 +17,7 @@ give the same picks. Pure numpy, no Dask.
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.thompson import thompson_scores
+>>> from dask_research.experiments.policies.thompson import thompson_scores
 >>> rng = np.random.default_rng(0)
 >>> s = thompson_scores([9.0, 1.0, 0.0], runs=[10, 10, 0], n=[10, 10, 0], rng=rng)
 >>> bool(0.0 <= s.min() and s.max() <= 1.0)    # untried branches draw from Beta(1, 1)
@@ -30,11 +30,14 @@ True
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["thompson_scores"]
+from .base import LedgerView, Policy
+
+__all__ = ["ThompsonPolicy", "thompson_scores"]
 
 
 def thompson_scores(reward_sum: ArrayLike, runs: ArrayLike, n: ArrayLike,
@@ -79,3 +82,30 @@ def thompson_scores(reward_sum: ArrayLike, runs: ArrayLike, n: ArrayLike,
     draws = rng.normal(mean, sd / np.sqrt(np.maximum(n_, 1.0)))
     draws[n_ == 0] = math.inf
     return draws
+
+
+class ThompsonPolicy(Policy):
+    """Seeded Thompson sampling (:func:`.thompson.thompson_scores`).
+
+    ``bounded=True``: the Beta posterior of [0, 1] rewards; ``bounded=False`` (the policy
+    ``"thompson-gaussian"``): a Gaussian posterior on each branch's sample variance, also for
+    [0, 1] rewards, which suits continuous rewards with little noise.
+    """
+
+    name = "thompson"
+
+    def __init__(self, seed: int = 0, bounded: bool = True):
+        super().__init__()
+        self.seed = int(seed)
+        self.bounded = bool(bounded)
+        if not self.bounded:
+            self.name = "thompson-gaussian"
+        self.rng = np.random.default_rng(self.seed)
+
+    def scores(self, led: LedgerView) -> np.ndarray:
+        k = len(led.branches)
+        return thompson_scores(led.reward_sum[:k], led.runs[:k], led.n[:k], self.rng,
+                               self.bounded, led.sq_sum[:k])
+
+    def params(self) -> dict[str, Any]:
+        return {"seed": self.seed, "bounded": self.bounded}

@@ -15,7 +15,7 @@ neither discounted evidence nor experiments in flight. With ``gamma = 1`` it is 
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.discounted import discount_update, discounted_ucb_scores
+>>> from dask_research.experiments.policies.discounted import discount_update, discounted_ucb_scores
 >>> n, s = np.zeros(2), np.zeros(2)
 >>> for arm, r in [(0, 1.0), (0, 1.0), (1, 0.5)]:
 ...     discount_update(n, s, arm, r, gamma=0.5)
@@ -27,13 +27,16 @@ Examples
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .policies import log_pulls
+from ..types import Hypothesis
+from .base import LedgerView, Policy
+from .ucb1 import log_pulls
 
-__all__ = ["discounted_ucb_scores", "discount_update"]
+__all__ = ["DiscountedUCBPolicy", "discounted_ucb_scores", "discount_update"]
 
 
 def discount_update(disc_n: np.ndarray, disc_sum: np.ndarray, i: int, reward: float,
@@ -58,3 +61,35 @@ def discounted_ucb_scores(disc_n: ArrayLike, disc_sum: ArrayLike, pending: Array
     scores = mean + c * np.sqrt(log_total / np.where(n > 0, n, 1.0))
     scores[n <= 0] = math.inf
     return scores
+
+
+class DiscountedUCBPolicy(Policy):
+    """Discounted UCB (:mod:`.discounted`); keeps discounted counts and sums per branch."""
+
+    name = "discounted-ucb"
+
+    def __init__(self, c: float = 2 ** 0.5, gamma: float = 0.99):
+        super().__init__()
+        self.c = float(c)
+        self.gamma = float(gamma)
+        self.disc_n = np.zeros(16)
+        self.disc_sum = np.zeros(16)
+
+    def _fit(self, k: int) -> None:
+        if k > len(self.disc_n):
+            size = max(k, 2 * len(self.disc_n))
+            self.disc_n = np.concatenate([self.disc_n, np.zeros(size - len(self.disc_n))])
+            self.disc_sum = np.concatenate([self.disc_sum, np.zeros(size - len(self.disc_sum))])
+
+    def scores(self, led: LedgerView) -> np.ndarray:
+        k = len(led.branches)
+        self._fit(k)
+        return discounted_ucb_scores(self.disc_n[:k], self.disc_sum[:k], led.pending[:k],
+                                     self.c)
+
+    def on_result(self, led: LedgerView, i: int, h: Hypothesis, reward: float) -> None:
+        self._fit(len(led.branches))
+        discount_update(self.disc_n, self.disc_sum, i, reward, self.gamma)
+
+    def params(self) -> dict[str, Any]:
+        return {"c": self.c, "gamma": self.gamma}

@@ -1,0 +1,265 @@
+"""The asyncio loop of :meth:`~.loop.IterationScheduler.run`: fill the slots, sleep until any
+experiment finishes, book it and refill its slot at once, repeat.
+
+:class:`LoopDriver` drives one :class:`~.run.Run` on a backend (asyncio tasks, or Dask futures
+with a client). It never blocks behind one experiment: a finished experiment is booked and
+its slot refilled inside its own task (the local backend's completion hook), before the books
+of any other. With ``apply_order="dispatch"`` results are applied in dispatch order and
+decision ``k`` waits for result ``k - slots``. Experiments past their ``timeout`` fail; past
+``max_seconds + cancel_grace`` every experiment still in flight is cancelled and kept in
+:attr:`LoopDriver.carry` for the next run.
+
+Examples
+--------
+>>> from dask_research.experiments import Hypothesis, IterationScheduler
+>>> sched = IterationScheduler(lambda h: 0.5, slots=2, progress=False)
+>>> sched.add([Hypothesis(f"h{k}", "a") for k in range(3)])
+>>> [e.kind for e in sched.run().events][:4]      # a LoopDriver ran it
+['add', 'select', 'dispatch', 'select']
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from ..exceptions import ExperimentError
+from .backends import DaskBackend, LocalBackend
+from .events import _jsonable
+from .progress import ProgressBar
+from .recorder import log_records
+from .report import Report
+from .run import Run
+from .timeouts import Deadlines, ExperimentTimeout
+from .types import BranchStats, Hypothesis, Result
+
+__all__ = ["LoopDriver", "CANCELLED"]
+
+CANCELLED = object()   # outcome of an experiment cancelled at the run's deadline: not counted
+
+
+class LoopDriver:
+    """Slots, experiments in flight and budgets of one run on ``backend``.
+
+    ``paper_writer(branch, stats, best)`` runs as a side task of the backend; ``client`` is
+    only named in error messages and decides whether events are shipped to the Dask log.
+    """
+
+    def __init__(self, run: Run, backend: LocalBackend | DaskBackend,
+                 paper_writer: Callable[..., Any] | None = None, client: Any = None) -> None:
+        s = run.settings
+        self.run, self.backend, self.client = run, backend, client
+        self.slots = s.slots
+        self.paper_writer = paper_writer
+        self.retry = run.books.retry
+        self.carry: list[Hypothesis] = []       # cancelled at the deadline: the next run's
+        self.free = list(range(s.slots))
+        self.inflight: dict[Any, tuple[Hypothesis, int, int]] = {}
+        self.buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
+        self.by_dispatch = s.apply_order == "dispatch"
+        self.next_seq = 0                        # dispatch sequence numbers of this run
+        self.applied = 0
+        self.dispatched = 0
+        self.stop_reason: str | None = None
+        self.deadlines = Deadlines(s.timeout)
+        self.hard = None if s.max_seconds is None else s.max_seconds + s.cancel_grace
+        self.cancelled: list[str] = []
+        self.timed_out: list[str] = []
+        self.side: list[asyncio.Future] = []
+        self.crashed: list[BaseException] = []
+        self.ship = s.log_events and client is not None
+        if paper_writer is not None:
+            run.on_trigger = self.start_paper
+        if isinstance(backend, LocalBackend):
+            backend.on_finish = self.on_finish
+
+    # -- slots ---------------------------------------------------------------------------
+    def fill(self) -> None:
+        """Fill every free slot (budgets are checked only when there is work)."""
+        run, led, retry = self.run, self.run.ledger, self.retry
+        while self.free and self.stop_reason is None:
+            if self.by_dispatch and self.next_seq - self.applied >= self.slots:
+                return                    # decision k waits for result k - slots
+            if not retry and not led.has_work():
+                return
+            reason = run.budget_reason(self.dispatched)
+            if reason is not None:
+                self.stop_reason = reason
+                run.recorder.emit("stop", reason=reason, in_flight=len(self.inflight))
+                return
+            if retry:                     # in flight at the crash: again, once
+                self.start(retry.popleft(), requeued=True)
+                continue
+            h = run.pick()
+            if h is not None:             # None: its source is exhausted, decide again
+                self.start(h)
+
+    def start(self, h: Hypothesis, **data: Any) -> None:
+        """Hand ``h`` to the backend on the lowest free slot. The dispatch event is stamped
+        as the hand-off begins: from here the slot is committed, and the hand-off itself
+        (Dask's ``client.submit`` packs and pickles the task) is transport, like the round
+        trip, not decision time."""
+        slot = heapq.heappop(self.free)
+        self.run.recorder.emit("dispatch", h.branch, h.id, slot, **data)
+        try:
+            token = self.backend.submit(h)
+        except Exception as exc:
+            raise ExperimentError(
+                f"could not start hypothesis {h.id!r} on branch {h.branch!r}: "
+                f"{type(exc).__name__}: {exc}" + ("; with a client the runner and every "
+                "payload must pickle" if self.client is not None else ""),
+                id=h.id, branch=h.branch) from exc
+        self.inflight[token] = (h, slot, self.next_seq)
+        self.deadlines.start(token, self.run.recorder.now())
+        self.next_seq += 1
+        self.dispatched += 1
+
+    def settle(self, token: Any, outcome: Any) -> None:
+        """Book one finished experiment and refill its slot at once, before the books
+        of any other finished experiment (so a slot waits for its own bookkeeping only)."""
+        h, slot, k = self.inflight.pop(token)
+        self.deadlines.discard(token)
+        heapq.heappush(self.free, slot)
+        if not self.by_dispatch:
+            if outcome is not CANCELLED:
+                self.run.apply(h, slot, outcome)
+            self.fill()
+            return
+        if outcome is not CANCELLED:
+            self.run.recorder.emit("finish", h.branch, h.id, slot)
+        self.buffered[k] = (h, slot, outcome)
+        while self.applied in self.buffered:   # apply in dispatch order, and make decision
+            hh, ss, oo = self.buffered.pop(self.applied)   # k right after result k - slots
+            self.applied += 1
+            if oo is not CANCELLED:       # a cancelled one is skipped, not waited for
+                self.run.apply(hh, ss, oo)
+            self.fill()
+
+    def on_finish(self, token: Any, outcome: Any) -> None:
+        """Completion hook of the local backend: runs inside the finished experiment's own
+        task, so the slot is refilled without waiting for the driver to wake up."""
+        if self.crashed or token not in self.inflight:
+            return
+        try:
+            self.settle(token, outcome)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the driver
+            self.crashed.append(exc)
+
+    # -- papers --------------------------------------------------------------------------
+    def start_paper(self, branch: str, stats: BranchStats, best: Result) -> None:
+        """Start the paper writer of ``branch`` as a side task (it never blocks the loop)."""
+        run = self.run
+        fut = self.backend.side(self.paper_writer, branch, stats, best)  # type: ignore[arg-type]
+
+        async def watch() -> None:
+            try:
+                out = await fut
+                run.books.paper(branch, out)
+                if run.recorder.journal is not None:
+                    run.recorder.write({"kind": "output", "branch": branch,
+                                        "output": _jsonable(out)})
+                run.recorder.emit("paper.done", branch=branch)
+            except asyncio.CancelledError:   # the run's deadline: written again on resume
+                run.books.paper(branch, "<cancelled: still writing at the run's deadline>")
+            except Exception as exc:  # noqa: BLE001 - a failed paper never stops the loop
+                error = f"{type(exc).__name__}: {exc}"
+                run.books.paper_failed(branch, error)
+                run.recorder.emit("paper.failed", branch=branch, error=error)
+
+        self.side.append(asyncio.ensure_future(watch()))
+
+    # -- the loop ------------------------------------------------------------------------
+    async def drive(self, bar: ProgressBar | None) -> Report:  # noqa: C901 - one piece
+        """Run until the queue is empty or a budget stops dispatching; the report."""
+        run, backend, books = self.run, self.backend, self.run.books
+        led, rec, inflight = run.ledger, run.recorder, self.inflight
+        s = run.settings
+        shipped = 0
+        try:
+            if led.total_queued or self.retry:
+                rec.emit("add", n=led.total_queued, nbranches=len(led.branches),
+                         **({"requeued": [h.id for h in self.retry]} if self.retry else {}))
+            if self.paper_writer is not None:
+                for b in books.triggers:        # triggered, but no paper before the crash
+                    if b not in books.papers and b in books.trigger_results:
+                        self.start_paper(b, led.stats(led.branch_index(b)),
+                                         books.trigger_results[b])
+            while True:
+                # 1. fill every free slot
+                self.fill()
+                if self.stop_reason is None and led.has_work() and not self.free:
+                    reason = run.budget_reason(self.dispatched)
+                    if reason is not None:
+                        self.stop_reason = reason
+                        rec.emit("stop", reason=reason, in_flight=len(inflight))
+                if self.ship:
+                    backend.ship(log_records(run.trace, shipped, run.run_id))
+                    shipped = len(run.trace)
+                if not inflight:
+                    break
+                # 2. sleep until any experiment finishes (or the wall-clock budget runs out)
+                now = rec.now()
+                waits = [self.deadlines.next_in(now)]
+                if self.hard is not None:
+                    waits.append(max(0.0, self.hard - now))
+                if s.max_seconds is not None and self.stop_reason is None and led.has_work():
+                    waits.append(max(0.0, s.max_seconds - now))
+                timeout = min((w for w in waits if w is not None), default=None)
+                for token, outcome in await backend.wait(timeout):
+                    if token in inflight:       # not yet settled by the completion hook
+                        self.settle(token, outcome)
+                if self.crashed:
+                    raise self.crashed[0]
+                await self._expire()
+                if self.crashed:
+                    raise self.crashed[0]
+                if bar is not None:         # update() redraws at most every 0.1 s
+                    bar.update(books.outcomes, len(inflight), led.total_queued)
+            if self.stop_reason is None:
+                self.stop_reason = "queue_empty"
+                rec.emit("stop", reason=self.stop_reason, in_flight=0)
+            if self.side:                   # paper writers, within the run's deadline
+                left = None if self.hard is None else max(0.0, self.hard - rec.now())
+                _, late = await asyncio.wait(self.side, timeout=left)
+                for fut in late:
+                    fut.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
+            if self.ship:
+                backend.ship(log_records(run.trace, shipped, run.run_id))
+        finally:
+            if bar is not None:             # 100 % of what was done, whatever stopped it
+                bar.finish(books.outcomes, self.stop_reason)
+            await backend.close()
+        return run.report(self.stop_reason, self.dispatched, cancelled=self.cancelled,
+                          timed_out=self.timed_out)
+
+    async def _expire(self) -> None:
+        """Experiments past their timeout fail; past the run's deadline, all stop."""
+        backend, inflight, rec = self.backend, self.inflight, self.run.recorder
+        for token in self.deadlines.expired(rec.now()):
+            if token in inflight:
+                h = inflight[token][0]
+                await backend.cancel(token)
+                if token not in inflight:       # it finished meanwhile after all
+                    continue
+                self.timed_out.append(h.id)
+                timeout = self.run.settings.timeout
+                self.settle(token, Result.failure(h, ExperimentTimeout(
+                    f"{h.id!r} ran longer than timeout={timeout:g} s and was "
+                    "cancelled (research.experiments.timeout)"), timeout))
+        if self.hard is not None and inflight and rec.now() >= self.hard:
+            s = self.run.settings
+            for token in list(inflight):
+                await backend.cancel(token)
+                if token not in inflight:       # it finished meanwhile after all
+                    continue
+                h, slot, _ = inflight[token]
+                self.cancelled.append(h.id)
+                self.carry.append(h)
+                rec.emit("cancel", h.branch, h.id, slot, reason=(
+                    f"still running {s.cancel_grace:g} s after max_seconds="
+                    f"{s.max_seconds:g}"))
+                self.settle(token, CANCELLED)
+
