@@ -79,9 +79,10 @@ class AskTellSession:
                 raise ExperimentError(f"the {reason} budget is spent ({self.dispatched} asked "
                                       "in this session); raise it or read sched.report()",
                                       reason=reason)
-            h = run.pick()
-            if h is None:                    # the source is exhausted: decide again
+            picked = run.pick()
+            if picked is None:               # the source is exhausted: decide again
                 continue
+            h = picked
             emit("dispatch", h.branch, h.id, None)
             self.pending[h.id] = h
             self.dispatched += 1
@@ -93,11 +94,11 @@ class AskTellSession:
         hid = hypothesis if isinstance(hypothesis, str) else getattr(hypothesis, "id", None)
         h = self.pending.get(hid)  # type: ignore[arg-type]
         if h is None:
-            h = next((x for x in self.retry if x.id == hid), None)
-            if h is not None:                # told directly after a resume, without a re-ask
-                self.retry.remove(h)
-                run.recorder.emit("dispatch", h.branch, h.id, None, requeued=True)
-                self.pending[h.id] = h
+            again = next((x for x in self.retry if x.id == hid), None)
+            if again is not None:            # told directly after a resume, without a re-ask
+                self.retry.remove(again)
+                run.recorder.emit("dispatch", again.branch, again.id, None, requeued=True)
+                self.pending[again.id] = h = again
         if h is None:
             if hid in self.told:
                 raise ExperimentError(f"duplicate tell for hypothesis {hid!r}: its outcome was "
@@ -114,7 +115,7 @@ class AskTellSession:
         dur = 0.0 if duration is None else float(duration)
         res = coerce_result(value, h, dur, s.bounded, objectives)
         if not res.ok and not (isinstance(value, Result) and value.error is not None):
-            raise InputError("reward", value, res.error.split("; ", 1)[-1]  # type: ignore
+            raise InputError("reward", value, res.error.split("; ", 1)[-1]
                              if res.error else "a usable reward", where=f"tell({hid!r})")
         del self.pending[h.id]
         self.told.add(h.id)

@@ -281,7 +281,7 @@ class Journal:
             return self._parse(data)[0]
         scan = self._scan(data, {"good": 0})
         settings = next(scan, None)
-        return None if settings is None else JournalState(settings, scan)  # type: ignore[arg-type]
+        return None if settings is None else JournalState(settings, scan)
 
     def _parse(self, data: bytes) -> tuple[JournalState | None, int]:
         """``(state, good)``: the records, and how many leading bytes of ``data`` hold whole
@@ -364,7 +364,7 @@ class Journal:
             data = self._read()
             self._lines = []
             state, good = self._parse(data) if data else (None, 0)
-            if state is not None:
+            if state is not None and data is not None:
                 keep = data[:good].decode("utf-8")          # drop a torn tail
                 self._lines = [ln + "\n" for ln in keep.split("\n") if ln]
             else:

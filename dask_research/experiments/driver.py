@@ -178,8 +178,9 @@ class LoopDriver:
         shipped = 0
         try:
             if led.total_queued or self.retry:
-                rec.emit("add", n=led.total_queued, nbranches=len(led.branches),
-                         **({"requeued": [h.id for h in self.retry]} if self.retry else {}))
+                again: dict[str, Any] = ({"requeued": [h.id for h in self.retry]}
+                                         if self.retry else {})
+                rec.emit("add", n=led.total_queued, nbranches=len(led.branches), **again)
             if self.paper_writer is not None:
                 for b in books.triggers:        # triggered, but no paper before the crash
                     if b not in books.papers and b in books.trigger_results:

@@ -195,7 +195,7 @@ class Trace(Sequence[Event]):
     def __len__(self) -> int:
         return len(self._events)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self._events[i]
 
     def __iter__(self) -> Iterator[Event]:
@@ -236,11 +236,11 @@ class Trace(Sequence[Event]):
         out = []
         for ev in self._events:
             if ev.kind == "dispatch":
-                open_[ev.hypothesis] = ev  # type: ignore[index]
+                open_[str(ev.hypothesis)] = ev
             elif ev.kind in _ENDS and ev.hypothesis in open_:
-                d = open_.pop(ev.hypothesis)  # type: ignore[arg-type]
-                out.append(Interval(d.slot, d.t, ev.t,  # type: ignore[arg-type]
-                                    d.hypothesis, d.branch))
+                d = open_.pop(str(ev.hypothesis))
+                out.append(Interval(int(d.slot or 0), d.t, ev.t, str(d.hypothesis),
+                                    str(d.branch)))
         return out
 
     def busy_window(self) -> tuple[float, float]:

@@ -39,7 +39,7 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     """``async def`` functions, partials of them and objects with an ``async def __call__``."""
     if inspect.iscoroutinefunction(fn):
         return True
-    call = getattr(fn, "__call__", None)
+    call = getattr(fn, "__call__", None)  # noqa: B004 - its __call__ method is inspected
     return call is not None and inspect.iscoroutinefunction(call)
 
 
@@ -127,7 +127,7 @@ def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool,
             or not math.isfinite(reward)):
         return _problem(hyp, f"runner returned reward={reward!r} for {hyp.id!r}; expected a "
                         "finite number", duration)
-    if bounded and not 0.0 <= reward <= 1.0:
+    if bounded and not 0.0 <= float(reward) <= 1.0:
         return _problem(hyp, f"runner returned reward={reward!r} for {hyp.id!r}; bounded "
                         "rewards must lie in [0, 1] (pass bounded=False for other scales)",
                         duration)
@@ -138,7 +138,7 @@ async def execute_async(
     runner: Callable[[Hypothesis], Any],
     hyp: Hypothesis,
     bounded: bool,
-    executor: Executor | None = None,
+    executor: Executor | AbandonablePool | None = None,
     is_async: bool | None = None,
     objectives: tuple[str, ...] | None = None,
 ) -> Result:

@@ -98,7 +98,7 @@ class BranchLedger:
         k = len(self.branches)
 
         def grow(name: str, dtype: type) -> np.ndarray:
-            new = np.zeros(capacity, dtype=dtype)
+            new: np.ndarray = np.zeros(capacity, dtype=dtype)
             old = getattr(self, name, None)
             if old is not None:
                 new[:k] = old[:k]

@@ -203,7 +203,7 @@ class IterationScheduler:
 
     def __init__(
         self,
-        runner: Callable[[Hypothesis], Any],
+        runner: Callable[[Hypothesis], Any] | None,
         slots: int | None = None,
         c: float | None = None,
         prune_after_runs: int | None = None,
@@ -445,6 +445,7 @@ class IterationScheduler:
         self._running = True
         driver: LoopDriver | None = None
         try:
+            assert self.runner is not None       # _check_runnable
             run = self._new_run()
             s = self.settings
             objectives = tuple(s.objectives) if s.objectives else None

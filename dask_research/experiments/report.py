@@ -192,7 +192,7 @@ class Report:
         return json.dumps(self.to_dict(events=events, scores=scores), indent=indent)
 
     def _rows(self) -> list[tuple[str, ...]]:
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for b, s in self.branches.items():
             flags = []
             if s.pruned:

@@ -111,7 +111,7 @@ class Run:
             res: Result = outcome
             i = books.result(res)
             runs, mean = int(led.runs[i]), float(led.mean[i])
-            vec = {"means": led.raw_means(i)} if led.dims else {}
+            vec: dict[str, Any] = {"means": led.raw_means(i)} if led.dims else {}
             emit("result", h.branch, h.id, slot, reward=res.reward, duration=res.duration,
                  mean=mean, runs=runs, journal={"metrics": _jsonable(res.metrics)}, **vec)
         else:
@@ -124,14 +124,14 @@ class Run:
         if self.sources.by_branch:
             self.sources.observe(res, led, emit)
         means = led.raw_means(i)
+        vector: dict[str, Any] = {"means": means} if means else {}
         # gate 1: pruning
         if not led.pruned[i]:
             reason = gates.prune_gate(self.settings, led, i, self.trace)
             if reason is not None:
                 dropped = books.prune(i, reason)
                 emit("prune", h.branch, reason=reason, mean=mean, runs=runs,
-                     failures=int(led.failures[i]), dropped=[d.id for d in dropped],
-                     **({"means": means} if means else {}))
+                     failures=int(led.failures[i]), dropped=[d.id for d in dropped], **vector)
                 return
         if not ok or led.pruned[i]:
             return
@@ -139,7 +139,7 @@ class Run:
         if gates.paper_gate(self.settings, led, i):
             books.trigger(i, res)
             emit("paper.trigger", h.branch, h.id, mean=mean, runs=runs,
-                 threshold=self.settings.paper_threshold, **({"means": means} if means else {}))
+                 threshold=self.settings.paper_threshold, **vector)
             if self.on_trigger is not None:
                 self.on_trigger(h.branch, led.stats(i), res)
         # gate 3: expansion
@@ -162,8 +162,8 @@ class Run:
         if not batch:
             return
         self.queue(batch, encoded, True)
-        emit("expand", branch=h.branch, hypothesis=h.id, ids=[x.id for x in batch],
-             **({"other_branches": wrong} if wrong else {}))
+        other: dict[str, Any] = {"other_branches": wrong} if wrong else {}
+        emit("expand", branch=h.branch, hypothesis=h.id, ids=[x.id for x in batch], **other)
 
     # -- the report ------------------------------------------------------------------------
     def report(self, stop_reason: str, dispatched: int, **extra: Any) -> Report:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dask_research.experiments.policies import select, ucb1_scores
 from dask_research.experiments.policies.discounted import discount_update, discounted_ucb_scores
 from dask_research.experiments.policies.klucb import bernoulli_kl, kl_ucb_scores
 from dask_research.experiments.policies.linucb import LinUCBModel
@@ -19,7 +20,6 @@ from dask_research.experiments.policies.pareto import (
     pareto_select,
     pareto_ucb1_indices,
 )
-from dask_research.experiments.policies import select, ucb1_scores
 from dask_research.experiments.policies.thompson import thompson_scores
 from dask_research.experiments.policies.tuned import ucb1_tuned_score, ucb1_tuned_scores
 from dask_research.testing.experiments import branch_stats

@@ -123,7 +123,8 @@ class Policy:
         return {}
 
     def rng_state(self) -> dict | None:
-        return None if self.rng is None else self.rng.bit_generator.state
+        """The generator's state (JSON values), or ``None`` for deterministic policies."""
+        return None if self.rng is None else dict(self.rng.bit_generator.state)
 
     def set_rng_state(self, state: dict | None) -> None:
         if self.rng is not None and state is not None:

@@ -43,11 +43,11 @@ def bernoulli_kl(p: ArrayLike, q: ArrayLike) -> np.ndarray:
     >>> round(float(bernoulli_kl(0.5, 0.5)), 12)
     0.0
     """
-    p = np.clip(np.asarray(p, dtype=float), 0.0, 1.0)
-    q = np.clip(np.asarray(q, dtype=float), _EPS, 1.0 - _EPS)
+    pa = np.clip(np.asarray(p, dtype=float), 0.0, 1.0)
+    qa = np.clip(np.asarray(q, dtype=float), _EPS, 1.0 - _EPS)
     with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0) / q), 0.0)
-        b = np.where(p < 1, (1 - p) * np.log(np.where(p < 1, 1 - p, 1.0) / (1 - q)), 0.0)
+        a = np.where(pa > 0, pa * np.log(np.where(pa > 0, pa, 1.0) / qa), 0.0)
+        b = np.where(pa < 1, (1 - pa) * np.log(np.where(pa < 1, 1 - pa, 1.0) / (1 - qa)), 0.0)
     return a + b
 
 

@@ -208,7 +208,7 @@ class LinUCBPolicy(Policy):
         if dim is None:
             return out
         model = self._model(dim)
-        for i in np.flatnonzero(led.eligible[:k]):
+        for i in map(int, np.flatnonzero(led.eligible[:k])):
             q = led.queues[i]
             X = np.array([h.features for h in q], dtype=float)
             s = model.scores(led.branches[i], X)

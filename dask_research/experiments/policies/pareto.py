@@ -123,7 +123,7 @@ class ParetoUCB1Policy(Policy):
     def __init__(self, seed: int = 0):
         super().__init__()
         self.seed = int(seed)
-        self.rng = np.random.default_rng(self.seed)
+        self.rng = self._rng = np.random.default_rng(self.seed)
         self.last_front: np.ndarray = np.zeros(0, bool)
         self._indices: np.ndarray | None = None
 
@@ -136,7 +136,7 @@ class ParetoUCB1Policy(Policy):
     def choose(self, led: LedgerView, scores: np.ndarray, eligible: np.ndarray) -> int | None:
         self.position = 0
         assert self._indices is not None
-        i, self.last_front = pareto_select(self._indices, eligible, self.rng)
+        i, self.last_front = pareto_select(self._indices, eligible, self._rng)
         return i
 
     def params(self) -> dict[str, Any]:

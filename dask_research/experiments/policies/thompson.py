@@ -100,11 +100,11 @@ class ThompsonPolicy(Policy):
         self.bounded = bool(bounded)
         if not self.bounded:
             self.name = "thompson-gaussian"
-        self.rng = np.random.default_rng(self.seed)
+        self.rng = self._rng = np.random.default_rng(self.seed)
 
     def scores(self, led: LedgerView) -> np.ndarray:
         k = len(led.branches)
-        return thompson_scores(led.reward_sum[:k], led.runs[:k], led.n[:k], self.rng,
+        return thompson_scores(led.reward_sum[:k], led.runs[:k], led.n[:k], self._rng,
                                self.bounded, led.sq_sum[:k])
 
     def params(self) -> dict[str, Any]:
