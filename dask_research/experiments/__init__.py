@@ -29,7 +29,7 @@ Examples
 from __future__ import annotations
 
 from .checkpoint import JournalLegacyWarning
-from .events import EVENT_KINDS, Event, Interval, Trace
+from .events import EVENT_KINDS, Event, Interval, SlotInterval, Trace
 from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
 from .objectives import OBJECTIVES
@@ -38,16 +38,18 @@ from .report import Report
 from .runners import deterministic_expander, make_deterministic_runner, make_followup_expander
 from .sources import Branch, HypothesisSource
 from .timeouts import ExperimentTimeout
-from .types import BranchStats, Hypothesis, Result
+from .types import BranchStats, ExperimentResult, Hypothesis, Result
 
 __all__ = [
     "Hypothesis",
+    "ExperimentResult",
     "Result",
     "BranchStats",
     "IterationScheduler",
     "Report",
     "Event",
     "Trace",
+    "SlotInterval",
     "Interval",
     "EVENT_KINDS",
     "Branch",

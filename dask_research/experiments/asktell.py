@@ -32,7 +32,7 @@ from .events import _jsonable
 from .execute import coerce_result
 from .report import Report
 from .run import Run
-from .types import BranchStats, Hypothesis, Result
+from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["AskTellSession"]
 
@@ -89,7 +89,8 @@ class AskTellSession:
             return h
 
     # -- tell -----------------------------------------------------------------------------
-    def tell(self, hypothesis: Hypothesis | str, value: Any, duration: float | None) -> Result:
+    def tell(self, hypothesis: Hypothesis | str, value: Any,
+             duration: float | None) -> ExperimentResult:
         run = self.run
         hid = hypothesis if isinstance(hypothesis, str) else getattr(hypothesis, "id", None)
         h = self.pending.get(hid)  # type: ignore[arg-type]
@@ -114,7 +115,7 @@ class AskTellSession:
         objectives = tuple(s.objectives) if s.objectives else None
         dur = 0.0 if duration is None else float(duration)
         res = coerce_result(value, h, dur, s.bounded, objectives)
-        if not res.ok and not (isinstance(value, Result) and value.error is not None):
+        if not res.ok and not (isinstance(value, ExperimentResult) and value.error is not None):
             raise InputError("reward", value, res.error.split("; ", 1)[-1]
                              if res.error else "a usable reward", where=f"tell({hid!r})")
         del self.pending[h.id]
@@ -123,7 +124,7 @@ class AskTellSession:
         return res
 
     # -- papers and report ----------------------------------------------------------------
-    def write_paper(self, branch: str, stats: BranchStats, best: Result) -> None:
+    def write_paper(self, branch: str, stats: BranchStats, best: ExperimentResult) -> None:
         """Run the paper writer now (there is no event loop in ask/tell)."""
         run = self.run
         try:

@@ -28,7 +28,7 @@ from typing import Any
 
 from .events import Event
 from .ledger import BranchLedger
-from .types import Hypothesis, Result
+from .types import ExperimentResult, Hypothesis
 
 __all__ = ["Books"]
 
@@ -43,10 +43,10 @@ class Books:
 
     def __init__(self, ledger: BranchLedger, retry: Iterable[Hypothesis] = ()) -> None:
         self.ledger = ledger
-        self.results: list[Result] = []
-        self.failed: list[Result] = []
+        self.results: list[ExperimentResult] = []
+        self.failed: list[ExperimentResult] = []
         self.triggers: list[str] = []
-        self.trigger_results: dict[str, Result] = {}
+        self.trigger_results: dict[str, ExperimentResult] = {}
         self.papers: dict[str, Any] = {}
         self.dropped: list[str] = []
         self.retry: deque[Hypothesis] = deque(retry)
@@ -60,7 +60,7 @@ class Books:
         """Results and failures counted so far."""
         return len(self.results) + len(self.failed)
 
-    def restored_outcomes(self) -> list[Result]:
+    def restored_outcomes(self) -> list[ExperimentResult]:
         """The outcomes read from the journal, until a run starts (sources learn from them)."""
         if self.live or not self.replayed:
             return []
@@ -74,13 +74,13 @@ class Books:
         self.dropped.extend(h.id for h in dropped)
         return dropped
 
-    def result(self, res: Result) -> int:
+    def result(self, res: ExperimentResult) -> int:
         """Count a successful result; returns its branch index."""
         i = self.ledger.record(res)
         self.results.append(res)
         return i
 
-    def failure(self, res: Result) -> int:
+    def failure(self, res: ExperimentResult) -> int:
         """Count a failed experiment; returns its branch index."""
         i = self.ledger.record_failure(res.hypothesis)
         self.failed.append(res)
@@ -92,7 +92,7 @@ class Books:
         self.dropped.extend(d.id for d in dropped)
         return dropped
 
-    def trigger(self, i: int, best: Result | None) -> None:
+    def trigger(self, i: int, best: ExperimentResult | None) -> None:
         """Branch ``i`` triggered the paper stage with result ``best``."""
         branch = self.ledger.branches[i]
         self.ledger.paper[i] = True

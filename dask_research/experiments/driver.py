@@ -32,7 +32,7 @@ from .recorder import log_records
 from .report import Report
 from .run import Run
 from .timeouts import Deadlines, ExperimentTimeout
-from .types import BranchStats, Hypothesis, Result
+from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["LoopDriver", "CANCELLED"]
 
@@ -147,7 +147,7 @@ class LoopDriver:
             self.crashed.append(exc)
 
     # -- papers --------------------------------------------------------------------------
-    def start_paper(self, branch: str, stats: BranchStats, best: Result) -> None:
+    def start_paper(self, branch: str, stats: BranchStats, best: ExperimentResult) -> None:
         """Start the paper writer of ``branch`` as a side task (it never blocks the loop)."""
         run = self.run
         fut = self.backend.side(self.paper_writer, branch, stats, best)  # type: ignore[arg-type]
@@ -247,7 +247,7 @@ class LoopDriver:
                     continue
                 self.timed_out.append(h.id)
                 timeout = self.run.settings.timeout
-                self.settle(token, Result.failure(h, ExperimentTimeout(
+                self.settle(token, ExperimentResult.failure(h, ExperimentTimeout(
                     f"{h.id!r} ran longer than timeout={timeout:g} s and was "
                     "cancelled (research.experiments.timeout)"), timeout))
         if self.hard is not None and inflight and rec.now() >= self.hard:

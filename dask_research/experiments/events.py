@@ -33,7 +33,9 @@ kept 0.8 GB of scores. :meth:`Trace.scores` reads either form.
 
 ``Event.t`` is seconds since the run started (``time.perf_counter``); ``Trace.started_at`` is
 the wall-clock (epoch) time of ``t = 0``. Slot occupancy is derived from ``dispatch`` and
-``result``/``failure`` pairs (:meth:`Trace.intervals`, :meth:`Trace.occupancy`).
+``result``/``failure`` pairs (:meth:`Trace.intervals`: :class:`SlotInterval` records, also
+importable as ``Interval``, their name before they were renamed apart from
+``dask_research.montecarlo.Interval``; :meth:`Trace.occupancy`).
 
 Examples
 --------
@@ -59,7 +61,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Event", "Trace", "Interval", "EVENT_KINDS", "top_scores"]
+__all__ = ["Event", "Trace", "SlotInterval", "Interval", "EVENT_KINDS", "top_scores"]
 
 EVENT_KINDS = (
     "add", "select", "dispatch", "result", "failure", "prune", "drop",
@@ -147,14 +149,23 @@ class Event:
         return d
 
 
-class Interval(NamedTuple):
-    """One experiment's stay in a slot, from dispatch to result (or failure)."""
+class SlotInterval(NamedTuple):
+    """One experiment's stay in a slot, from dispatch to result (or failure).
+
+    >>> SlotInterval(0, 0.0, 1.5, "h1", "a").end
+    1.5
+    """
 
     slot: int
     start: float
     end: float
     hypothesis: str
     branch: str
+
+
+Interval = SlotInterval
+"""The name of :class:`SlotInterval` before it was renamed (it collided with
+``dask_research.montecarlo.Interval``); kept so existing code keeps working."""
 
 
 class Trace(Sequence[Event]):
@@ -230,7 +241,7 @@ class Trace(Sequence[Event]):
             raise ValueError(f"event {event.seq} ({event.kind}) carries no scores")
         return dict(zip(self.branches, event.scores.tolist()))
 
-    def intervals(self) -> list[Interval]:
+    def intervals(self) -> list[SlotInterval]:
         """Each experiment's (slot, dispatch time, end time); unfinished ones are left out."""
         open_: dict[str, Event] = {}
         out = []
@@ -239,7 +250,7 @@ class Trace(Sequence[Event]):
                 open_[str(ev.hypothesis)] = ev
             elif ev.kind in _ENDS and ev.hypothesis in open_:
                 d = open_.pop(str(ev.hypothesis))
-                out.append(Interval(int(d.slot or 0), d.t, ev.t, str(d.hypothesis),
+                out.append(SlotInterval(int(d.slot or 0), d.t, ev.t, str(d.hypothesis),
                                     str(d.branch)))
         return out
 

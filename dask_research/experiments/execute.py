@@ -30,7 +30,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .timeouts import AbandonablePool
-from .types import Hypothesis, Result
+from .types import ExperimentResult, Hypothesis
 
 __all__ = ["coerce_result", "execute_async", "execute_sync", "is_async_callable"]
 
@@ -43,12 +43,12 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _problem(hyp: Hypothesis, text: str, duration: float) -> Result:
-    return Result.failure(hyp, f"ExperimentError: {text}", duration)
+def _problem(hyp: Hypothesis, text: str, duration: float) -> ExperimentResult:
+    return ExperimentResult.failure(hyp, f"ExperimentError: {text}", duration)
 
 
 def _vector(reward: Any, hyp: Hypothesis, objectives: tuple[str, ...], bounded: bool,
-            duration: float) -> tuple[float, ...] | Result:
+            duration: float) -> tuple[float, ...] | ExperimentResult:
     names = ", ".join(objectives)
     if isinstance(reward, dict):
         if set(reward) != set(objectives):
@@ -74,14 +74,14 @@ def _vector(reward: Any, hyp: Hypothesis, objectives: tuple[str, ...], bounded: 
 
 
 def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool,
-                  objectives: tuple[str, ...] | None = None) -> Result:
+                  objectives: tuple[str, ...] | None = None) -> ExperimentResult:
     """Turn a runner's return value into a checked :class:`Result` (failed if unusable).
 
     With ``objectives`` the reward must be a vector of that length (or a dict keyed by them);
     it comes back as a tuple of floats in objective order.
     """
     if objectives:
-        if isinstance(out, Result):
+        if isinstance(out, ExperimentResult):
             if out.hypothesis.id != hyp.id or out.hypothesis.branch != hyp.branch:
                 return coerce_result(out, hyp, duration, bounded)   # the same complaint
             if out.error is not None:
@@ -93,12 +93,12 @@ def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool,
         else:
             reward, metrics = out, {}
         vec = _vector(reward, hyp, objectives, bounded, duration)
-        if isinstance(vec, Result):
+        if isinstance(vec, ExperimentResult):
             return vec
-        if isinstance(out, Result):
+        if isinstance(out, ExperimentResult):
             return dataclasses.replace(out, reward=vec).with_duration(duration)
-        return Result(hyp, vec, dict(metrics), duration)
-    if isinstance(out, Result):
+        return ExperimentResult(hyp, vec, dict(metrics), duration)
+    if isinstance(out, ExperimentResult):
         if out.hypothesis.id != hyp.id or out.hypothesis.branch != hyp.branch:
             return _problem(
                 hyp,
@@ -111,10 +111,10 @@ def coerce_result(out: Any, hyp: Hypothesis, duration: float, bounded: bool,
             return out.with_duration(duration)
         result = out.with_duration(duration)
     elif isinstance(out, numbers.Real) and not isinstance(out, bool):
-        result = Result(hyp, float(out), {}, duration)
+        result = ExperimentResult(hyp, float(out), {}, duration)
     elif (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], numbers.Real)
           and isinstance(out[1], dict)):
-        result = Result(hyp, float(out[0]), dict(out[1]), duration)
+        result = ExperimentResult(hyp, float(out[0]), dict(out[1]), duration)
     else:
         return _problem(
             hyp,
@@ -141,7 +141,7 @@ async def execute_async(
     executor: Executor | AbandonablePool | None = None,
     is_async: bool | None = None,
     objectives: tuple[str, ...] | None = None,
-) -> Result:
+) -> ExperimentResult:
     """Run ``runner(hyp)`` on the current event loop (sync runners in ``executor``).
 
     Cancelling the coroutine cancels an ``async def`` runner; a sync runner already running
@@ -166,7 +166,7 @@ async def execute_async(
             if inspect.isawaitable(out):
                 out = await out
     except Exception as exc:  # noqa: BLE001 - a failing experiment must not kill the loop
-        return Result.failure(hyp, exc, time.perf_counter() - t0)
+        return ExperimentResult.failure(hyp, exc, time.perf_counter() - t0)
     return coerce_result(out, hyp, time.perf_counter() - t0, bounded, objectives)
 
 
@@ -214,7 +214,7 @@ def _run_coroutine(aw: Any) -> Any:
 
 
 def execute_sync(runner: Callable[[Hypothesis], Any], hyp: Hypothesis, bounded: bool,
-                 objectives: tuple[str, ...] | None = None) -> Result:
+                 objectives: tuple[str, ...] | None = None) -> ExperimentResult:
     """Run ``runner(hyp)`` in this thread (a Dask worker); coroutines get their own loop."""
     t0 = time.perf_counter()
     try:
@@ -222,5 +222,5 @@ def execute_sync(runner: Callable[[Hypothesis], Any], hyp: Hypothesis, bounded: 
         if inspect.isawaitable(out):
             out = _run_coroutine(out)
     except Exception as exc:  # noqa: BLE001
-        return Result.failure(hyp, exc, time.perf_counter() - t0)
+        return ExperimentResult.failure(hyp, exc, time.perf_counter() - t0)
     return coerce_result(out, hyp, time.perf_counter() - t0, bounded, objectives)

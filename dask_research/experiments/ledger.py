@@ -32,7 +32,7 @@ import numpy as np
 from ..exceptions import ExperimentError
 from .policies.base import Policy, select
 from .policies.ucb1 import UCB1Policy
-from .types import BranchStats, Hypothesis, Result
+from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["BranchLedger"]
 
@@ -351,7 +351,7 @@ class BranchLedger:
         return {o: (float(self.vsum[i, d]) / r if r else math.nan)
                 for d, o in enumerate(self.objectives)}
 
-    def record(self, result: Result) -> int:
+    def record(self, result: ExperimentResult) -> int:
         """Count a successful result; returns the branch index (see :meth:`stats`)."""
         h = result.hypothesis
         i = self._settle(h)

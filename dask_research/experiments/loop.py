@@ -35,7 +35,7 @@ from .resume import restore
 from .run import Run
 from .settings import SchedulerSettings, check_functions
 from .sources import Branch, SourceTable
-from .types import BranchStats, Hypothesis, Result
+from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["IterationScheduler"]
 
@@ -209,7 +209,7 @@ class IterationScheduler:
         prune_after_runs: int | None = None,
         prune_floor: float | None = None,
         paper_threshold: float | None = None,
-        expander: Callable[[Result], Iterable[Hypothesis]] | None = None,
+        expander: Callable[[ExperimentResult], Iterable[Hypothesis]] | None = None,
         paper_writer: Callable[..., Any] | None = None,
         max_experiments: int | None = None,
         max_seconds: float | None = None,
@@ -480,7 +480,7 @@ class IterationScheduler:
         return self._session.ask()
 
     def tell(self, hypothesis: Hypothesis | str, outcome: Any,
-             duration: float | None = None) -> Result:
+             duration: float | None = None) -> ExperimentResult:
         """Record the outcome of an asked hypothesis (or its id): a reward, a
         ``(reward, metrics)`` pair or a :class:`Result` (``Result.failure(h, exc)`` for a
         failed experiment). Applies the gates as :meth:`run` does; returns the Result."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..exceptions import InputError, ResearchError
 from .sources import HypothesisSource
-from .types import Result
+from .types import ExperimentResult
 
 __all__ = ["OptunaSource"]
 
@@ -132,7 +132,7 @@ class OptunaSource(HypothesisSource):
         if old in self._trials:
             self._trials[new] = self._trials.pop(old)
 
-    def observe(self, result: Result) -> None:
+    def observe(self, result: ExperimentResult) -> None:
         """Tell the study the outcome of one hypothesis of the branch."""
         optuna = _optuna()
         h = result.hypothesis

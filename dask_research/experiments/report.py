@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import Trace, _jsonable
-from .types import BranchStats, Result
+from .types import BranchStats, ExperimentResult
 
 __all__ = ["Report"]
 
@@ -97,8 +97,8 @@ class Report:
     paper_triggers: list[str]
     papers: dict[str, Any]
     events: Trace
-    results: list[Result] = field(default_factory=list)
-    failed: list[Result] = field(default_factory=list)
+    results: list[ExperimentResult] = field(default_factory=list)
+    failed: list[ExperimentResult] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     slots: int = 1
     run_id: str = ""
@@ -135,7 +135,7 @@ class Report:
         return max(scored)[2] if scored else None
 
     @property
-    def best_result(self) -> Result | None:
+    def best_result(self) -> ExperimentResult | None:
         """The result with the highest (scalar) reward: the best hypothesis found, whatever
         the objective (its ``.hypothesis``; ``None`` before any result). With vector rewards,
         the highest weighted mean of the best branch's results is not defined here: ``None``."""

@@ -40,7 +40,7 @@ from ..exceptions import CheckpointError, ResearchError
 from .books import Books
 from .checkpoint import JournalState, hypothesis_from_json
 from .events import EVENT_KINDS, Event
-from .types import Hypothesis, Result
+from .types import ExperimentResult, Hypothesis
 
 __all__ = ["restore"]
 
@@ -64,10 +64,10 @@ def _outcome(e: dict, h: Hypothesis, books: Books) -> None:
     dur = e.get("duration")
     dur = None if dur is None else _num(dur)
     if e["kind"] == "result":
-        books.result(Result(h, _reward(e["reward"], bool(books.ledger.dims)),
+        books.result(ExperimentResult(h, _reward(e["reward"], bool(books.ledger.dims)),
                             dict(e.get("metrics") or {}), dur))
     else:
-        books.failure(Result.failure(h, str(e.get("error")), dur))
+        books.failure(ExperimentResult.failure(h, str(e.get("error")), dur))
 
 
 def _trigger(e: dict, books: Books) -> None:

@@ -36,7 +36,7 @@ from .recorder import Recorder
 from .report import Report
 from .settings import SchedulerSettings
 from .sources import SourceTable
-from .types import BranchStats, Hypothesis, Result
+from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["Run", "Intake"]
 
@@ -53,7 +53,7 @@ class Run:
 
     def __init__(self, settings: SchedulerSettings, books: Books, recorder: Recorder,
                  sources: SourceTable, queue: Intake,
-                 expander: Callable[[Result], Any] | None = None) -> None:
+                 expander: Callable[[ExperimentResult], Any] | None = None) -> None:
         self.settings = settings
         self.books = books
         self.ledger: BranchLedger = books.ledger
@@ -61,7 +61,7 @@ class Run:
         self.sources = sources
         self.queue = queue
         self.expander = expander
-        self.on_trigger: Callable[[str, BranchStats, Result], None] | None = None
+        self.on_trigger: Callable[[str, BranchStats, ExperimentResult], None] | None = None
         self.run_id = uuid.uuid4().hex[:12]
         self.spent = books.replayed          # outcomes the budgets already count
         books.live = True
@@ -106,16 +106,17 @@ class Run:
         """Count ``outcome`` (a Result, or what a failed experiment raised), then apply the
         gates in order: pruning, paper trigger, expansion."""
         led, books, emit = self.ledger, self.books, self.recorder.emit
-        ok = isinstance(outcome, Result) and outcome.ok
+        ok = isinstance(outcome, ExperimentResult) and outcome.ok
         if ok:
-            res: Result = outcome
+            res: ExperimentResult = outcome
             i = books.result(res)
             runs, mean = int(led.runs[i]), float(led.mean[i])
             vec: dict[str, Any] = {"means": led.raw_means(i)} if led.dims else {}
             emit("result", h.branch, h.id, slot, reward=res.reward, duration=res.duration,
                  mean=mean, runs=runs, journal={"metrics": _jsonable(res.metrics)}, **vec)
         else:
-            res = outcome if isinstance(outcome, Result) else Result.failure(h, outcome)
+            res = (outcome if isinstance(outcome, ExperimentResult)
+                   else ExperimentResult.failure(h, outcome))
             i = books.failure(res)
             runs = int(led.runs[i])
             mean = float(led.mean[i]) if runs else math.nan
@@ -146,7 +147,7 @@ class Run:
         if self.expander is not None:
             self._expand(res)
 
-    def _expand(self, result: Result) -> None:
+    def _expand(self, result: ExperimentResult) -> None:
         h = result.hypothesis
         emit = self.recorder.emit
         try:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from .. import config
 from ..exceptions import ExperimentError
-from .types import Hypothesis, Result
+from .types import ExperimentResult, Hypothesis
 
 __all__ = ["make_deterministic_runner", "make_followup_expander", "deterministic_expander"]
 
@@ -48,13 +48,14 @@ class DeterministicRunner:
             return float(self.default)
         raise KeyError(f"no reward for hypothesis {h.id!r} or branch {h.branch!r}")
 
-    async def __call__(self, h: Hypothesis) -> Result:
+    async def __call__(self, h: Hypothesis) -> ExperimentResult:
         t0 = time.perf_counter()
         if self.delay_ms > 0:
             await asyncio.sleep(self.delay_ms / 1000)
         if h.id in self.fail or h.branch in self.fail:
             raise RuntimeError(f"deterministic failure of {h.id!r} (branch {h.branch!r})")
-        return Result(h, self.reward(h), {"delay_ms": self.delay_ms}, time.perf_counter() - t0)
+        return ExperimentResult(h, self.reward(h), {"delay_ms": self.delay_ms},
+                                time.perf_counter() - t0)
 
     def __repr__(self) -> str:
         return f"DeterministicRunner(delay_ms={self.delay_ms:g})"
@@ -101,7 +102,7 @@ class FollowupExpander:
         self.fanout = fanout
         self.max_generation = max_generation
 
-    def __call__(self, result: Result) -> list[Hypothesis]:
+    def __call__(self, result: ExperimentResult) -> list[Hypothesis]:
         threshold = config.get("experiments.paper-threshold", self.threshold)
         h = result.hypothesis
         if not result.ok or result.reward <= threshold or h.generation >= self.max_generation:

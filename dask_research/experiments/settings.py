@@ -15,7 +15,7 @@ Examples
 >>> SchedulerSettings.parse(slots=0)
 Traceback (most recent call last):
 ...
-dask_research.exceptions.InputError: IterationScheduler: slots=0 is invalid; expected an integer >= 1
+dask_research.exceptions.InputError: IterationScheduler: slots=0 is invalid; expected an ...
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..exceptions import ExperimentError
 from .ledger import BranchLedger
-from .types import Hypothesis, Result
+from .types import ExperimentResult, Hypothesis
 
 __all__ = ["Branch", "HypothesisSource", "SourceTable"]
 
@@ -57,7 +57,7 @@ class HypothesisSource:
     def propose(self, branch: str) -> Any:  # pragma: no cover - protocol
         raise NotImplementedError
 
-    def observe(self, result: Result) -> None:  # pragma: no cover - protocol
+    def observe(self, result: ExperimentResult) -> None:  # pragma: no cover - protocol
         """A result (or failure) of the branch."""
 
     def __call__(self, branch: str) -> Any:
@@ -114,7 +114,7 @@ class SourceTable:
         self.counter: dict[str, int] = {}
 
     def take_branches(self, led: BranchLedger, items: Iterable[Any],
-                      restored: list[Result]) -> list[Any]:
+                      restored: list[ExperimentResult]) -> list[Any]:
         """Register the :class:`Branch` objects among ``items``; returns the other items."""
         rest = []
         for x in items:
@@ -124,7 +124,7 @@ class SourceTable:
                 rest.append(x)
         return rest
 
-    def register(self, led: BranchLedger, branch: Branch, restored: list[Result]) -> None:
+    def register(self, led: BranchLedger, branch: Branch, restored: list[ExperimentResult]) -> None:
         """Register ``branch``'s source, tell it the ``restored`` outcomes of its branch (read
         from a journal), mark the branch live."""
         if led.policy.picks_hypothesis:
@@ -143,7 +143,7 @@ class SourceTable:
                 self.observe(res)
         led.set_sourced(i, True)
 
-    def observe(self, result: Result, led: BranchLedger | None = None,
+    def observe(self, result: ExperimentResult, led: BranchLedger | None = None,
                 emit: Emit | None = None) -> None:
         """Tell the branch's source about one outcome. During a run (``led`` and ``emit``
         given) a source whose ``observe`` raises is ended like one whose ``propose`` raises:

@@ -1,14 +1,16 @@
 """Plain value types of the experiment scheduler: what runs, what comes back, per-branch state.
 
 A :class:`Hypothesis` is one experiment to run; several hypotheses share a ``branch``, and the
-branch is the key of the UCB statistics. A runner turns a hypothesis into a :class:`Result`.
+branch is the key of the UCB statistics. A runner turns a hypothesis into an
+:class:`ExperimentResult` (also importable as ``Result``, its former name, kept as an alias for
+existing code; ``dask_research.montecarlo.Result`` is another thing, a Monte-Carlo estimate).
 :class:`BranchStats` is the read-only summary of one branch that reports and callbacks see.
 
 Examples
 --------
->>> from dask_research.experiments import Hypothesis, Result
+>>> from dask_research.experiments import ExperimentResult, Hypothesis
 >>> h = Hypothesis(id="h1", branch="attention", payload={"lr": 3e-4})
->>> r = Result(h, reward=0.8, metrics={"loss": 0.2}, duration=1.5)
+>>> r = ExperimentResult(h, reward=0.8, metrics={"loss": 0.2}, duration=1.5)
 >>> r.ok, r.hypothesis.branch
 (True, 'attention')
 """
@@ -19,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Hypothesis", "Result", "BranchStats"]
+__all__ = ["Hypothesis", "ExperimentResult", "Result", "BranchStats"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class Hypothesis:
 
 
 @dataclass(frozen=True)
-class Result:
+class ExperimentResult:
     """What one experiment produced.
 
     Parameters
@@ -95,9 +97,9 @@ class Result:
 
     Examples
     --------
-    >>> Result(Hypothesis("h1", "a"), 0.5).ok
+    >>> ExperimentResult(Hypothesis("h1", "a"), 0.5).ok
     True
-    >>> Result.failure(Hypothesis("h1", "a"), ValueError("diverged")).error
+    >>> ExperimentResult.failure(Hypothesis("h1", "a"), ValueError("diverged")).error
     'ValueError: diverged'
     """
 
@@ -115,7 +117,7 @@ class Result:
     @classmethod
     def failure(
         cls, hypothesis: Hypothesis, error: BaseException | str, duration: float | None = None
-    ) -> Result:
+    ) -> ExperimentResult:
         """A failed result carrying ``error`` (an exception or a sentence)."""
         if isinstance(error, BaseException):
             text = f"{type(error).__name__}: {error}"
@@ -123,11 +125,16 @@ class Result:
             text = str(error)
         return cls(hypothesis, math.nan, {}, duration, text)
 
-    def with_duration(self, duration: float) -> Result:
+    def with_duration(self, duration: float) -> ExperimentResult:
         """This result with ``duration`` filled in if it was ``None``."""
         if self.duration is not None:
             return self
         return dataclasses.replace(self, duration=duration)
+
+
+Result = ExperimentResult
+"""The name of :class:`ExperimentResult` before it was renamed (it collided with
+``dask_research.montecarlo.Result``); kept so existing code keeps working."""
 
 
 @dataclass(frozen=True)

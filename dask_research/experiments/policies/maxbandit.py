@@ -30,7 +30,7 @@ the branch holding the best result.
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.policies.maxbandit import quantile_ucb_index, threshold_ascent_index
+>>> from dask_research.experiments.policies import quantile_ucb_index, threshold_ascent_index
 >>> round(quantile_ucb_index([0.1, 0.5, 0.9, 0.95], pending=0, total=40, tau=0.5, c=0.3), 3)
 0.9
 >>> quantile_ucb_index([], pending=0, total=4, tau=0.5, c=0.3)

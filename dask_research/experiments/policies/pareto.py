@@ -15,7 +15,8 @@ scheduler flips ``"min"`` objectives before they reach these functions. Pure num
 Examples
 --------
 >>> import numpy as np
->>> from dask_research.experiments.policies.pareto import pareto_front, pareto_ucb1_indices, pareto_select
+>>> from dask_research.experiments.policies.pareto import (pareto_front, pareto_select,
+...                                                      pareto_ucb1_indices)
 >>> means = np.array([[0.9, 0.1], [0.1, 0.9], [0.5, 0.5], [0.2, 0.2]])
 >>> pareto_front(means).tolist()
 [True, True, True, False]
