@@ -96,12 +96,19 @@ def test_a_freed_slot_is_refilled_at_once():
     by_slot = {}
     for iv in report.events.intervals():
         by_slot.setdefault(iv.slot, []).append(iv)
-    gaps = []
     for ivs in by_slot.values():                      # a slot holds one experiment at a time
         for prev, nxt in zip(ivs, ivs[1:]):
             assert nxt.start >= prev.end
-            gaps.append(nxt.start - prev.end)
-    assert sorted(gaps)[len(gaps) // 2] < 0.002        # and is refilled right after it frees
+    # and is refilled right after it frees: while work is queued, the next experiment event
+    # after a result is the dispatch on that result's slot (no other result is booked first)
+    events = list(report.events)
+    refills = 0
+    for k, ev in enumerate(events):
+        if ev.kind == "result" and ev.data["queued"] > 0:
+            nxt = next(e for e in events[k + 1:] if e.kind in ("dispatch", "result", "failure"))
+            assert (nxt.kind, nxt.slot) == ("dispatch", ev.slot)
+            refills += 1
+    assert refills == 17 - 3                           # every dispatch after the first three
 
 
 def test_paper_trigger_once_per_branch_and_writer_runs_in_parallel():
@@ -197,12 +204,19 @@ def test_budget_max_seconds_stops_dispatch_by_wall_clock():
     report = sched.run()
     assert report.stop_reason == "max_seconds"
     assert 4 <= report.dispatched < 200
-    # a dispatch is stamped a few microseconds after its budget check
-    assert all(e.t < 0.2 + 0.005 for e in report.events.of("dispatch"))
     (stop,) = report.events.of("stop")
-    assert 0.2 <= stop.t < 0.2 + 0.15
+    assert 0.2 <= stop.t
+    events = list(report.events)
+    dispatches = [e for e in events if e.kind == "dispatch"]
+    assert all(e.seq < stop.seq for e in dispatches)     # none after the budget ran out
+    # the budget is noticed at the first decision after it: at most one result is booked
+    # between the last dispatch and the stop
+    between = events[dispatches[-1].seq + 1:stop.seq]
+    assert len([e for e in between if e.kind == "result"]) <= 1
     assert report.total_runs == report.dispatched                     # drained
-    assert report.wall_seconds < 0.2 + 0.3
+    # and only the experiments in flight at the stop ran after it
+    after = events[stop.seq + 1:]
+    assert [e.kind for e in after] == ["result"] * stop.data["in_flight"]
 
 
 def test_zero_budget_and_empty_queue():
