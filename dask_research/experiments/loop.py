@@ -31,29 +31,16 @@ from .policies.base import Policy, ScoreFn
 from .progress import ProgressBar
 from .recorder import Recorder
 from .report import Report
-from .resume import restore
+from .resume import journaled_keywords, restore
 from .run import Run
-from .settings import SchedulerSettings, check_functions
+from .settings import SchedulerSettings, SettingAttributes, check_functions
 from .sources import Branch, SourceTable
 from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["IterationScheduler"]
 
 
-class _Setting:
-    """A scheduler attribute that reads and writes ``sched.settings.<name>``."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, sched: Any, owner: type | None = None) -> Any:
-        return self if sched is None else getattr(sched.settings, self.name)
-
-    def __set__(self, sched: Any, value: Any) -> None:
-        setattr(sched.settings, self.name, value)
-
-
-class IterationScheduler:
+class IterationScheduler(SettingAttributes):
     """UCB iteration scheduler: hypotheses in branches feed ``slots`` parallel experiments.
 
     Every keyword that is ``None`` is read from ``research.experiments.*`` in ``dask.config``
@@ -175,32 +162,6 @@ class IterationScheduler:
     ('queue_empty', 'low-mean', ['attention'])
     """
 
-    slots = _Setting()
-    c = _Setting()
-    prune_after_runs = _Setting()
-    prune_floor = _Setting()
-    paper_threshold = _Setting()
-    max_experiments = _Setting()
-    max_seconds = _Setting()
-    failure_limit = _Setting()
-    bounded = _Setting()
-    progress = _Setting()
-    log_events = _Setting()
-    topic = _Setting()
-    checkpoint = _Setting()
-    gamma = _Setting()
-    alpha = _Setting()
-    seed = _Setting()
-    objectives = _Setting()
-    weights = _Setting()
-    apply_order = _Setting()
-    timeout = _Setting()
-    cancel_grace = _Setting()
-    trace_scores = _Setting()
-    objective = _Setting()
-    max_quantile = _Setting()
-    max_c = _Setting()
-
     def __init__(
         self,
         runner: Callable[[Hypothesis], Any] | None,
@@ -288,23 +249,8 @@ class IterationScheduler:
         >>> sched = IterationScheduler.resume("runs/loop.jsonl", runner)   # doctest: +SKIP
         >>> report = sched.run()                                          # doctest: +SKIP
         """
-        state = Journal(path).load(lazy=True)         # the header's settings only
         where = os.fspath(path)
-        if state is None:
-            raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
-                                         "a run with IterationScheduler(..., checkpoint=path))")
-        settings = {k: v for k, v in state.settings.items() if v is not None or k in (
-            "max_experiments", "max_seconds")}
-        if settings.get("policy") == "custom" and "policy" not in kwargs:
-            raise CheckpointError(where, "was written with a custom policy object or function; "
-                                         "pass it again: IterationScheduler.resume(path, runner, "
-                                         "policy=my_policy)")
-        settings.update(kwargs)
-        known = set(inspect.signature(cls.__init__).parameters)
-        extra = sorted(set(settings) - known)
-        if extra:
-            raise CheckpointError(where, f"its settings name unknown parameters {extra}; it "
-                                         "was written by another version")
+        settings = journaled_keywords(path, kwargs, set(inspect.signature(cls.__init__).parameters))
         try:
             return cls(runner, checkpoint=path, **settings)
         except (InputError, ExperimentError) as exc:

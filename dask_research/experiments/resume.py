@@ -34,15 +34,16 @@ Examples
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from ..exceptions import CheckpointError, ResearchError
 from .books import Books
-from .checkpoint import JournalState, hypothesis_from_json
+from .checkpoint import Journal, JournalState, hypothesis_from_json
 from .events import EVENT_KINDS, Event
 from .types import ExperimentResult, Hypothesis
 
-__all__ = ["restore"]
+__all__ = ["restore", "journaled_keywords"]
 
 _NOT_DATA = ("seq", "t", "kind", "branch", "hypothesis", "slot", "rng", "metrics")
 
@@ -137,3 +138,27 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
     if not math.isfinite(books.elapsed):
         books.elapsed = 0.0
     return ids
+
+
+def journaled_keywords(path: str | os.PathLike[str], overrides: dict[str, Any],
+                       known: set[str]) -> dict[str, Any]:
+    """The scheduler keywords recorded in the header of the journal at ``path``, updated with
+    ``overrides``; :class:`CheckpointError` when there is no journal, when it needs a custom
+    policy passed again, or when it names parameters outside ``known``."""
+    state = Journal(path).load(lazy=True)         # the header's settings only
+    where = os.fspath(path)
+    if state is None:
+        raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
+                                     "a run with IterationScheduler(..., checkpoint=path))")
+    settings = {k: v for k, v in state.settings.items() if v is not None or k in (
+        "max_experiments", "max_seconds")}
+    if settings.get("policy") == "custom" and "policy" not in overrides:
+        raise CheckpointError(where, "was written with a custom policy object or function; "
+                                     "pass it again: IterationScheduler.resume(path, runner, "
+                                     "policy=my_policy)")
+    settings.update(overrides)
+    extra = sorted(set(settings) - known)
+    if extra:
+        raise CheckpointError(where, f"its settings name unknown parameters {extra}; it "
+                                     "was written by another version")
+    return settings

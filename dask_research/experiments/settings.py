@@ -35,7 +35,7 @@ from .policies.base import Policy, ScoreFn
 from .policies.factory import make_policy
 from .policies.maxbandit import MAX_POLICY_NAMES, make_max_policy
 
-__all__ = ["SchedulerSettings", "check_functions"]
+__all__ = ["SchedulerSettings", "SettingAttributes", "check_functions"]
 
 _WHERE = "IterationScheduler"
 
@@ -231,3 +231,58 @@ class SchedulerSettings:
             "timeout": self.timeout, "cancel_grace": self.cancel_grace,
             "objective": self.objective, "max_quantile": self.max_quantile, "max_c": self.max_c,
         }
+
+
+class _Setting:
+    """An attribute that reads and writes ``obj.settings.<name>``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.settings, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj.settings, self.name, value)
+
+
+class SettingAttributes:
+    """Every setting of ``self.settings`` as an attribute of its own (``sched.slots``,
+    ``sched.timeout = 1.5``): the scheduler's settings read as they always did.
+
+    >>> class Holder(SettingAttributes):
+    ...     def __init__(self):
+    ...         self.settings = SchedulerSettings.parse(slots=2)
+    >>> h = Holder(); h.timeout = 1.5
+    >>> h.slots, h.settings.timeout
+    (2, 1.5)
+    """
+
+    settings: SchedulerSettings
+
+    slots = _Setting()
+    c = _Setting()
+    prune_after_runs = _Setting()
+    prune_floor = _Setting()
+    paper_threshold = _Setting()
+    max_experiments = _Setting()
+    max_seconds = _Setting()
+    failure_limit = _Setting()
+    bounded = _Setting()
+    progress = _Setting()
+    log_events = _Setting()
+    topic = _Setting()
+    checkpoint = _Setting()
+    gamma = _Setting()
+    alpha = _Setting()
+    seed = _Setting()
+    objectives = _Setting()
+    weights = _Setting()
+    apply_order = _Setting()
+    timeout = _Setting()
+    cancel_grace = _Setting()
+    trace_scores = _Setting()
+    objective = _Setting()
+    max_quantile = _Setting()
+    max_c = _Setting()
+
