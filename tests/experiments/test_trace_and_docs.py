@@ -60,3 +60,42 @@ def test_docstring_examples(module):
     mod = importlib.import_module(name)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and (result.attempted > 0 or module == "loop")
+
+
+def test_exports_are_what_the_api_docs_document():
+    import pathlib
+    import re
+
+    import dask_research.experiments as ex
+
+    api = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "api.rst").read_text()
+    section = api.split("\nExperiments\n-----------\n", 1)[1].split("\n------", 1)[0]
+    documented = re.findall(r"^   (\S+)$", section, flags=re.M)
+    aliases = {"Result", "Interval"}                # former names, in the section's prose
+    assert all(f"``{name}``" in section for name in aliases)
+    assert sorted(set(documented) - {"policies"} | aliases) == sorted(ex.__all__)
+    for name in ex.__all__:
+        assert getattr(ex, name) is not None
+
+
+def test_renamed_types_keep_their_old_names():
+    import dask_research.experiments as ex
+    from dask_research.experiments.events import Interval, SlotInterval
+    from dask_research.experiments.types import ExperimentResult, Result
+
+    assert Result is ExperimentResult is ex.Result is ex.ExperimentResult
+    assert Interval is SlotInterval is ex.Interval is ex.SlotInterval
+    assert ExperimentResult.__name__ == "ExperimentResult"
+
+
+def test_formerly_exported_internals_still_import_with_a_warning():
+    import dask_research.experiments as ex
+    from dask_research.experiments.ledger import BranchLedger
+    from dask_research.experiments.policies import ucb1_scores
+
+    with pytest.warns(DeprecationWarning, match=r"import it from dask_research\.experiments\.ledger"):
+        assert ex.BranchLedger is BranchLedger
+    with pytest.warns(DeprecationWarning, match=r"experiments\.policies"):
+        assert ex.ucb1_scores is ucb1_scores
+    with pytest.raises(AttributeError):
+        ex.no_such_name  # noqa: B018
