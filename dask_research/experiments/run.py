@@ -35,13 +35,10 @@ from .policies.pareto import pareto_front
 from .recorder import Recorder
 from .report import Report
 from .settings import SchedulerSettings
-from .sources import SourceTable
+from .sources import Intake, SourceTable
 from .types import BranchStats, ExperimentResult, Hypothesis
 
-__all__ = ["Run", "Intake"]
-
-# queue(batch, encoded, checked): validate (unless checked), journal and queue a batch
-Intake = Callable[[list[Hypothesis], "list[dict] | None", bool], list[Hypothesis]]
+__all__ = ["Run", "pareto_branches"]
 
 
 class Run:

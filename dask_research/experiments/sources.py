@@ -38,10 +38,12 @@ from ..exceptions import ExperimentError
 from .ledger import BranchLedger
 from .types import ExperimentResult, Hypothesis
 
-__all__ = ["Branch", "HypothesisSource", "SourceTable"]
+__all__ = ["Branch", "HypothesisSource", "SourceTable", "Intake"]
 
 Emit = Callable[..., None]                                  # Recorder.emit
-Queue = Callable[[list[Hypothesis], Any, bool], Any]        # the scheduler's intake
+# the scheduler's intake: queue(batch, encoded, checked) validates (unless checked), journals
+# (``encoded``: the batch's journal form, when the caller has it) and queues a batch
+Intake = Callable[[list[Hypothesis], "list[dict] | None", bool], list[Hypothesis]]
 
 
 class HypothesisSource:
@@ -194,7 +196,7 @@ class SourceTable:
                     out[k] = new
         return out
 
-    def propose(self, led: BranchLedger, i: int, queue: Queue, emit: Emit) -> bool:
+    def propose(self, led: BranchLedger, i: int, queue: Intake, emit: Emit) -> bool:
         """Ask branch ``i``'s source for hypotheses and ``queue`` them; ``False`` (and the
         branch no longer live) when it is exhausted or failed."""
         name = led.branches[i]
