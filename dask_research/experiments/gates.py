@@ -114,11 +114,13 @@ def should_trigger_paper_vector(runs: int, means: dict[str, float], thresholds: 
 def prune_gate(s: SchedulerSettings, led: BranchLedger, i: int, trace: Trace | None) -> str | None:
     """Why branch ``i`` is pruned after one of its outcomes under settings ``s``, or ``None``.
 
+    >>> from dask_research.experiments import Hypothesis
     >>> from dask_research.experiments.settings import SchedulerSettings
     >>> led = BranchLedger(c=1.0)
-    >>> led.failures[0] = 3; led._branch("a")
-    0
-    >>> prune_gate(SchedulerSettings.parse(failure_limit=3), led, 0, None)
+    >>> _ = led.add([Hypothesis(f"a{k}", "a") for k in range(3)])
+    >>> for _ in range(3):
+    ...     i = led.record_failure(led.pop(0))
+    >>> prune_gate(SchedulerSettings.parse(failure_limit=3), led, i, None)
     'failures'
     """
     runs, failures = int(led.runs[i]), int(led.failures[i])
@@ -144,11 +146,12 @@ def prune_gate(s: SchedulerSettings, led: BranchLedger, i: int, trace: Trace | N
 def paper_gate(s: SchedulerSettings, led: BranchLedger, i: int) -> bool:
     """Whether branch ``i`` triggers the paper stage now (once per branch).
 
+    >>> from dask_research.experiments import ExperimentResult, Hypothesis
     >>> from dask_research.experiments.settings import SchedulerSettings
-    >>> led = BranchLedger(c=1.0); led._branch("a")
-    0
-    >>> led.runs[0], led.mean[0] = 2, 0.9
-    >>> paper_gate(SchedulerSettings.parse(paper_threshold=0.8), led, 0)
+    >>> led = BranchLedger(c=1.0)
+    >>> _ = led.add([Hypothesis("a1", "a")])
+    >>> i = led.record(ExperimentResult(led.pop(0), 0.9))
+    >>> paper_gate(SchedulerSettings.parse(paper_threshold=0.8), led, i)
     True
     """
     emitted = bool(led.paper[i])
