@@ -250,7 +250,8 @@ class IterationScheduler(SettingAttributes):
         >>> report = sched.run()                                          # doctest: +SKIP
         """
         where = os.fspath(path)
-        settings = journaled_keywords(path, kwargs, set(inspect.signature(cls.__init__).parameters))
+        known = set(inspect.signature(cls.__init__).parameters)
+        settings = journaled_keywords(path, kwargs, known)
         try:
             return cls(runner, checkpoint=path, **settings)
         except (InputError, ExperimentError) as exc:
