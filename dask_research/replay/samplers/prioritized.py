@@ -22,6 +22,7 @@ True
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -119,8 +120,34 @@ class PrioritizedSampler(Sampler):
         leaf = self._leaf(priorities)
         self.tree.set(slots, leaf, np.where(leaf > 0, leaf, np.inf))
 
-    def heat(self, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    def leaves(self, slots: np.ndarray) -> np.ndarray:
         return self.tree.sum[slots + self.tree.L]
+
+    def min_leaf(self) -> float:
+        return self.tree.min
+
+    def mass(self, size: int) -> float:
+        return self.tree.total if size else 0.0
+
+    def priorities(self, slots: np.ndarray) -> np.ndarray | None:
+        """The priorities whose leaves ``slots`` hold: ``leaf ** (1 / alpha) - eps``, >= 0
+        (None with ``alpha == 0``: every leaf is 1)."""
+        if not self.alpha > 0:
+            return None
+        leaf = self.tree.sum[slots + self.tree.L]
+        return np.maximum(np.maximum(leaf, 0.0) ** (1.0 / self.alpha) - self.eps, 0.0)
+
+    def reset(self) -> None:
+        self.tree.load(np.zeros(self.capacity))
+
+    def load_leaves(self, slots: np.ndarray, leaves: np.ndarray) -> None:
+        self.tree.set(slots, leaves, np.where(leaves > 0, leaves, np.inf))
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.max_priority = float(state.get("max_priority", 1.0))
+
+    def heat(self, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        return self.leaves(slots)
 
     def probabilities(self, cursor: int, size: int) -> np.ndarray:
         leaves = self.tree.leaves().copy()
@@ -133,6 +160,11 @@ class PrioritizedSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "beta": self.beta, "eps": self.eps, "shuffle": self.shuffle,
                 "max_priority": self.max_priority, "leaves": self.tree.leaves().copy()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> PrioritizedSampler:
+        return cls(alpha=state["alpha"], beta=state["beta"], eps=state["eps"],
+                   shuffle=state.get("shuffle", True))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.alpha = float(state["alpha"])

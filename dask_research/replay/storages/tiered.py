@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 from dask.utils import format_bytes, parse_bytes
@@ -212,6 +213,25 @@ class TieredStorage:
     def occupancy(self) -> list[int]:
         """Used rows per tier, fastest first."""
         return [s.rows - nf for s, nf in zip(self.storages, self._nfree)]
+
+    def tier_stats(self, used: int) -> list[dict[str, Any]]:
+        """The ``tiers`` entry of ``plane.stats()``: occupancy, bytes and bandwidth per tier
+        (``used``, the plane's size, is their sum)."""
+        itemsize = self.spec.itemsize
+        return [{"name": t.name, "kind": s.kind, "used": u, "rows": s.rows,
+                 "bytes_used": u * itemsize, "capacity_bytes": s.nbytes, "bandwidth": bw}
+                for t, s, u, bw in zip(self.tiers, self.storages, self.occupancy(), self.bandwidths)]
+
+    def device_rows(self, slots: np.ndarray) -> tuple[Any, np.ndarray] | None:
+        """``(device storage, rows)`` if every slot lives in the same GPU tier, else None."""
+        if len(slots) == 0:
+            return None
+        tiers = self.tier_of[slots]
+        k = int(tiers[0])
+        s = self.storages[k]
+        if s.kind != "device" or not getattr(s, "_on_gpu", False) or not (tiers == k).all():
+            return None
+        return s, self.row_of[slots]
 
     # --- row allocation ---------------------------------------------------------------
     def _pop(self, k: int, n: int) -> np.ndarray:
