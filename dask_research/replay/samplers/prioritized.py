@@ -138,7 +138,7 @@ class PrioritizedSampler(Sampler):
         return np.maximum(np.maximum(leaf, 0.0) ** (1.0 / self.alpha) - self.eps, 0.0)
 
     def reset(self) -> None:
-        self.tree.load(np.zeros(self.capacity))
+        self.tree.load(np.zeros(self.capacity), np.full(self.capacity, np.inf))
 
     def load_leaves(self, slots: np.ndarray, leaves: np.ndarray) -> None:
         self.tree.set(slots, leaves, np.where(leaves > 0, leaves, np.inf))
