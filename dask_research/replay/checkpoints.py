@@ -266,6 +266,7 @@ def _opened(path: pathlib.Path, version: pathlib.Path | None
     except (FileNotFoundError, NotADirectoryError):
         raise missing from None
     try:
+        name: str | None
         if version is not None and pathlib.Path(version) != path:
             name = pathlib.Path(version).name
             if not _VERSION.fullmatch(name):
@@ -420,7 +421,7 @@ def _write(path: pathlib.Path, meta: Mapping[str, Any], arrays: Mapping[str, np.
         try:
             data = tmp / "data.npz"
             with open(data, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
                 f.flush()
                 os.fsync(f.fileno())
                 size = os.fstat(f.fileno()).st_size

@@ -63,6 +63,16 @@ class BatchIterator(PrefetchingIterator):
 
     Batches are fresh arrays (the pinned staging buffers of the GPU path are recycled only
     after their upload completed), so a learner may keep a batch as long as it likes.
+
+    ``switch_interval`` (default ``research.replay.switch-interval``, 100 us) lowers the
+    interpreter's thread switch interval while a prefetching iterator is open, so that the
+    learner never waits the default 5 ms for the GIL held by the delivery thread; ``None``
+    in the config leaves the interpreter alone.
+
+    With ``prefetch > 0``, a learner that asks for a batch while the delivery thread has none
+    ready or in progress gets one made in its own thread (the next draw: the seeded sequence
+    of batches is the same); this needs no user transforms and no rate limiter, and output
+    to numpy or torch on CPU.
     """
 
     def __init__(self, source: BatchSource, batch_size: int | None = None,
@@ -172,8 +182,9 @@ class BatchIterator(PrefetchingIterator):
         if src.rate_limiter is not None:
             self._await_sample(info)
         whole = self._whole
-        gpu = self._staging is not None and whole
-        out = self._staging() if gpu else None
+        staging = self._staging
+        gpu = staging is not None and whole
+        out = staging() if staging is not None and whole else None
         with src.lock:
             seq = self._drawn
             if inline and seq != self._delivered:

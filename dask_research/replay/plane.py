@@ -40,14 +40,14 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..exceptions import CheckpointError, InputError, ResearchError
+from ..exceptions import InputError
 from . import snapshot
 from .batch import Batch
 from .delivery import BatchIterator, tensordict_output
 from .migrator import Migrator
 from .placement import Placement, PlacementReport, single_tier_report
 from .rate_limiter import RateLimiter
-from .ring import Ring
+from .ring import Ring, fit_batch
 from .samplers import Sampler, UniformSampler
 from .snapshot import FORMAT, FORMAT_VERSION
 from .source import Draw, EmptyPlaneError
@@ -183,22 +183,9 @@ class ExperiencePlane:
         """
         t0 = time.perf_counter()
         fields, n = self.spec.validate(batch)
-        cap = self.capacity
         skip = 0
-        if n > cap:
-            overflow = config.get("replay.overflow", overflow)
-            if overflow == "keep-newest":
-                skip = n - cap
-                fields = {k: v[skip:] for k, v in fields.items()}
-            elif overflow == "raise":
-                from ..exceptions import CapacityError
-
-                raise CapacityError(f"a batch of {n:,} transitions (the plane holds {cap:,}; ingest in "
-                                    "smaller batches, give the plane more capacity, or pass "
-                                    "overflow='keep-newest')", n * self.spec.itemsize,
-                                    cap * self.spec.itemsize)
-            else:
-                raise InputError("overflow", overflow, "'raise' or 'keep-newest'", where="ingest")
+        if n > self.capacity:
+            fields, skip = fit_batch(fields, n, self.capacity, self.spec.itemsize, overflow)
         if self.rate_limiter is not None:
             self.rate_limiter.await_insert(n, timeout)
         with self._lock:
@@ -247,7 +234,7 @@ class ExperiencePlane:
         with self._lock:
             ring = self.ring
             c = ring.total % ring.capacity
-            views = self.storage._views
+            views = self.storage._views      # type: ignore[union-attr]  # _add_plan: host only
             for name, v in fields.items():
                 views[name][c] = v
             self.sampler.on_insert(c, 1)
@@ -387,20 +374,12 @@ class ExperiencePlane:
         the limiter's own ``timeout``, which defaults to ``research.replay.rate-timeout``) and
         then raises :class:`~dask_research.exceptions.RateLimitTimeout`.
 
-        ``switch_interval`` (default ``research.replay.switch-interval``, 100 us) lowers the
-        interpreter's thread switch interval while a prefetching iterator is open, so that the
-        learner never waits the default 5 ms for the GIL held by the delivery thread; ``None``
-        in the config leaves the interpreter alone.
-
         ``bool_as`` (e.g. ``"float32"``) delivers every bool field (stored ones and those
         transforms add) as 0/1 numbers of that dtype, so that a torch learner can write
         ``1 - done`` (``torch.bool`` refuses subtraction). Default ``None``: fields come out in
         their stored dtype; a field stored as float stays float.
 
-        With ``prefetch > 0``, a learner that asks for a batch while the delivery thread has none
-        ready or in progress gets one made in its own thread (the next draw: the seeded sequence
-        of batches is the same); this needs no user transforms and no rate limiter, and output
-        to numpy or torch on CPU.
+        The pipeline and its figures: :class:`~dask_research.replay.BatchIterator`.
         """
         wrap, to = tensordict_output(to)
         it = BatchIterator(self, batch_size=batch_size, prefetch=prefetch, to=to, device=device,
@@ -419,10 +398,12 @@ class ExperiencePlane:
         if self._placement is None or self._migrator is None:
             return 0
         self._migrator.clear()
+        storage = self.storage
+        assert isinstance(storage, TieredStorage)           # placement: tiers
         with self._lock:
             slots, keys = self.ring.stored()
             heat = np.array(self.sampler.heat(slots, keys), dtype=np.float64, copy=True)
-            current = self.storage.tier_of[slots]
+            current = storage.tier_of[slots]
         return self._placement.rebalance(slots, keys, heat, current, self._lock,
                                          self.ring.valid, max_moves)
 
@@ -436,6 +417,7 @@ class ExperiencePlane:
             slots, keys = self.ring.stored()
             if self._placement is not None:
                 return self._placement.report(slots, keys)
+            assert isinstance(self.storage, HostStorage)    # no placement: one host storage
             return single_tier_report(self.storage, keys, self.sampler.policy)
 
     # --- statistics ----------------------------------------------------------------------
@@ -499,14 +481,7 @@ class ExperiencePlane:
         not match its metadata) is refused with a
         :class:`~dask_research.exceptions.CheckpointError` naming it; nothing is unpickled.
         """
-        try:
-            plane: ExperiencePlane = snapshot.restore(cls, pathlib.Path(path), tiers, sampler,
-                                                      rate_limiter, **kwargs)
-        except CheckpointError:
-            raise
-        except (ResearchError, KeyError, TypeError, ValueError, AttributeError, IndexError,
-                OverflowError, EOFError, OSError, RecursionError, SyntaxError) as e:
-            raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
+        plane: ExperiencePlane = snapshot.restore(cls, path, tiers, sampler, rate_limiter, **kwargs)
         return plane
 
     def contents(self) -> dict[str, np.ndarray]:

@@ -27,9 +27,39 @@ Examples
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
-__all__ = ["Ring"]
+from .. import config
+from ..exceptions import CapacityError, InputError
+
+__all__ = ["Ring", "fit_batch"]
+
+
+def fit_batch(fields: Mapping[str, Any], n: int, capacity: int, itemsize: int,
+              overflow: str | None = None) -> tuple[dict[str, Any], int]:
+    """A batch of ``n > capacity`` transitions made to fit the ring: ``(fields, skip)``.
+
+    ``overflow`` (default ``research.replay.overflow``): ``"keep-newest"`` keeps the newest
+    ``capacity`` and skips the ``skip`` oldest (they count as inserted and overwritten, as
+    SB3's and TorchRL's rings do); ``"raise"`` raises :class:`CapacityError`.
+
+    >>> import numpy as np
+    >>> fields, skip = fit_batch({"x": np.arange(5)}, 5, 3, 8, "keep-newest")
+    >>> fields["x"].tolist(), skip
+    ([2, 3, 4], 2)
+    """
+    overflow = config.get("replay.overflow", overflow)
+    if overflow == "keep-newest":
+        skip = n - capacity
+        return {k: v[skip:] for k, v in fields.items()}, skip
+    if overflow == "raise":
+        raise CapacityError(f"a batch of {n:,} transitions (the plane holds {capacity:,}; ingest in "
+                            "smaller batches, give the plane more capacity, or pass "
+                            "overflow='keep-newest')", n * itemsize, capacity * itemsize)
+    raise InputError("overflow", overflow, "'raise' or 'keep-newest'", where="ingest")
 
 
 class Ring:

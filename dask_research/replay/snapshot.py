@@ -15,7 +15,7 @@ Examples
 >>> from dask_research.replay import snapshot
 >>> a = replay.ExperiencePlane({"x": ((), "int64")}, capacity=4,
 ...                            sampler=replay.PrioritizedSampler(0.6, 0.4), seed=0)
->>> _ = a.ingest({"x": np.arange(6)})
+>>> _ = a.ingest({"x": np.arange(6)}, overflow="keep-newest")
 >>> meta, arrays = snapshot.take(a)
 >>> (meta["total"], meta["count"], arrays["field.x"].tolist(), arrays["sampler.leaf"].shape)
 (6, 4, [2, 3, 4, 5], (4,))
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..exceptions import CheckpointError
+from ..exceptions import CheckpointError, ResearchError
 from . import checkpoints
 from .rate_limiter import RateLimiter
 from .ring import Ring
@@ -204,12 +204,26 @@ def commit(plane: Restorable, path: str | os.PathLike, chunk: int = 16_384,
     return meta, checkpoints.write(path, meta, arrays)
 
 
-def restore(factory: Callable[..., Restorable], path: pathlib.Path, tiers: Sequence[Tier] | None,
-            sampler: Sampler | None, rate_limiter: RateLimiter | None, **kwargs: Any) -> Any:
+def restore(factory: Callable[..., Restorable], path: str | os.PathLike,
+            tiers: Sequence[Tier] | None, sampler: Sampler | None,
+            rate_limiter: RateLimiter | None, **kwargs: Any) -> Any:
     """A new plane, ``factory(spec, capacity, tiers=..., sampler=..., rate_limiter=...,
     **kwargs)``, filled from the committed checkpoint at ``path`` (the sampler is rebuilt
-    from it unless given; without tiers the checkpoint's capacity is used)."""
-    meta, where = checkpoints.read_meta(path)
+    from it unless given; without tiers the checkpoint's capacity is used). Whatever is wrong
+    with the checkpoint raises :class:`CheckpointError` naming ``path``."""
+    try:
+        return _restore(factory, pathlib.Path(path), tiers, sampler, rate_limiter, **kwargs)
+    except CheckpointError:
+        raise
+    except (ResearchError, KeyError, TypeError, ValueError, AttributeError, IndexError,
+            OverflowError, EOFError, OSError, RecursionError, SyntaxError) as e:
+        raise CheckpointError(str(path), f"malformed checkpoint ({type(e).__name__}: {e})") from None
+
+
+def _restore(factory: Callable[..., Restorable], path: pathlib.Path,
+             tiers: Sequence[Tier] | None, sampler: Sampler | None,
+             rate_limiter: RateLimiter | None, **kwargs: Any) -> Any:
+    meta, version = checkpoints.read_meta(path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(str(path), f"not a {FORMAT} checkpoint")
     if sampler is None:
@@ -217,10 +231,10 @@ def restore(factory: Callable[..., Restorable], path: pathlib.Path, tiers: Seque
     spec = spec_of(meta)
     capacity = meta.get("capacity") if tiers is None else kwargs.pop("capacity", None)
     if tiers is None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-        raise CheckpointError(where, f"capacity {capacity!r} is not a positive whole number")
+        raise CheckpointError(str(version), f"capacity {capacity!r} is not a positive whole number")
     plane = factory(spec, capacity, tiers=tiers, sampler=sampler, rate_limiter=rate_limiter, **kwargs)
     try:
-        meta, arrays, _ = checkpoints.load(path, where)       # the same version
+        meta, arrays, _ = checkpoints.load(path, version)     # the same version
         plane.load_snapshot(meta, arrays, where=str(path))
     except BaseException:
         plane.close()

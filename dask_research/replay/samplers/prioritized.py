@@ -55,6 +55,7 @@ class PrioritizedSampler(Sampler):
 
     policy = "priority"
     prioritized = True
+    tree: SumTree                         # built by attach()
 
     def __init__(self, alpha: float | None = None, beta: float | None = None, eps: float = 1e-6,
                  shuffle: bool = True):
@@ -69,7 +70,6 @@ class PrioritizedSampler(Sampler):
             raise InputError("eps", eps, "a number >= 0", where="PrioritizedSampler")
         self.eps = float(eps)
         self.max_priority = 1.0
-        self.tree: SumTree | None = None
 
     def attach(self, capacity: int) -> None:
         super().attach(capacity)
@@ -79,7 +79,7 @@ class PrioritizedSampler(Sampler):
         return (p + self.eps) ** self.alpha
 
     def on_insert(self, start: int, n: int) -> None:
-        self.tree.set_range(start, start + n, self._leaf(self.max_priority))
+        self.tree.set_range(start, start + n, float(self._leaf(self.max_priority)))
 
     def sample(self, cursor: int, size: int, batch_size: int,
                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -159,7 +159,7 @@ class TieredStorage:
         if len(set(names)) != len(names):
             raise InputError("tiers", names, "tiers with distinct names (pass name=...)")
         item = spec.itemsize
-        rows = []
+        rows: list[int | None] = []
         for t in tiers:
             if t.capacity is None:
                 rows.append(None)
@@ -181,12 +181,13 @@ class TieredStorage:
             share, extra = divmod(left, len(unbounded))
             for j, i in enumerate(unbounded):
                 rows[i] = max(1, share + (1 if j < extra else 0))
-        total = sum(rows)
+        sized = [int(r) for r in rows if r is not None]          # every tier has rows now
+        total = sum(sized)
         if total < capacity:
             raise CapacityError(f"a plane of {capacity:,} transitions of {item} bytes",
                                 capacity * item, total * item)
         self.capacity = capacity
-        built = [t.build(spec, r) for t, r in zip(tiers, rows)]
+        built = [t.build(spec, r) for t, r in zip(tiers, sized)]
         bws = [t.bandwidth if t.bandwidth is not None else s.measure_bandwidth()
                for t, s in zip(tiers, built)]
         self.bandwidth_declared = [t.bandwidth is not None for t in tiers]
