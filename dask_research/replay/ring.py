@@ -128,7 +128,8 @@ class Ring:
     def advance(self, n: int) -> None:
         """``n`` transitions were written at :meth:`segments` ``(n)``."""
         self.total += n
-        self.size = min(self.size + n, self.capacity)
+        size = self.size + n
+        self.size = size if size < self.capacity else self.capacity      # (add()'s hot path)
 
     def reset(self, total: int) -> None:
         """Empty the ring with ``total`` keys already used (restores start here)."""

@@ -115,7 +115,6 @@ def test_checkpoint_while_ingesting_is_consistent(tmp_path):
     plane = ExperiencePlane(CARTPOLE, capacity=20_000, seed=0)
     plane.ingest(make_batch(20_000))
     stop = threading.Event()
-    waits = []
 
     def actor():
         s = 20_000

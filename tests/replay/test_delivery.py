@@ -134,7 +134,7 @@ def test_nstep_transform_matches_a_reference():
 
 
 def test_user_callable_transform_and_normalize_to_torch():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     plane = ExperiencePlane(CARTPOLE, capacity=100, seed=0)
     plane.ingest(make_batch(100))
 
@@ -181,4 +181,4 @@ def test_batch_is_a_mapping_that_copies_and_pickles(plane):
     d.obs[:] = 0
     assert not np.shares_memory(d.obs, b.obs)
     with pytest.raises(AttributeError, match="batch has no field 'nope'"):
-        b.nope
+        _ = b.nope
