@@ -75,7 +75,7 @@ import numpy as np
 
 from ..exceptions import CheckpointError
 
-__all__ = ["write", "load", "read_meta", "current", "check_snapshot", "POINTER", "LOCK",
+__all__ = ["write", "load", "read_meta", "current", "POINTER", "LOCK",
            "STEPS", "MAX_META_BYTES"]
 
 logger = logging.getLogger(__name__)
@@ -266,6 +266,7 @@ def _opened(path: pathlib.Path, version: pathlib.Path | None
     except (FileNotFoundError, NotADirectoryError):
         raise missing from None
     try:
+        name: str | None
         if version is not None and pathlib.Path(version) != path:
             name = pathlib.Path(version).name
             if not _VERSION.fullmatch(name):
@@ -420,7 +421,7 @@ def _write(path: pathlib.Path, meta: Mapping[str, Any], arrays: Mapping[str, np.
         try:
             data = tmp / "data.npz"
             with open(data, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
                 f.flush()
                 os.fsync(f.fileno())
                 size = os.fstat(f.fileno()).st_size
@@ -504,7 +505,8 @@ def load(path: str | os.PathLike, version: pathlib.Path | None = None
     The data file must match the size and SHA-256 its metadata records (a versioned checkpoint
     without that record is refused; only the layout before versions lacks it); arrays are
     loaded with ``allow_pickle=False``. Any problem raises :class:`CheckpointError` naming
-    ``path``. The arrays are not checked against a spec here: see :func:`check_snapshot`.
+    ``path``. The arrays are not checked against a spec here: see
+    :func:`~dask_research.replay.snapshot.check_snapshot`.
     """
     path = pathlib.Path(path)
     with _opened(path, version) as (where_fd, where, versioned):
@@ -538,65 +540,3 @@ def load(path: str | os.PathLike, version: pathlib.Path | None = None
                 raise CheckpointError(str(path), f"data.npz is unreadable ({type(e).__name__}: "
                                                  f"{e})") from None
     return meta, arrays, where
-
-
-def _count(meta: Mapping[str, Any], key: str, where: str) -> int:
-    v = meta.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise CheckpointError(where, f"meta.json's {key!r} is {v!r}; expected a count >= 0")
-    return v
-
-
-def check_snapshot(spec: Any, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
-                   where: str = "snapshot") -> None:
-    """Refuse a snapshot whose arrays a plane of ``spec`` would not have written.
-
-    Restores apply what ingest applies, and more strictly (a snapshot is written by a plane, so
-    nothing in it needs a cast): every field array has exactly the field's dtype and the shape
-    ``(count, *field shape)``; ``first_key + count == total``; priority leaves, if present, are
-    ``count`` finite float64 values >= 0, and a recorded ``max_priority`` is finite and >= 0.
-    Raises :class:`CheckpointError` naming ``where`` and the array. One pass over the leaves;
-    the fields are checked by dtype and shape only.
-
-    Parameters
-    ----------
-    spec : ExperienceSpec
-        The spec of the plane restoring the snapshot.
-    meta, arrays
-        What :meth:`ExperiencePlane.snapshot` returned, or :func:`load` read.
-    where : str
-        What to name in errors (the checkpoint's path).
-    """
-    n = _count(meta, "count", where)
-    first, total = _count(meta, "first_key", where), _count(meta, "total", where)
-    if first + n != total:
-        raise CheckpointError(where, f"meta.json's first_key {first} + count {n} != total {total}")
-    for name, f in spec.fields.items():
-        key = f"field.{name}"
-        a = arrays.get(key)
-        if a is None:
-            raise CheckpointError(where, f"array {key!r} is missing")
-        if not isinstance(a, np.ndarray):
-            raise CheckpointError(where, f"array {key!r} is a {type(a).__name__}, not an array")
-        want = (n, *f.shape)
-        if a.dtype != f.dtype or a.shape != want:
-            raise CheckpointError(where, f"array {key!r} is {a.dtype} {a.shape}; field {name!r} "
-                                         f"of {n} transitions is {f.dtype} {want} (a restore "
-                                         "casts nothing)")
-    leaf = arrays.get("sampler.leaf")
-    if leaf is not None:
-        if not isinstance(leaf, np.ndarray) or leaf.dtype != np.float64 or leaf.shape != (n,):
-            raise CheckpointError(where, f"array 'sampler.leaf' is "
-                                         f"{getattr(leaf, 'dtype', type(leaf).__name__)} "
-                                         f"{getattr(leaf, 'shape', '')}; expected float64 ({n},)")
-        bad = ~(np.isfinite(leaf) & (leaf >= 0))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise CheckpointError(where, f"array 'sampler.leaf' holds {float(leaf[i])!r} at {i} (key "
-                                         f"{first + i}); priorities are finite and >= 0")
-    state = (meta.get("sampler") or {}).get("state") if isinstance(meta.get("sampler"), dict) else None
-    if isinstance(state, dict) and "max_priority" in state:
-        mp = state["max_priority"]
-        if isinstance(mp, bool) or not isinstance(mp, (int, float)) or not (0 <= mp < float("inf")):
-            raise CheckpointError(where, f"meta.json's sampler max_priority is {mp!r}; expected a "
-                                         "finite number >= 0")

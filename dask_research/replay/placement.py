@@ -32,6 +32,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from .samplers.base import Sampler
+from .storages.base import Storage
 from .storages.tiered import TieredStorage
 
 
@@ -114,6 +115,28 @@ _REASONS = {
     "priority": "highest-priority transitions in the fastest tier: the sampling probability is "
                 "proportional to priority^alpha",
 }
+
+
+def single_tier_report(storage: Storage, keys: np.ndarray, policy: str) -> PlacementReport:
+    """The report of a plane with one host storage holding the transitions ``keys``.
+
+    >>> import numpy as np
+    >>> from dask_research.replay import ExperienceSpec, HostStorage
+    >>> r = single_tier_report(HostStorage(ExperienceSpec({"x": ((), "int8")}), 4),
+    ...                        np.arange(3), "recency")
+    >>> r.tiers[0].used, r.tiers[0].heat_max
+    (3, 2.0)
+    """
+    n = len(keys)
+    tier = TierPlacement(name=storage.name, kind=storage.kind, bandwidth=float("nan"),
+                         bandwidth_declared=False, capacity_bytes=storage.nbytes,
+                         rows=storage.rows, used=n,
+                         heat_min=float(keys[0]) if n else float("nan"),
+                         heat_max=float(keys[-1]) if n else float("nan"),
+                         sample_share=1.0 if n else 0.0)
+    return PlacementReport(policy=policy,
+                           reason="one host tier: every transition lives in host memory",
+                           tiers=[tier])
 
 
 class Placement:

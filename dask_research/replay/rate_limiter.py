@@ -113,6 +113,12 @@ class RateLimiter:
             self.samples += int(n)
             self._cond.notify_all()
 
+    def stats(self) -> dict[str, float]:
+        """The ``rate_limiter`` entry of ``plane.stats()``: counts, ``diff`` and the seconds
+        inserts and samples waited."""
+        return {"inserts": self.inserts, "samples": self.samples, "diff": self.diff,
+                "waited_insert_s": self.waited["insert"], "waited_sample_s": self.waited["sample"]}
+
     def state_dict(self) -> dict[str, Any]:
         return {"samples_per_insert": self.samples_per_insert, "tolerance": self.tolerance,
                 "min_size_to_sample": self.min_size_to_sample, "timeout": self.timeout,

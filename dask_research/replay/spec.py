@@ -225,9 +225,9 @@ def _scalar_check(f: Field):
             return False
         return check
 
-    def check(v: Any) -> bool:
+    def check_exact(v: Any) -> bool:
         return isinstance(v, np.generic) and v.dtype == dt
-    return check
+    return check_exact
 
 
 def _array_check(f: Field):

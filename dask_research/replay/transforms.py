@@ -106,14 +106,14 @@ class NStepReturn:
                 term[use] = dd[use, j]
                 steps += use
                 alive = use & ~dd[:, j]
-                if tt is not None:
+                if tt is not None and trunc is not None:
                     trunc[use] = tt[use, j]
                     alive &= ~tt[:, j]
                 disc *= self.gamma
         data = dict(batch.data)
         data[self.reward] = r.astype(batch[self.reward].dtype)
         data[self.done] = term.astype(np.asarray(batch[self.done]).dtype, copy=False)
-        if tr is not None:
+        if tr is not None and trunc is not None:
             data[tr] = trunc.astype(np.asarray(batch[tr]).dtype, copy=False)
         data[self.next_obs] = nxt
         data[self.discount] = (self.gamma ** steps).astype(np.float32)

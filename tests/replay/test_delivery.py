@@ -67,9 +67,10 @@ def test_exposed_latency_is_recorded_and_prefetch_hides_it(plane):
         assert d["exposed_p99_s"] >= d["exposed_p50_s"]
     produce = sum(d0["stages_mean_s"][k] for k in ("sample", "gather", "transform", "copy"))
     assert d0["exposed_mean_s"] >= produce * 0.9        # no prefetch: every stage is exposed
-    # the typical batch (the median: on a shared machine the mean of 39 batches is decided by
-    # the one the OS delayed most, with or without prefetching)
-    assert d2["exposed_p50_s"] < d0["exposed_p50_s"]
+    # the trace, not a race of two timings on a shared machine: without prefetch no batch was
+    # ever waiting for the learner; with it, most of the steady-state batches were
+    assert d0["ready"] == 0
+    assert d2["ready"] >= (d2["batches"] - 1) // 2, d2
 
 
 def test_prefetch_reads_config_at_call_time(plane):
@@ -133,7 +134,7 @@ def test_nstep_transform_matches_a_reference():
 
 
 def test_user_callable_transform_and_normalize_to_torch():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     plane = ExperiencePlane(CARTPOLE, capacity=100, seed=0)
     plane.ingest(make_batch(100))
 
@@ -180,4 +181,4 @@ def test_batch_is_a_mapping_that_copies_and_pickles(plane):
     d.obs[:] = 0
     assert not np.shares_memory(d.obs, b.obs)
     with pytest.raises(AttributeError, match="batch has no field 'nope'"):
-        b.nope
+        _ = b.nope

@@ -27,7 +27,7 @@ def plane():
 
 def test_device_tier_holds_the_newest(plane):
     assert plane.storage.tiers[0].name == "device"
-    slots, keys = plane._valid()
+    slots, keys = plane.ring.stored()
     on_dev = keys[plane.storage.tier_of[slots] == 0]
     assert set(on_dev.tolist()) == set(range(500 - plane.storage.storages[0].rows, 500))
 

@@ -21,7 +21,7 @@ def _tiers(tmp_path):
 
 def _tier_keys(plane):
     ts = plane.storage
-    slots, keys = plane._valid()
+    slots, keys = plane.ring.stored()
     return [set(keys[ts.tier_of[slots] == k].tolist()) for k in range(len(ts.storages))]
 
 
@@ -136,11 +136,11 @@ def test_rebalance_skips_transitions_overwritten_meanwhile(tmp_path):
     plane = ExperiencePlane(CARTPOLE, tiers=_tiers(tmp_path), migrate="manual", seed=0)
     plane.ingest(make_batch(70))
     with plane._lock:
-        slots, keys = plane._valid()
+        slots, keys = plane.ring.stored()
         heat = plane.sampler.heat(slots, keys)
         current = plane.storage.tier_of[slots]
     plane.ingest(make_batch(30, start=70))         # the plan's oldest 30 are gone
-    moved = plane._placement.rebalance(slots, keys, heat, current, plane._lock, plane._valid_keys)
+    moved = plane._placement.rebalance(slots, keys, heat, current, plane._lock, plane.ring.valid)
     assert moved >= 0
     occ = plane.storage.occupancy()
     assert all(u <= s.rows for u, s in zip(occ, plane.storage.storages))

@@ -75,13 +75,13 @@ def _sequence(plane_seed, prefetch, step_s, n=120, **kw):
     plane = ExperiencePlane(CARTPOLE, capacity=2000, seed=plane_seed, **kw)
     plane.ingest(make_batch(2000))
     makers = []
-    orig = plane._draw
+    orig = plane.draw
 
     def draw(*a, **k):
         makers.append(threading.get_ident())
         return orig(*a, **k)
 
-    plane._draw = draw
+    plane.draw = draw
     out = []
     try:
         with plane.batches(batch_size=32, prefetch=prefetch, max_batches=n) as it:

@@ -32,7 +32,9 @@ from typing import Any
 import numpy as np
 
 from ...exceptions import InputError, ResearchError
-from ..plane import EmptyPlaneError, ExperiencePlane
+from .. import snapshot
+from ..checkpoints import load
+from ..plane import ExperiencePlane
 from ..samplers import Sampler
 from ..spec import ExperienceSpec
 from ..storages import Tier
@@ -128,46 +130,28 @@ class WorkerShard:
         n = p.ingest(batch)
         if priorities is not None and p.sampler.prioritized and n:
             pr = np.asarray(priorities, dtype=np.float64).reshape(-1)[-min(n, p.capacity):]
-            keys = np.arange(p.total - len(pr), p.total, dtype=np.int64)
-            p.update_priorities(keys, pr)
+            p.update_priorities(p.ring.newest(len(pr)), pr)
         return n
 
     # --- sampling ------------------------------------------------------------------------
     def mass(self) -> float:
         """Sampling mass: the sum of priority leaves (prioritized) or the number stored."""
-        s = self.plane.sampler
-        if s.prioritized:
-            return float(s.tree.total) if self.plane.size else 0.0
-        window = getattr(s, "window", None)
-        return float(min(self.plane.size, window) if window else self.plane.size)
+        return self.plane.sampler.mass(self.plane.size)
 
     def info(self) -> dict[str, Any]:
         """Identity, occupancy and sampling mass (small; sent with every sample reply)."""
         p = self.plane
-        with p._lock:
-            pri = p.sampler.prioritized and p.size > 0
+        with p.lock:
             return {"uid": self.uid, "address": self.address, "size": p.size,
                     "capacity": p.capacity, "inserted": p.total, "mass": self.mass(),
-                    "min_leaf": float(p.sampler.tree.min) if pri else float("nan"),
+                    "min_leaf": p.sampler.min_leaf() if p.size else float("nan"),
                     "time": time.time()}
 
     def sample(self, n: int) -> dict[str, Any]:
         """``n`` transitions: ``records`` (structured array), ``keys``, ``leaf`` (priority^alpha
         of each, prioritized only), ``info`` and ``sample_s`` (time spent here)."""
-        p = self.plane
         t0 = time.perf_counter()
-        with p._lock:
-            if p.size == 0:
-                raise EmptyPlaneError()
-            slots, _ = p.sampler.sample(p.cursor, p.size, int(n), p.rng)
-            tree = p.sampler.tree if p.sampler.prioritized else None
-            leaf = tree.sum[slots + tree.L].copy() if tree is not None else None
-            rec = p.spec.empty(len(slots))
-            p.storage.read_records(slots, rec)
-            keys = p._keys(slots)
-            p._counters["sample_calls"] += 1
-            p._counters["sampled"] += len(slots)
-            p._counters["sample_s"] += time.perf_counter() - t0
+        rec, keys, _, leaf = self.plane.draw(int(n), leaves=True)
         return {"records": rec, "keys": keys, "leaf": leaf, "info": self.info(),
                 "sample_s": time.perf_counter() - t0}
 
@@ -181,12 +165,10 @@ class WorkerShard:
         """Current priority leaves of ``keys`` (NaN for keys no longer stored); for tests."""
         p = self.plane
         keys = np.asarray(keys, dtype=np.int64)
-        with p._lock:
-            valid = (keys >= p.total - p.size) & (keys < p.total)
-            if not p.sampler.prioritized:
-                return np.where(valid, 1.0, np.nan)
-            leaf = p.sampler.tree.sum[keys % p.capacity + p.sampler.tree.L]
-            return np.where(valid, leaf, np.nan)
+        with p.lock:
+            valid = p.ring.valid(keys)
+            leaf = p.sampler.leaves(p.ring.slots(keys))
+            return np.where(valid, 1.0 if leaf is None else leaf, np.nan)
 
     # --- rebalancing ---------------------------------------------------------------------
     def evict_oldest(self, n: int) -> dict[str, Any]:
@@ -194,21 +176,13 @@ class WorkerShard:
         p = self.plane
         if n < 0:
             raise InputError("n", n, "a non-negative count", where="WorkerShard.evict_oldest")
-        with p._lock:
-            n = min(int(n), p.size)
-            keys = np.arange(p.total - p.size, p.total - p.size + n, dtype=np.int64)
-            slots = keys % p.capacity
+        with p.lock:
+            slots, _ = p.ring.evict_oldest(n)
+            n = len(slots)
             rec = p.spec.empty(n)
             p.storage.read_records(slots, rec)
-            pr = None
-            if p.sampler.prioritized:
-                leaf = p.sampler.tree.sum[slots + p.sampler.tree.L]
-                s = p.sampler
-                pr = (np.maximum(leaf, 0.0) ** (1.0 / s.alpha) - s.eps) if s.alpha > 0 else None
-                if pr is not None:
-                    pr = np.maximum(pr, 0.0)
-                s.clear(slots)
-            p.size -= n
+            pr = p.sampler.priorities(slots)
+            p.sampler.clear(slots)
             self.moved_out += n
         return {"fields": {k: np.ascontiguousarray(rec[k]) for k in p.spec.names},
                 "priorities": pr, "n": n}
@@ -228,8 +202,8 @@ class WorkerShard:
         the live counts, which ingest may have moved on meanwhile)."""
         path = pathlib.Path(root) / self.uid
         t0 = time.perf_counter()
-        meta, version = self.plane._checkpoint(
-            path, extra={"shard": {"uid": self.uid, "address": self.address}})
+        meta, version = snapshot.commit(
+            self.plane, path, extra={"shard": {"uid": self.uid, "address": self.address}})
         out = checkpoint_info(meta, path, version)
         out["seconds"] = time.perf_counter() - t0
         self.last_checkpoint = out
@@ -238,8 +212,6 @@ class WorkerShard:
     def restore(self, path: str | pathlib.Path) -> int:
         """Load the committed shard checkpoint at ``path`` into this (empty) shard; returns
         the transitions restored."""
-        from ..checkpoints import load
-
         path = pathlib.Path(path)
         if self.plane.size:
             raise InputError("shard", f"{self.plane.size} transitions", "an empty shard to "

@@ -7,6 +7,11 @@ rank). Samplers are told about new slots (:meth:`on_insert`) so that prioritized
 give them the maximum priority, and they provide the *heat* that placement uses to decide which
 transitions deserve the fastest tier.
 
+What the plane, checkpoints and cluster shards read of a sampler goes through its methods:
+:meth:`Sampler.leaves` (priority leaves of slots), :meth:`Sampler.mass` (the sampling mass),
+:meth:`Sampler.priorities` (leaves turned back into priorities), :meth:`Sampler.state_dict` /
+:meth:`Sampler.from_state` (parameters into and out of a checkpoint).
+
 Examples
 --------
 >>> import numpy as np
@@ -19,6 +24,7 @@ Examples
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -47,7 +53,7 @@ class Sampler(ABC):
         """Size internal state for a ring of ``capacity`` slots. Called once by the plane."""
         self.capacity = int(capacity)
 
-    def on_insert(self, start: int, n: int) -> None:
+    def on_insert(self, start: int, n: int) -> None:  # noqa: B027 - an optional hook
         """Slots ``start`` to ``start + n - 1`` (no wrap) now hold new transitions."""
 
     @abstractmethod
@@ -72,8 +78,41 @@ class Sampler(ABC):
         d %= cap
         return slots, (total - 1) - d, weights
 
-    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:  # noqa: B027 - an optional hook
         """New priorities for ``slots``; a no-op for samplers without priorities."""
+
+    def leaves(self, slots: np.ndarray) -> np.ndarray | None:
+        """Priority leaves (``(priority + eps) ** alpha``) of ``slots``, a copy; None for
+        samplers without priorities."""
+        return None
+
+    def min_leaf(self) -> float:
+        """The smallest stored priority leaf (NaN without priorities)."""
+        return float("nan")
+
+    def mass(self, size: int) -> float:
+        """Sampling mass of a ring holding ``size`` transitions: the number of transitions
+        eligible (priority samplers: the sum of their leaves)."""
+        return float(size)
+
+    def priorities(self, slots: np.ndarray) -> np.ndarray | None:
+        """Priorities of ``slots`` as :meth:`update` takes them (the leaf transform undone),
+        None where they cannot be recovered (no priorities, or ``alpha == 0``)."""
+        return None
+
+    def clear(self, slots: np.ndarray) -> None:  # noqa: B027 - an optional hook
+        """Remove ``slots`` from the distribution (no transition there any more)."""
+
+    def reset(self) -> None:  # noqa: B027 - an optional hook
+        """Forget every slot (a restore refills the ring)."""
+
+    def load_leaves(self, slots: np.ndarray, leaves: np.ndarray) -> None:  # noqa: B027 - an optional hook
+        """Set the priority leaves of ``slots`` as saved by :meth:`leaves` (a no-op without
+        priorities)."""
+
+    def resume(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - an optional hook
+        """Take over the running state (not the parameters) recorded by :meth:`state_dict`
+        of a sampler of the same class (a no-op without such state)."""
 
     def heat(self, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Placement score of ``slots`` (higher = likelier to be sampled): recency by default."""
@@ -89,7 +128,18 @@ class Sampler(ABC):
         """Parameters and state; numpy arrays are allowed (checkpoints store them in .npz)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Sampler:
+        """A new sampler with the parameters of :meth:`state_dict` (its JSON part: what a
+        checkpoint's metadata holds), not attached to a ring.
+
+        >>> from dask_research.replay import RecentSampler
+        >>> RecentSampler.from_state(RecentSampler(window=7).state_dict())
+        RecentSampler(window=7)
+        """
+        return cls()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - an optional hook
         """Restore :meth:`state_dict`."""
 
     def __repr__(self) -> str:

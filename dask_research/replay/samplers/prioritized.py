@@ -22,6 +22,7 @@ True
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ class PrioritizedSampler(Sampler):
 
     policy = "priority"
     prioritized = True
+    tree: SumTree                         # built by attach()
 
     def __init__(self, alpha: float | None = None, beta: float | None = None, eps: float = 1e-6,
                  shuffle: bool = True):
@@ -68,7 +70,6 @@ class PrioritizedSampler(Sampler):
             raise InputError("eps", eps, "a number >= 0", where="PrioritizedSampler")
         self.eps = float(eps)
         self.max_priority = 1.0
-        self.tree: SumTree | None = None
 
     def attach(self, capacity: int) -> None:
         super().attach(capacity)
@@ -78,7 +79,7 @@ class PrioritizedSampler(Sampler):
         return (p + self.eps) ** self.alpha
 
     def on_insert(self, start: int, n: int) -> None:
-        self.tree.set_range(start, start + n, self._leaf(self.max_priority))
+        self.tree.set_range(start, start + n, float(self._leaf(self.max_priority)))
 
     def sample(self, cursor: int, size: int, batch_size: int,
                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -119,8 +120,34 @@ class PrioritizedSampler(Sampler):
         leaf = self._leaf(priorities)
         self.tree.set(slots, leaf, np.where(leaf > 0, leaf, np.inf))
 
-    def heat(self, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    def leaves(self, slots: np.ndarray) -> np.ndarray:
         return self.tree.sum[slots + self.tree.L]
+
+    def min_leaf(self) -> float:
+        return self.tree.min
+
+    def mass(self, size: int) -> float:
+        return self.tree.total if size else 0.0
+
+    def priorities(self, slots: np.ndarray) -> np.ndarray | None:
+        """The priorities whose leaves ``slots`` hold: ``leaf ** (1 / alpha) - eps``, >= 0
+        (None with ``alpha == 0``: every leaf is 1)."""
+        if not self.alpha > 0:
+            return None
+        leaf = self.tree.sum[slots + self.tree.L]
+        return np.maximum(np.maximum(leaf, 0.0) ** (1.0 / self.alpha) - self.eps, 0.0)
+
+    def reset(self) -> None:
+        self.tree.load(np.zeros(self.capacity), np.full(self.capacity, np.inf))
+
+    def load_leaves(self, slots: np.ndarray, leaves: np.ndarray) -> None:
+        self.tree.set(slots, leaves, np.where(leaves > 0, leaves, np.inf))
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.max_priority = float(state.get("max_priority", 1.0))
+
+    def heat(self, slots: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        return self.leaves(slots)
 
     def probabilities(self, cursor: int, size: int) -> np.ndarray:
         leaves = self.tree.leaves().copy()
@@ -133,6 +160,11 @@ class PrioritizedSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "beta": self.beta, "eps": self.eps, "shuffle": self.shuffle,
                 "max_priority": self.max_priority, "leaves": self.tree.leaves().copy()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> PrioritizedSampler:
+        return cls(alpha=state["alpha"], beta=state["beta"], eps=state["eps"],
+                   shuffle=state.get("shuffle", True))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.alpha = float(state["alpha"])

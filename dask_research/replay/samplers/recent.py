@@ -10,6 +10,7 @@ Examples
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,8 +45,15 @@ class RecentSampler(Sampler):
         p[ring_slots(cursor, size, self.capacity, np.arange(lo, size))] = 1.0 / (size - lo)
         return p
 
+    def mass(self, size: int) -> float:
+        return float(min(size, self.window))
+
     def state_dict(self) -> dict[str, Any]:
         return {"window": self.window}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RecentSampler:
+        return cls(window=state["window"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.window = int(state.get("window", self.window))

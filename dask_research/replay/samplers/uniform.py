@@ -45,7 +45,8 @@ class UniformSampler(Sampler):
     def draw(self, total: int, size: int, batch_size: int,
              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, None]:
         if type(self).sample is not UniformSampler.sample:   # a subclass chose its own slots
-            return super().draw(total, size, batch_size, rng)
+            slots, keys, _ = super().draw(total, size, batch_size, rng)
+            return slots, keys, None
         # the same draw as sample(): an age rank j; key = oldest key + j, slot = key % capacity
         j = uniform_ranks(rng, size, batch_size)
         first = total - size

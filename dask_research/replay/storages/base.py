@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,8 @@ class Storage(ABC):
     """
 
     kind: str = "abstract"
+    #: transitions moved between tiers (a single storage moves none)
+    moves: int = 0
 
     def __init__(self, spec: ExperienceSpec, rows: int, name: str | None = None):
         self.spec = ExperienceSpec(spec) if not isinstance(spec, ExperienceSpec) else spec
@@ -59,8 +62,15 @@ class Storage(ABC):
     def read_records(self, rows: np.ndarray, out: np.ndarray) -> None:
         """Gather ``rows`` into the host structured array ``out`` (``len(out) == len(rows)``)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook
         """Release memory or files. The storage is unusable afterwards."""
+
+    def tier_stats(self, used: int) -> list[dict[str, Any]]:
+        """The ``tiers`` entry of ``plane.stats()`` for a plane storing ``used`` transitions
+        here: this storage as its one tier."""
+        return [{"name": self.name, "kind": self.kind, "used": used, "rows": self.rows,
+                 "bytes_used": used * self.spec.itemsize, "capacity_bytes": self.nbytes,
+                 "bandwidth": None}]
 
     def measure_bandwidth(self, probe_rows: int = 16_384, repeat: int = 3) -> float:
         """Random-row gather bandwidth into host memory, in bytes per second (best of ``repeat``).

@@ -47,8 +47,10 @@ def field_views(spec: ExperienceSpec, raw: Any, xp: ModuleType) -> dict[str, Any
     """
     n = raw.shape[0]
     out = {}
+    offsets = spec.record_dtype.fields
+    assert offsets is not None                       # a record dtype has fields
     for name, f in spec.fields.items():
-        off = spec.record_dtype.fields[name][1]
+        off = offsets[name][1]
         block = raw[:, off:off + f.nbytes]
         v = block.view(f.dtype)                              # (n, prod(shape))
         out[name] = v.reshape((n, *f.shape)) if f.shape else v.reshape(n)

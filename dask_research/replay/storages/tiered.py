@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 from dask.utils import format_bytes, parse_bytes
@@ -158,7 +159,7 @@ class TieredStorage:
         if len(set(names)) != len(names):
             raise InputError("tiers", names, "tiers with distinct names (pass name=...)")
         item = spec.itemsize
-        rows = []
+        rows: list[int | None] = []
         for t in tiers:
             if t.capacity is None:
                 rows.append(None)
@@ -180,12 +181,13 @@ class TieredStorage:
             share, extra = divmod(left, len(unbounded))
             for j, i in enumerate(unbounded):
                 rows[i] = max(1, share + (1 if j < extra else 0))
-        total = sum(rows)
+        sized = [int(r) for r in rows if r is not None]          # every tier has rows now
+        total = sum(sized)
         if total < capacity:
             raise CapacityError(f"a plane of {capacity:,} transitions of {item} bytes",
                                 capacity * item, total * item)
         self.capacity = capacity
-        built = [t.build(spec, r) for t, r in zip(tiers, rows)]
+        built = [t.build(spec, r) for t, r in zip(tiers, sized)]
         bws = [t.bandwidth if t.bandwidth is not None else s.measure_bandwidth()
                for t, s in zip(tiers, built)]
         self.bandwidth_declared = [t.bandwidth is not None for t in tiers]
@@ -212,6 +214,25 @@ class TieredStorage:
     def occupancy(self) -> list[int]:
         """Used rows per tier, fastest first."""
         return [s.rows - nf for s, nf in zip(self.storages, self._nfree)]
+
+    def tier_stats(self, used: int) -> list[dict[str, Any]]:
+        """The ``tiers`` entry of ``plane.stats()``: occupancy, bytes and bandwidth per tier
+        (``used``, the plane's size, is their sum)."""
+        itemsize = self.spec.itemsize
+        return [{"name": t.name, "kind": s.kind, "used": u, "rows": s.rows,
+                 "bytes_used": u * itemsize, "capacity_bytes": s.nbytes, "bandwidth": bw}
+                for t, s, u, bw in zip(self.tiers, self.storages, self.occupancy(), self.bandwidths)]
+
+    def device_rows(self, slots: np.ndarray) -> tuple[Any, np.ndarray] | None:
+        """``(device storage, rows)`` if every slot lives in the same GPU tier, else None."""
+        if len(slots) == 0:
+            return None
+        tiers = self.tier_of[slots]
+        k = int(tiers[0])
+        s = self.storages[k]
+        if s.kind != "device" or not getattr(s, "_on_gpu", False) or not (tiers == k).all():
+            return None
+        return s, self.row_of[slots]
 
     # --- row allocation ---------------------------------------------------------------
     def _pop(self, k: int, n: int) -> np.ndarray:
