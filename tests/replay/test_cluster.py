@@ -127,7 +127,7 @@ def test_checkpoint_and_restore_lost_onto_another_worker(client, tmp_path):
     metas = plane.checkpoint()
     assert metas[ids[0]]["size"] == 300
     # pretend shard 0 was lost and put its checkpoint onto worker 1's empty shard
-    plane._lose(ids[0], "test")
+    plane.table.lose(ids[0], "test")
     assert plane.restore_lost(ids[0], addrs[1]) == 300
     s = plane.stats()
     assert s["restored"] == 300 and len(s["lost_shards"]) == 1

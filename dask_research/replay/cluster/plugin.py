@@ -178,8 +178,10 @@ class ShardPlugin(WorkerPlugin):
             import zlib
 
             seed = [int(self.seed), zlib.crc32(str(worker.address).encode())]
+        # a [seed, crc] list seeds numpy's default_rng; WorkerShard's annotation says int only
         self.shard = WorkerShard(self.plane, self.spec, cap if tiers is None else None,
-                                 self.sampler, tiers=tiers, seed=seed, address=worker.address)
+                                 self.sampler, tiers=tiers, seed=seed,  # type: ignore[arg-type]
+                                 address=worker.address)
         logger.info("replay plane %r: shard %s with %d transitions on %s", self.plane,
                     self.shard.uid[:8], self.shard.plane.capacity, worker.address)
         if self.checkpoint_dir and self.checkpoint_interval:
