@@ -8,22 +8,6 @@ learner's own shard is updated in process), at most every ``interval`` seconds u
 updates for lost shards are dropped and counted; :meth:`PriorityRouter.flush` ships and waits
 until the shards applied them (a shard applies only keys it still holds: stale ones count as
 not applied).
-
-Examples
---------
->>> import numpy as np
->>> from dask_research.replay.cluster.indices import encode
->>> from dask_research.replay.cluster.table import ShardRef
->>> class Table:               # what the router asks of the shard table
-...     def get(self, sid):
-...         return {0: ShardRef(0, "tcp://w:1", "u1", lost=True)}.get(sid)
-...     def is_local(self, ref):
-...         return False
->>> router = PriorityRouter(client=None, name="p", table=Table(), interval=0.05)
->>> router.queue(encode(0, np.arange(3)), np.ones(3))
-3
->>> router.flush(), router.counters["updates_dropped_lost"]     # shard 0 was lost
-(0, 3)
 """
 from __future__ import annotations
 
@@ -52,6 +36,22 @@ class PriorityRouter:
         Says which shards are live, where they are and whether one is the learner's own.
     interval : float
         Seconds between the shipments of :meth:`ship` with ``force=False``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dask_research.replay.cluster.indices import encode
+    >>> from dask_research.replay.cluster.table import ShardRef
+    >>> class Table:               # what the router asks of the shard table
+    ...     def get(self, sid):
+    ...         return {0: ShardRef(0, "tcp://w:1", "u1", lost=True)}.get(sid)
+    ...     def is_local(self, ref):
+    ...         return False
+    >>> router = PriorityRouter(client=None, name="p", table=Table(), interval=0.05)
+    >>> router.queue(encode(0, np.arange(3)), np.ones(3))
+    3
+    >>> router.flush(), router.counters["updates_dropped_lost"]     # shard 0 was lost
+    (0, 3)
     """
 
     def __init__(self, client: Any, name: str, table: ShardTable, interval: float):

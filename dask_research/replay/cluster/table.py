@@ -16,24 +16,6 @@ uid, occupancy, sampling mass, lost or live) and does what needs that table:
 
 Delivery, the priority router and :class:`~dask_research.replay.ClusterPlane` use it; it
 knows nothing of them (``on_refresh`` is the one hook: the plane's automatic restore).
-
-Examples
---------
->>> from dask_research.replay import UniformSampler
->>> from dask_research.replay.cluster.eventlog import PlaneEvents
->>> class Client:                # what the table asks of a distributed.Client
-...     def run(self, fn, *args, on_error="raise"):
-...         return {"tcp://w:1": {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100,
-...                               "inserted": 30, "mass": 30.0, "min_leaf": 1.0}}
-...     def run_on_scheduler(self, fn):
-...         return {"total": 1e8, "workers": {}}
-...     def log_event(self, topic, msg):
-...         pass
->>> table = ShardTable(Client(), "p", {"x": ((2,), "float32")}, UniformSampler(),
-...                    PlaneEvents(Client(), "p", "research.replay"), seed=0)
->>> table.refresh()
->>> [(r.id, r.address, r.size) for r in table.refs()], table.allocate(8)
-([(0, 'tcp://w:1', 30)], {0: 8})
 """
 from __future__ import annotations
 
@@ -191,6 +173,24 @@ class ShardTable:
         Called after every :meth:`refresh` (the plane's automatic restore).
     worker : distributed.Worker, optional
         The worker the learner runs on (default: found; None outside a worker).
+
+    Examples
+    --------
+    >>> from dask_research.replay import UniformSampler
+    >>> from dask_research.replay.cluster.eventlog import PlaneEvents
+    >>> class Client:                # what the table asks of a distributed.Client
+    ...     def run(self, fn, *args, on_error="raise"):
+    ...         return {"tcp://w:1": {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100,
+    ...                               "inserted": 30, "mass": 30.0, "min_leaf": 1.0}}
+    ...     def run_on_scheduler(self, fn):
+    ...         return {"total": 1e8, "workers": {}}
+    ...     def log_event(self, topic, msg):
+    ...         pass
+    >>> table = ShardTable(Client(), "p", {"x": ((2,), "float32")}, UniformSampler(),
+    ...                    PlaneEvents(Client(), "p", "research.replay"), seed=0)
+    >>> table.refresh()
+    >>> [(r.id, r.address, r.size) for r in table.refs()], table.allocate(8)
+    ([(0, 'tcp://w:1', 30)], {0: 8})
     """
 
     def __init__(self, client: Any, name: str, spec: ExperienceSpec | Mapping[str, Any],
