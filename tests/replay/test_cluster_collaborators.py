@@ -597,3 +597,20 @@ def test_refresh_calls_its_hook_and_maybe_refresh_keeps_the_interval(cluster):
     assert table.maybe_refresh() is False and calls == [1]
     table.refresh()
     assert calls == [1, 1]
+
+
+def test_a_scheduler_without_bandwidth_figures_is_said_once_and_the_default_used(cluster, caplog):
+    from dask_research._compat import DaskCompatError
+
+    def moved(fn):
+        raise DaskCompatError("distributed's Scheduler.bandwidth_workers is gone")
+
+    cluster.start("tcp://a:1", 10)
+    cluster.run_on_scheduler = moved
+    table = _table(cluster)
+    with caplog.at_level("WARNING", logger="dask_research.replay.cluster.table"):
+        table.refresh()
+        table.refresh()
+    said = [r for r in caplog.records if "no bandwidth measurement" in r.getMessage()]
+    assert len(said) == 1 and "bandwidth_workers" in said[0].getMessage()
+    assert table.bandwidth() == 100e6 and not table[0].lost

@@ -213,6 +213,7 @@ class ShardTable:
         self._by_addr: dict[str, int] = {}
         self._next_id = 0
         self._bw: dict[str, Any] = {"total": float("nan"), "workers": {}}
+        self._bw_failed = False                 # warned once that the scheduler gave none
         self._last_refresh = 0.0
 
     # --- the rows ------------------------------------------------------------------------
@@ -265,8 +266,12 @@ class ShardTable:
         infos = self.client.run(shard_ops.info, self.name, on_error="return")
         try:
             self._bw = self.client.run_on_scheduler(scheduler_bandwidth)
-        except Exception:  # pragma: no cover - a scheduler without dask_research importable
-            pass
+        except Exception as e:  # a scheduler without dask_research, or Dask moved an internal
+            if not self._bw_failed:
+                logger.warning("replay plane %r: no bandwidth measurement from the scheduler "
+                               "(%s: %s); the prefetch rule uses %.3g bytes/s", self.name,
+                               type(e).__name__, e, self.bandwidth())
+            self._bw_failed = True
         now = time.monotonic()
         new: list[ShardRef] = []
         with self.lock:
