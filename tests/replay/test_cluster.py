@@ -16,6 +16,7 @@ from dask_research._cluster import workers_info
 from dask_research.replay.cluster import decode, shard_ops
 
 stats = pytest.importorskip("scipy.stats")
+pytestmark = pytest.mark.timeout(300, method="thread")     # each test starts a cluster
 
 
 def _two_shards(client, sampler, sizes, capacity=10_000, **kw):
