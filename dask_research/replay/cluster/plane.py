@@ -8,13 +8,10 @@ single-process plane's surface: ``batches()`` (cluster delivery, see
 ``stats()``, ``checkpoint()``, plus ``rebalance()`` (placement across workers, see
 :mod:`~dask_research.replay.cluster.placement`).
 
-The plane is a facade over three collaborators: the shard table
-(:class:`~dask_research.replay.cluster.table.ShardTable`: refs, refresh, loss, allocation,
-sample tasks, assembly), the priority router
-(:class:`~dask_research.replay.cluster.router.PriorityRouter`) and the event log
-(:class:`~dask_research.replay.cluster.eventlog.PlaneEvents`); delivery
-(:class:`~dask_research.replay.cluster.delivery.ClusterBatchIterator`) is handed the table and
-the router, never the plane.
+The plane is a facade over its collaborators: the shard table
+(:mod:`~dask_research.replay.cluster.table`: refs, refresh, loss, allocation, sample tasks,
+assembly), the priority router (:mod:`~dask_research.replay.cluster.router`) and the event log
+(:mod:`~dask_research.replay.cluster.eventlog`); delivery is handed the table and the router.
 
 Actors run as Dask tasks and ingest into the shard of the worker they run on::
 
@@ -318,14 +315,14 @@ class ClusterPlane:
             acc = self.client.submit(shard_ops.accept, self.name, ev, workers=[b.address],
                                      allow_other_workers=False, pure=False)
             futs.append((src, dst, n, ev, acc))
+        planned = [[int(s), int(d), int(n)] for s, d, n in moves]
         if not wait:                  # keep the futures alive until they are done
             with self._lock:
                 self._move_futures = [m for m in self._move_futures
                                       if m[-1].status == "pending"] + futs
                 self._counters["rebalances"] += bool(moves)
             if moves:
-                self.events.emit("rebalance", moves=[[int(s), int(d), int(n)]
-                                                     for s, d, n in moves], moved=None)
+                self.events.emit("rebalance", moves=planned, moved=None)
             return sum(n for _, _, n in moves)
         moved = 0
         for src, dst, n, _ev, acc in futs:
@@ -342,8 +339,7 @@ class ClusterPlane:
             with self._lock:
                 self._counters["rebalances"] += 1
                 self._counters["moved"] += moved
-            self.events.emit("rebalance", moves=[[int(s), int(d), int(n)] for s, d, n in moves],
-                             moved=moved)
+            self.events.emit("rebalance", moves=planned, moved=moved)
             self.refresh()
         return moved
 
