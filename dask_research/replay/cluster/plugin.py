@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed import WorkerPlugin
 
 from ...exceptions import InputError
 from ..samplers import Sampler, UniformSampler
