@@ -97,12 +97,12 @@ def run_sync(plane, step) -> dict:
     exposed, steps = [], []
     for k in range(STEPS + 50):
         t0 = time.perf_counter()
-        counts = plane._allocate(BATCH)
-        futs = {sid: client.submit(shard_ops.sample, plane.name, n, plane._shards[sid].uid,
-                                   workers=[plane._shards[sid].address], pure=False)
+        counts = plane.table.allocate(BATCH)
+        futs = {sid: client.submit(shard_ops.sample, plane.name, n, plane.table[sid].uid,
+                                   workers=[plane.table[sid].address], pure=False)
                 for sid, n in counts.items()}
         replies = list(zip(futs, client.gather(list(futs.values()))))
-        b = plane._assemble(replies, BATCH)
+        b = plane.table.assemble(replies, BATCH)
         t1 = time.perf_counter()
         td = step(b.obs, b.action, b.reward, b.next_obs, b.done, b.weights)
         plane.update_priorities(b.indices, td)        # no delivery thread: shipped at once

@@ -16,6 +16,7 @@ from dask_research._cluster import workers_info
 from dask_research.replay.cluster import decode, shard_ops
 
 stats = pytest.importorskip("scipy.stats")
+pytestmark = pytest.mark.timeout(300, method="thread")     # each test starts a cluster
 
 
 def _two_shards(client, sampler, sizes, capacity=10_000, **kw):
@@ -127,7 +128,7 @@ def test_checkpoint_and_restore_lost_onto_another_worker(client, tmp_path):
     metas = plane.checkpoint()
     assert metas[ids[0]]["size"] == 300
     # pretend shard 0 was lost and put its checkpoint onto worker 1's empty shard
-    plane._lose(ids[0], "test")
+    plane.table.lose(ids[0], "test")
     assert plane.restore_lost(ids[0], addrs[1]) == 300
     s = plane.stats()
     assert s["restored"] == 300 and len(s["lost_shards"]) == 1

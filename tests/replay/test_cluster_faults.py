@@ -50,6 +50,7 @@ def real_cluster(tmp_path):
             p.wait(timeout=10)
 
 
+@pytest.mark.timeout(300, method="thread")
 def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(real_cluster,
                                                                                tmp_path):
     client, sfile, procs = real_cluster

@@ -14,8 +14,9 @@ from dask_research.replay.cluster import (
     plan_moves,
     prefetch_depth,
 )
-from dask_research.replay.cluster.delivery import assemble, request_group
+from dask_research.replay.cluster.delivery import request_group
 from dask_research.replay.cluster.plugin import ShardPlugin
+from dask_research.replay.cluster.table import assemble
 
 
 def test_indices_round_trip_and_refuse_bad_shard_ids():

@@ -1,7 +1,9 @@
 """The experience plane on a Dask cluster: one shard per worker, cluster-wide delivery.
 
-See :class:`ClusterPlane` (the learner's handle), :class:`ShardPlugin` (the worker plugin),
-:func:`local_shard` (what actors ingest into) and ``docs/replay-cluster.rst``.
+See :class:`ClusterPlane` (the learner's handle) with its collaborators :class:`ShardTable`
+(the shards as the learner knows them) and :class:`PriorityRouter` (priority updates to the
+owning shards), :class:`ShardPlugin` (the worker plugin), :func:`local_shard` (what actors
+ingest into) and ``docs/replay-cluster.rst``.
 
 Examples
 --------
@@ -13,11 +15,13 @@ from . import shard_ops
 from .delivery import ClusterBatchIterator, prefetch_depth
 from .indices import decode, encode
 from .placement import plan_moves
-from .plane import ClusterPlane, ShardRef
+from .plane import ClusterPlane
 from .plugin import ShardPlugin, local_shard, plugin_name
+from .router import PriorityRouter
 from .shard import ShardMissingError, ShardsLostError, WorkerShard
+from .table import ShardRef, ShardTable
 
-__all__ = ["ClusterPlane", "ShardRef", "ShardPlugin", "WorkerShard", "ShardMissingError",
-           "ShardsLostError",
+__all__ = ["ClusterPlane", "ShardRef", "ShardTable", "PriorityRouter", "ShardPlugin",
+           "WorkerShard", "ShardMissingError", "ShardsLostError",
            "ClusterBatchIterator", "local_shard", "plugin_name", "plan_moves", "prefetch_depth",
            "encode", "decode", "shard_ops"]

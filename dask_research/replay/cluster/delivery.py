@@ -47,19 +47,17 @@ import math
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from collections.abc import Callable
+from typing import Any
 
 from ... import config
 from ...exceptions import InputError
 from ..batch import Batch
 from ..delivery import _STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval, make_converter
 from ..plane import EmptyPlaneError
-from .indices import encode
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .plane import ClusterPlane
+from .router import PriorityRouter
+from .table import ShardTable
+from .waiting import wait_all
 
 
 def prefetch_depth(rtt: float, bytes_per_batch: float, bandwidth: float, step: float,
@@ -77,23 +75,6 @@ def prefetch_depth(rtt: float, bytes_per_batch: float, bandwidth: float, step: f
         return cap                              # unknown learner speed: fill the window
     lead = rtt + (bytes_per_batch / bandwidth if bandwidth > 0 else 0.0)
     return max(1, min(cap, math.ceil(lead / step) + 1))
-
-
-def wait_all(futures: list[Any], timeout: float) -> bool:
-    """Block until every Dask future is done (finished, erred or cancelled); False on timeout.
-
-    Polls ``Future.done()`` with a backoff from 0.2 ms to 2 ms: no callback threads, no
-    default client needed (``distributed.wait`` needs one and raises on cancelled futures).
-    """
-    deadline = time.perf_counter() + timeout
-    nap = 0.0002
-    while True:
-        if all(f.done() for f in futures):
-            return True
-        if time.perf_counter() >= deadline:
-            return False
-        time.sleep(nap)
-        nap = min(nap * 1.5, 0.002)
 
 
 def request_group(service: float, step: float, max_group: int) -> int:
@@ -125,13 +106,27 @@ class _Request:
 
 
 class ClusterBatchIterator(PrefetchingIterator):
-    """Iterator over batches drawn from all shards; see :meth:`ClusterPlane.batches`."""
+    """Iterator over batches drawn from all shards; see :meth:`ClusterPlane.batches`.
 
-    def __init__(self, plane: ClusterPlane, batch_size: int | None = None,
+    It draws through ``table`` (a :class:`~dask_research.replay.cluster.table.ShardTable`:
+    allocation, sample tasks, assembly, loss), lets ``router`` (a
+    :class:`~dask_research.replay.cluster.router.PriorityRouter`) ship queued priority
+    updates, and calls ``upkeep`` before each refill and while the learner is behind (the
+    plane's periodic refresh and rebalance; default ``table.maybe_refresh``).
+
+    >>> it = ClusterBatchIterator(table, router, batch_size=256)     # doctest: +SKIP
+    >>> next(it).indices.shape                                        # doctest: +SKIP
+    (256,)
+    """
+
+    def __init__(self, table: ShardTable, router: PriorityRouter, batch_size: int | None = None,
                  prefetch: int | None = None, to: str = "numpy", device: Any = None,
                  max_batches: int | None = None, max_in_flight: int | None = None,
-                 switch_interval: float | None = None):
-        self.plane = plane
+                 switch_interval: float | None = None,
+                 upkeep: Callable[[], Any] | None = None):
+        self.table = table
+        self.router = router
+        self.upkeep = upkeep if upkeep is not None else table.maybe_refresh
         self.batch_size = int(config.get("replay.batch-size", batch_size))
         self.prefetch = int(config.get("replay.prefetch", prefetch))
         if self.batch_size < 1:
@@ -145,7 +140,7 @@ class ClusterBatchIterator(PrefetchingIterator):
         self.stall = float(config.get("replay.cluster.stall"))
         self.timeout = float(config.get("replay.rate-timeout"))
         self.max_batches = max_batches
-        self.convert = make_converter(plane.spec, to, device, self.prefetch + 2, self.batch_size)
+        self.convert = make_converter(table.spec, to, device, self.prefetch + 2, self.batch_size)
         self.stats = DeliveryStats(self.prefetch)
         self.max_group = int(config.get("replay.cluster.max-group"))
         self.rtt = float("nan")
@@ -170,42 +165,42 @@ class ClusterBatchIterator(PrefetchingIterator):
 
     # --- requests ------------------------------------------------------------------------
     def _bytes_per_batch(self) -> float:
-        return self.batch_size * self.plane.spec.itemsize * self.plane._remote_share()
+        return self.batch_size * self.table.spec.itemsize * self.table.remote_share()
 
     def _target_depth(self) -> int:
         rtt = self.rtt if math.isfinite(self.rtt) else 0.005
         self.group = request_group(self.service, self._step_ema, self.max_group)
         self.depth = prefetch_depth(rtt, self.group * self._bytes_per_batch(),
-                                    self.plane._bandwidth(), self.group * self._step_ema,
+                                    self.table.bandwidth(), self.group * self._step_ema,
                                     max(2, self.max_in_flight // self.group), self.max_bytes)
         return self.depth
 
     def _submit(self) -> _Request:
-        plane = self.plane
-        counts = [plane._allocate(self.batch_size) for _ in range(self.group)]
+        table = self.table
+        counts = [table.allocate(self.batch_size) for _ in range(self.group)]
         req = _Request(counts, len(self._pending) + 1)
         total: dict[int, int] = {}
         for c in counts:
             for sid, n in c.items():
                 total[sid] = total.get(sid, 0) + n
         for sid, n in total.items():
-            ref = plane._shards[sid]
-            if plane._is_local(ref):
+            ref = table[sid]
+            if table.is_local(ref):
                 req.local = sid
                 self.local_draws += 1
             else:
-                req.parts[sid] = plane._sample_future(ref, n)
+                req.parts[sid] = table.sample_future(ref, n)
                 self.remote_tasks += 1
         return req
 
     def _collect(self, req: _Request) -> list[Batch] | None:
         """Wait for ``req``; None if a shard it used was lost (its batches are drawn again)."""
-        plane = self.plane
+        table = self.table
         futures = list(req.parts.values())
         waited = 0.0
 
         def drop_if_lost() -> bool:
-            if any(plane._shards[s].lost for s in req.parts):
+            if any(table[s].lost for s in req.parts):
                 for f in futures:
                     f.cancel()
                 return True
@@ -220,17 +215,17 @@ class ClusterBatchIterator(PrefetchingIterator):
             if self._stop.is_set():
                 return None
             if waited >= self.stall:
-                plane.refresh()
+                table.refresh()
                 waited = 0.0
         replies: dict[int, dict] = {}
         for sid, fut in req.parts.items():
             if fut.status != "finished":
-                plane._on_shard_error(sid, fut)
+                table.check_failure(sid, fut)
                 return None
             try:          # the result may be lost with its worker in the meantime
                 replies[sid] = fut.result(timeout=self.stall)
             except Exception:
-                plane._on_shard_error(sid, fut)
+                table.check_failure(sid, fut)
                 return None
         t_done = time.perf_counter()
         if req.parts:
@@ -241,7 +236,7 @@ class ClusterBatchIterator(PrefetchingIterator):
                             else 0.8 * self.service + 0.2 * svc)
         if req.local is not None:
             n = sum(c.get(req.local, 0) for c in req.counts)
-            replies[req.local] = plane._local_shard().sample(n)
+            replies[req.local] = table.sample_local(n)
         out = []
         offset = dict.fromkeys(replies, 0)
         for counts in req.counts:            # split each shard's reply over the batches
@@ -252,22 +247,22 @@ class ClusterBatchIterator(PrefetchingIterator):
                        for k in ("records", "keys", "leaf")}
                 parts.append((sid, {**r, **cut}))
                 offset[sid] = o + n
-            b = plane._assemble(parts, self.batch_size)
+            b = table.assemble(parts, self.batch_size)
             if b is None:
                 return None
             out.append(b)
         return out
 
     def _run(self) -> None:
-        plane = self.plane
+        table = self.table
         empty_since: float | None = None
         try:
             while not self._stop.is_set():
                 if self.max_batches is not None and self._produced >= self.max_batches:
                     self._put(_STOP)
                     return
-                plane._maybe_refresh()
-                plane._ship_updates(force=False)
+                self.upkeep()
+                self.router.ship(force=False)
                 want = self._target_depth()
                 if self.max_batches is not None:
                     want = min(want, -(-(self.max_batches - self._produced) // self.group))
@@ -281,7 +276,7 @@ class ClusterBatchIterator(PrefetchingIterator):
                         empty_since = empty_since or time.monotonic()
                         if time.monotonic() - empty_since > self.timeout:
                             raise
-                        plane.refresh()
+                        table.refresh()
                         time.sleep(0.05)
                 if not self._pending:
                     continue
@@ -305,8 +300,8 @@ class ClusterBatchIterator(PrefetchingIterator):
 
     def _on_full(self) -> None:
         """While the learner is behind, priority updates and the shard table still move."""
-        self.plane._ship_updates(force=False)
-        self.plane._maybe_refresh()
+        self.router.ship(force=False)
+        self.upkeep()
 
     # --- iterator ------------------------------------------------------------------------
     def __next__(self) -> Batch:
@@ -328,21 +323,3 @@ class ClusterBatchIterator(PrefetchingIterator):
                     "remote_tasks": self.remote_tasks})
         return out
 
-
-
-def assemble(spec: Any, parts: list[tuple[int, dict]], beta: float | None,
-             min_leaf: float) -> Batch:
-    """One batch from shard replies ``[(shard_id, reply), ...]`` (global indices, weights)."""
-    recs = [r["records"] for _, r in parts]
-    rec = np.concatenate(recs) if len(recs) > 1 else recs[0]
-    idx = np.concatenate([encode(sid, r["keys"]) for sid, r in parts])
-    weights = None
-    if beta is not None:
-        leaf = np.concatenate([r["leaf"] for _, r in parts])
-        w = np.divide(min_leaf, leaf, out=np.ones_like(leaf), where=leaf > 0)
-        np.minimum(w, 1.0, out=w)
-        if beta != 1.0:
-            np.power(w, beta, out=w)
-        weights = w.astype(np.float32)
-    info = {"sample": max((r.get("sample_s", 0.0) for _, r in parts), default=0.0)}
-    return Batch({n: rec[n] for n in spec.names}, idx, weights, info)

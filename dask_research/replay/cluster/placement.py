@@ -20,12 +20,15 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from typing import TypeVar
 
 from ...exceptions import InputError
 
+K = TypeVar("K", bound=Hashable)
 
-def plan_moves(occupancy: Mapping[Hashable, tuple[int, int]], high: float = 0.95,
-               low: float = 0.5, max_move: int = 65_536) -> list[tuple[Hashable, Hashable, int]]:
+
+def plan_moves(occupancy: Mapping[K, tuple[int, int]], high: float = 0.95,
+               low: float = 0.5, max_move: int = 65_536) -> list[tuple[K, K, int]]:
     """Moves ``(source, destination, n)`` from ``occupancy`` = {shard: (size, capacity)}.
 
     Sources are shards with ``size >= high * capacity`` (fullest first), destinations shards

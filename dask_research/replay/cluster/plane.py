@@ -8,6 +8,11 @@ single-process plane's surface: ``batches()`` (cluster delivery, see
 ``stats()``, ``checkpoint()``, plus ``rebalance()`` (placement across workers, see
 :mod:`~dask_research.replay.cluster.placement`).
 
+The plane is a facade over its collaborators: the shard table
+(:mod:`~dask_research.replay.cluster.table`: refs, refresh, loss, allocation, sample tasks,
+assembly), the priority router (:mod:`~dask_research.replay.cluster.router`) and the event log
+(:mod:`~dask_research.replay.cluster.eventlog`); delivery is handed the table and the router.
+
 Actors run as Dask tasks and ingest into the shard of the worker they run on::
 
     def actor(plane_name, ...):
@@ -44,7 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -52,61 +57,18 @@ import numpy as np
 from ... import config
 from ...exceptions import InputError
 from ..batch import Batch
-from ..plane import EmptyPlaneError
 from ..samplers import Sampler, UniformSampler
 from ..spec import ExperienceSpec, priority_arrays
 from . import shard_ops
-from .delivery import ClusterBatchIterator, assemble, wait_all
-from .indices import MAX_SHARDS, decode
+from .delivery import ClusterBatchIterator
+from .eventlog import PlaneEvents
 from .placement import plan_moves
 from .plugin import ShardPlugin, plugin_name
-from .shard import ShardsLostError
+from .router import PriorityRouter
+from .table import ShardRef, ShardTable
+from .waiting import wait_all
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ShardRef:
-    """What the learner knows about one shard (a row of ``stats()["shards"]``)."""
-
-    id: int
-    address: str
-    uid: str
-    size: int = 0
-    capacity: int = 0
-    inserted: int = 0
-    mass: float = 0.0
-    min_leaf: float = float("nan")
-    lost: bool = False
-    lost_at: float | None = None
-    lost_size: int = 0
-    lost_reason: str = ""
-    checkpoint: dict | None = None
-    restored_to: int | None = None
-    sampled: int = 0
-    updates_sent: int = 0
-    seen: float = field(default_factory=time.time)
-
-    info_time: float = 0.0
-
-    def update(self, info: Mapping[str, Any]) -> None:
-        """Take a shard's ``info`` unless an older one arrives late (prefetched replies)."""
-        if info["time"] < self.info_time:
-            return
-        self.info_time = info["time"]
-        for k in ("size", "capacity", "inserted", "mass", "min_leaf"):
-            setattr(self, k, info[k])
-        self.seen = time.time()
-
-
-def _scheduler_bandwidth(dask_scheduler: Any = None) -> dict[str, Any]:
-    """Dask's measured bandwidths: overall and per worker (mean over its peers)."""
-    per: dict[str, list[float]] = {}
-    for (a, b), bw in dict(dask_scheduler.bandwidth_workers).items():
-        per.setdefault(a, []).append(bw)
-        per.setdefault(b, []).append(bw)
-    return {"total": float(dask_scheduler.bandwidth),
-            "workers": {k: float(np.mean(v)) for k, v in per.items()}}
 
 
 class ClusterPlane:
@@ -182,25 +144,20 @@ class ClusterPlane:
             memory_fraction=float(config.get("replay.cluster.memory-fraction", memory_fraction)),
             device_fraction=float(config.get("replay.cluster.device-fraction", device_fraction)),
             seed=seed, checkpoint_dir=self.checkpoint_dir, checkpoint_interval=checkpoint_interval)
-        self.rng = np.random.default_rng(seed)
-        self._lock = threading.RLock()
-        self._shards: dict[int, ShardRef] = {}
-        self._by_addr: dict[str, int] = {}
-        self._next_id = 0
-        self._updates: list[tuple[np.ndarray, np.ndarray]] = []
-        self._update_futures: list[Any] = []
-        self._move_futures: list[Any] = []
-        self._counters = {"updates_queued": 0, "updates_dropped_lost": 0, "updates_applied": 0,
-                          "moved": 0, "rebalances": 0, "restored": 0, "sampled": 0}
-        self._bw: dict[str, Any] = {"total": float("nan"), "workers": {}}
-        self._last_refresh = 0.0
-        self._last_ship = 0.0
+        self.topic = str(config.get("replay.event-topic"))
         self.update_interval = float(config.get("replay.cluster.update-interval"))
+        self.events = PlaneEvents(client, self.name, self.topic)
+        self.table = ShardTable(client, self.name, self.spec, self.sampler, self.events,
+                                seed=seed, checkpoint_dir=self.checkpoint_dir,
+                                refresh_interval=self.refresh_interval,
+                                on_refresh=self._auto_restore)
+        self.router = PriorityRouter(client, self.name, self.table, self.update_interval)
+        self._lock = threading.RLock()           # moves and counters; taken before table.lock
+        self._move_futures: list[Any] = []
+        self._counters = {"moved": 0, "rebalances": 0, "restored": 0}
         self._last_rebalance = time.monotonic()
         self._t0 = time.monotonic()
         self._deliveries: list[ClusterBatchIterator] = []
-        self._worker = self._current_worker()
-        self.topic = str(config.get("replay.event-topic"))
         client.register_plugin(self.plugin)
         self.refresh()
         from ..publish import auto_publisher
@@ -208,204 +165,25 @@ class ClusterPlane:
         self._publisher = auto_publisher(self, client, self.name, publish_interval)
 
     # --- shard table ---------------------------------------------------------------------
-    @staticmethod
-    def _current_worker() -> Any:
-        try:
-            from distributed import get_worker
-
-            return get_worker()
-        except ValueError:
-            return None
-
-    def _is_local(self, ref: ShardRef) -> bool:
-        return self._worker is not None and ref.address == self._worker.address
-
-    def _local_shard(self) -> Any:
-        from .plugin import local_shard
-
-        return local_shard(self.name, self._worker)
-
-    def _emit(self, kind: str, **data: Any) -> None:
-        msg = {"event": kind, "plane": self.name, **data}
-        try:
-            self.client.log_event(self.topic, msg)
-        except Exception as e:  # pragma: no cover - a scheduler going away
-            logger.debug("could not log %s event: %s", kind, e)
-
     def refresh(self) -> None:
         """Re-read the shard table from the workers; mark shards of departed workers lost."""
-        infos = self.client.run(shard_ops.info, self.name, on_error="return")
-        try:
-            self._bw = self.client.run_on_scheduler(_scheduler_bandwidth)
-        except Exception:  # pragma: no cover - a scheduler without dask_research importable
-            pass
-        now = time.monotonic()
-        new: list[ShardRef] = []
-        with self._lock:
-            self._last_refresh = now
-            live = set()
-            for addr, info in infos.items():
-                if isinstance(info, BaseException):
-                    continue
-                sid = self._by_addr.get(addr)
-                if sid is not None and self._shards[sid].uid == info["uid"]:
-                    self._shards[sid].update(info)
-                    live.add(sid)
-                    continue
-                if sid is not None:                     # same address, a new shard
-                    self._lose(sid, "replaced")
-                if self._next_id >= MAX_SHARDS:  # pragma: no cover
-                    raise InputError("shards", self._next_id, f"fewer than {MAX_SHARDS}",
-                                     where=f"ClusterPlane {self.name!r}")
-                ref = ShardRef(self._next_id, addr, info["uid"])
-                ref.update(info)
-                self._shards[ref.id] = ref
-                self._by_addr[addr] = ref.id
-                self._next_id += 1
-                live.add(ref.id)
-                new.append(ref)
-            for sid, ref in list(self._shards.items()):
-                if not ref.lost and sid not in live:
-                    self._lose(sid, "worker left")
-        for ref in new:
-            self._emit("shard-new", shard=ref.id, worker=ref.address, capacity=ref.capacity,
-                       restored=ref.size > 0)
-        if self.restore_mode == "auto" and self.checkpoint_dir:
-            self._auto_restore()
+        self.table.refresh()
 
-    def _maybe_refresh(self) -> None:
-        if time.monotonic() - self._last_refresh >= self.refresh_interval:
-            self.refresh()
-            if (self.rebalance_interval is not None
-                    and time.monotonic() - self._last_rebalance >= self.rebalance_interval):
-                self.rebalance(wait=False)
+    def _upkeep(self) -> None:
+        """Delivery's periodic work: refresh the shard table and, when due, rebalance."""
+        if (self.table.maybe_refresh() and self.rebalance_interval is not None
+                and time.monotonic() - self._last_rebalance >= self.rebalance_interval):
+            self.rebalance(wait=False)
 
-    def _lose(self, sid: int, reason: str) -> None:
-        with self._lock:
-            ref = self._shards[sid]
-            if ref.lost:
-                return
-            ref.lost, ref.lost_at, ref.lost_size = True, time.time(), ref.size
-            ref.lost_reason = reason
-            ref.mass, ref.size = 0.0, 0
-            if self._by_addr.get(ref.address) == sid:
-                del self._by_addr[ref.address]
-            ref.checkpoint = self._find_checkpoint(ref.uid)
-        kept = ref.checkpoint["size"] if ref.checkpoint else 0
-        logger.warning("replay plane %r: shard %d on %s lost (%s): %d transitions, %d in its "
-                       "last checkpoint", self.name, sid, ref.address, reason, ref.lost_size, kept)
-        self._emit("shard-lost", shard=sid, worker=ref.address, reason=reason,
-                   size=ref.lost_size, checkpointed=kept)
-
-    def _on_shard_error(self, sid: int, fut: Any) -> None:
-        """A sample task failed: find out whether its worker is gone."""
-        self.refresh()
-        ref = self._shards[sid]
-        if not ref.lost and fut.status == "error":
-            exc = fut.exception(timeout=5)
-            if isinstance(exc, EmptyPlaneError):
-                ref.size, ref.mass = 0, 0.0
-                return
-            raise exc
-
-    def _find_checkpoint(self, uid: str) -> dict | None:
-        """What the committed checkpoint of shard ``uid`` holds (None without one)."""
-        if not self.checkpoint_dir:
-            return None
-        from ...exceptions import CheckpointError
-        from ..checkpoints import read_meta
-        from .shard import checkpoint_info
-
-        p = os.path.join(self.checkpoint_dir, self.name, uid)
-        try:
-            meta, version = read_meta(p)
-            return checkpoint_info(meta, p, version)
-        except (CheckpointError, OSError, KeyError, TypeError, ValueError) as e:
-            # none committed (the shard died before its first checkpoint finished) or unusable;
-            # called on every refresh while the shard is lost, so not a warning each time
-            logger.debug("replay plane %r: no usable checkpoint of shard %s: %s",
-                         self.name, uid[:8], e)
-            return None
-
-    # --- allocation ----------------------------------------------------------------------
-    def _live(self) -> list[ShardRef]:
-        return [r for r in self._shards.values() if not r.lost and r.mass > 0]
-
-    def _nothing_to_sample(self) -> Exception:
-        """:class:`ShardsLostError` when every known shard is lost (raised at once: no
-        worker is left to ingest into), else :class:`EmptyPlaneError` (actors may still come)."""
-        with self._lock:
-            refs = list(self._shards.values())
-            if not refs or not all(r.lost for r in refs):
-                return EmptyPlaneError()
-            lost = [{"id": r.id, "worker": r.address, "reason": r.lost_reason or "lost",
-                     "size": int(r.lost_size),
-                     "checkpointed": int(r.checkpoint["size"]) if r.checkpoint else 0}
-                    for r in refs if r.restored_to is None]    # restored: counted where it went
-        return ShardsLostError(self.name, lost)
-
-    def _allocate(self, n: int) -> dict[int, int]:
-        """Split a batch of ``n`` over the live shards by their sampling mass (multinomial)."""
-        with self._lock:
-            live = self._live()
-            if not live:
-                raise self._nothing_to_sample()
-            mass = np.array([r.mass for r in live], dtype=np.float64)
-            counts = self.rng.multinomial(n, mass / mass.sum())
-        return {r.id: int(c) for r, c in zip(live, counts) if c}
-
-    def _remote_share(self) -> float:
-        with self._lock:
-            live = self._live()
-            tot = sum(r.mass for r in live)
-            if not tot:
-                return 1.0
-            return sum(r.mass for r in live if not self._is_local(r)) / tot
-
-    def _bandwidth(self) -> float:
-        """Dask's measured bandwidth to the shards' workers (bytes/s; their mean)."""
-        with self._lock:
-            per = self._bw.get("workers", {})
-            vals = [per[r.address] for r in self._live() if r.address in per]
-        if vals:
-            return float(np.mean(vals))
-        tot = self._bw.get("total", float("nan"))
-        return float(tot) if tot == tot else 100e6
-
-    def _sample_future(self, ref: ShardRef, n: int) -> Any:
-        return self.client.submit(shard_ops.sample, self.name, n, ref.uid, pure=False,
-                                  workers=[ref.address], allow_other_workers=False,
-                                  key=f"replay-sample-{self.name}-{uuid.uuid4().hex}")
-
-    def _assemble(self, replies: list[tuple[int, dict]], batch_size: int) -> Batch | None:
-        ok = []
-        with self._lock:
-            for sid, r in replies:
-                ref = self._shards[sid]
-                if r["records"] is None:            # the shard there was replaced
-                    self._lose(sid, "replaced")
-                    return None
-                ref.update(r["info"])
-                ref.sampled += len(r["keys"])
-                ok.append((sid, r))
-            self._counters["sampled"] += batch_size
-            beta = self.sampler.beta if self.sampler.prioritized else None
-            leaves = [r.min_leaf for r in self._shards.values()
-                      if beta is not None and not r.lost and r.size and r.min_leaf == r.min_leaf]
-            min_leaf = float(min(leaves)) if leaves else 1.0
-        return assemble(self.spec, ok, beta, min_leaf)
-
-    # --- public surface ------------------------------------------------------------------
     def __len__(self) -> int:
-        with self._lock:
-            return sum(r.size for r in self._shards.values() if not r.lost)
+        return self.table.size()
 
     @property
     def shards(self) -> list[ShardRef]:
         """Every shard the plane knows, live and lost."""
-        with self._lock:
-            return list(self._shards.values())
+        return self.table.refs()
 
+    # --- experience in and out -----------------------------------------------------------
     def ingest(self, batch: Mapping[str, Any], worker: str | None = None) -> int:
         """Ingest from the client into the shard on ``worker`` (default: the emptiest shard).
 
@@ -413,20 +191,21 @@ class ClusterPlane:
         instead (no network). Returns the number of transitions ingested.
         """
         fields, n = self.spec.validate(batch)
-        with self._lock:
+        table = self.table
+        with table.lock:
             if worker is None:
-                live = [r for r in self._shards.values() if not r.lost]
+                live = [r for r in table.refs() if not r.lost]
                 if not live:
-                    raise self._nothing_to_sample()
+                    raise table.nothing_to_sample()
                 worker = min(live, key=lambda r: r.size / max(r.capacity, 1)).address
-            sid = self._by_addr.get(worker)
+            sid = table.id_of(worker)
         if sid is None:
             raise InputError("worker", worker, f"the address of a worker holding a shard "
-                             f"({sorted(self._by_addr)})", where="ClusterPlane.ingest")
+                             f"({table.addresses()})", where="ClusterPlane.ingest")
         info = self.client.submit(shard_ops.ingest, self.name, fields, workers=[worker],
                                   allow_other_workers=False, pure=False).result()
-        with self._lock:
-            self._shards[sid].update(info)
+        with table.lock:
+            table[sid].update(info)
         return n
 
     def sample(self, batch_size: int | None = None) -> Batch:
@@ -437,17 +216,18 @@ class ClusterPlane:
         """
         batch_size = int(config.get("replay.batch-size", batch_size))
         stall = float(config.get("replay.cluster.stall"))
+        table = self.table
         for _ in range(3):
-            counts = self._allocate(batch_size)
-            futs = {sid: self._sample_future(self._shards[sid], n) for sid, n in counts.items()
-                    if not self._is_local(self._shards[sid])}
+            counts = table.allocate(batch_size)
+            futs = {sid: table.sample_future(table[sid], n) for sid, n in counts.items()
+                    if not table.is_local(table[sid])}
             replies = []
             try:
                 # a task pinned to a dead worker never finishes: re-check the workers every
                 # ``stall`` seconds instead of waiting for it
                 while not wait_all(list(futs.values()), stall):
                     self.refresh()
-                    if any(self._shards[sid].lost for sid in futs):
+                    if any(table[sid].lost for sid in futs):
                         raise LookupError("a shard of this batch was lost")
                 for sid, f in futs.items():
                     replies.append((sid, f.result(timeout=stall)))
@@ -458,12 +238,12 @@ class ClusterPlane:
                 continue
             for sid, n in counts.items():
                 if sid not in futs:
-                    replies.append((sid, self._local_shard().sample(n)))
-            b = self._assemble(replies, batch_size)
+                    replies.append((sid, table.sample_local(n)))
+            b = table.assemble(replies, batch_size)
             if b is not None:
                 return b
             self.refresh()
-        raise self._nothing_to_sample()
+        raise table.nothing_to_sample()
 
     def batches(self, batch_size: int | None = None, prefetch: int | None = None,
                 to: str = "numpy", device: Any = None, max_batches: int | None = None,
@@ -477,9 +257,10 @@ class ClusterPlane:
         from ..delivery import tensordict_output
 
         wrap, to = tensordict_output(to)
-        it = ClusterBatchIterator(self, batch_size=batch_size, prefetch=prefetch, to=to,
-                                  device=device, max_batches=max_batches,
-                                  max_in_flight=max_in_flight)
+        it = ClusterBatchIterator(self.table, self.router, batch_size=batch_size,
+                                  prefetch=prefetch, to=to, device=device,
+                                  max_batches=max_batches, max_in_flight=max_in_flight,
+                                  upkeep=self._upkeep)
         self._deliveries = [d for d in self._deliveries if not d.closed][-7:] + [it]
         return wrap(it)
 
@@ -496,60 +277,15 @@ class ClusterPlane:
         if len(pr) and (not np.isfinite(pr).all() or (pr < 0).any()):
             raise InputError("priorities", float(pr[~(np.isfinite(pr) & (pr >= 0))][0]),
                              "finite numbers >= 0", where="ClusterPlane.update_priorities")
-        with self._lock:
-            self._updates.append((idx.copy(), pr.copy()))
-            self._counters["updates_queued"] += len(idx)
+        n = self.router.queue(idx, pr)
         if not any(not d.closed for d in self._deliveries):
-            self._ship_updates()
-        return len(idx)
-
-    def _ship_updates(self, force: bool = True) -> None:
-        with self._lock:
-            if not self._updates:
-                return
-            now = time.monotonic()
-            if not force and now - self._last_ship < self.update_interval:
-                return
-            self._last_ship = now
-            ups, self._updates = self._updates, []
-            idx = np.concatenate([u[0] for u in ups])
-            pr = np.concatenate([u[1] for u in ups])
-            sids, keys = decode(idx)
-            keep = []
-            for f in self._update_futures:
-                if f.status == "pending":
-                    keep.append(f)
-                elif f.status == "finished":
-                    self._counters["updates_applied"] += f.result()
-            self._update_futures = keep
-            jobs = []
-            for sid in np.unique(sids):
-                m = sids == sid
-                ref = self._shards.get(int(sid))
-                if ref is None or ref.lost:
-                    self._counters["updates_dropped_lost"] += int(m.sum())
-                    continue
-                ref.updates_sent += int(m.sum())
-                jobs.append((ref, keys[m], pr[m]))
-        for ref, k, p in jobs:
-            if self._is_local(ref):
-                self._counters["updates_applied"] += self._local_shard().update(ref.uid, k, p)
-                continue
-            self._update_futures.append(self.client.submit(
-                shard_ops.update_priorities, self.name, ref.uid, k, p, workers=[ref.address],
-                allow_other_workers=False, pure=False,
-                key=f"replay-update-{self.name}-{uuid.uuid4().hex}"))
+            self.router.ship()
+        return n
 
     def flush(self, timeout: float = 60) -> int:
         """Ship queued priority updates and wait until they are applied; returns how many
         were applied (stale keys and lost shards excluded)."""
-        self._ship_updates()
-        futs, self._update_futures = self._update_futures, []
-        if futs:
-            wait_all(futs, timeout)
-        applied = sum(f.result() for f in futs if f.status == "finished")
-        self._counters["updates_applied"] += applied
-        return applied
+        return self.router.flush(timeout)
 
     # --- placement across workers --------------------------------------------------------
     def rebalance(self, high: float | None = None, low: float | None = None,
@@ -563,13 +299,14 @@ class ClusterPlane:
         low = float(config.get("replay.cluster.rebalance-low", low))
         max_move = int(config.get("replay.cluster.rebalance-max-move", max_move))
         self._last_rebalance = time.monotonic()
-        with self._lock:
+        table = self.table
+        with self._lock, table.lock:
             if any(m[-1].status == "pending" for m in self._move_futures):
                 return 0                  # the table is stale until those moves are done
             self._move_futures = []
-            occ = {r.id: (r.size, r.capacity) for r in self._shards.values() if not r.lost}
+            refs = {r.id: r for r in table.refs() if not r.lost}
+            occ = {sid: (r.size, r.capacity) for sid, r in refs.items()}
             moves = plan_moves(occ, high=high, low=low, max_move=max_move)
-            refs = {sid: self._shards[sid] for sid in occ}
         futs = []
         for src, dst, n in moves:
             a, b = refs[src], refs[dst]
@@ -578,31 +315,31 @@ class ClusterPlane:
             acc = self.client.submit(shard_ops.accept, self.name, ev, workers=[b.address],
                                      allow_other_workers=False, pure=False)
             futs.append((src, dst, n, ev, acc))
+        planned = [[int(s), int(d), int(n)] for s, d, n in moves]
         if not wait:                  # keep the futures alive until they are done
             with self._lock:
                 self._move_futures = [m for m in self._move_futures
                                       if m[-1].status == "pending"] + futs
                 self._counters["rebalances"] += bool(moves)
             if moves:
-                self._emit("rebalance", moves=[[int(s), int(d), int(n)] for s, d, n in moves],
-                           moved=None)
+                self.events.emit("rebalance", moves=planned, moved=None)
             return sum(n for _, _, n in moves)
         moved = 0
-        for src, dst, n, ev, acc in futs:
+        for src, dst, n, _ev, acc in futs:
             try:
                 info = acc.result(timeout=120)
             except Exception as e:  # a worker died mid-move: those transitions are lost
                 logger.warning("replay plane %r: move %d -> %d failed: %s", self.name, src, dst, e)
                 continue
             moved += n
-            with self._lock:
-                self._shards[dst].update(info)
-                self._shards[src].size = max(0, self._shards[src].size - n)
+            with table.lock:
+                table[dst].update(info)
+                table[src].size = max(0, table[src].size - n)
         if moves:
-            self._counters["rebalances"] += 1
-            self._counters["moved"] += moved
-            self._emit("rebalance", moves=[[int(s), int(d), int(n)] for s, d, n in moves],
-                       moved=moved)
+            with self._lock:
+                self._counters["rebalances"] += 1
+                self._counters["moved"] += moved
+            self.events.emit("rebalance", moves=planned, moved=moved)
             self.refresh()
         return moved
 
@@ -617,9 +354,9 @@ class ClusterPlane:
         sub = os.path.join(root, self.name)
         out = self.client.run(shard_ops.checkpoint, self.name, sub, on_error="return")
         res = {}
-        with self._lock:
+        with self.table.lock:
             for addr, meta in out.items():
-                sid = self._by_addr.get(addr)
+                sid = self.table.id_of(addr)
                 if sid is not None and not isinstance(meta, BaseException):
                     res[sid] = meta
         return res
@@ -627,28 +364,33 @@ class ClusterPlane:
     def restore_lost(self, shard_id: int, worker: str) -> int:
         """Restore lost shard ``shard_id`` from its last checkpoint onto ``worker``'s empty
         shard; returns the transitions restored."""
-        ref = self._shards[shard_id]
-        ck = ref.checkpoint or self._find_checkpoint(ref.uid)
+        table = self.table
+        ref = table[shard_id]
+        ck = ref.checkpoint or table.find_checkpoint(ref.uid)
         if not ref.lost or ck is None:
             raise InputError("shard_id", shard_id, "a lost shard with a checkpoint",
                              where="ClusterPlane.restore_lost")
         info = self.client.submit(shard_ops.restore, self.name, ck["path"], workers=[worker],
                                   allow_other_workers=False, pure=False).result()
-        with self._lock:
-            ref.restored_to = self._by_addr.get(worker)
+        with self._lock, table.lock:
+            ref.restored_to = table.id_of(worker)
             if ref.restored_to is not None:
-                self._shards[ref.restored_to].update(info)
+                table[ref.restored_to].update(info)
             self._counters["restored"] += info["size"]
-        self._emit("shard-restored", shard=shard_id, onto=ref.restored_to, worker=worker,
-                   size=info["size"])
+        self.events.emit("shard-restored", shard=shard_id, onto=ref.restored_to, worker=worker,
+                         size=info["size"])
         return int(info["size"])
 
     def _auto_restore(self) -> None:
-        with self._lock:
-            todo = [r for r in self._shards.values() if r.lost and r.restored_to is None
-                    and (r.checkpoint or self._find_checkpoint(r.uid))]
-            empty = [r for r in self._shards.values() if not r.lost and r.size == 0
-                     and r.inserted == 0]
+        """After each refresh with ``restore="auto"``: lost shards onto new empty shards."""
+        if self.restore_mode != "auto" or not self.checkpoint_dir:
+            return
+        table = self.table
+        with table.lock:
+            refs = table.refs()
+            todo = [r for r in refs if r.lost and r.restored_to is None
+                    and (r.checkpoint or table.find_checkpoint(r.uid))]
+            empty = [r for r in refs if not r.lost and r.size == 0 and r.inserted == 0]
         for lost, target in zip(todo, empty):
             try:
                 self.restore_lost(lost.id, target.address)
@@ -661,10 +403,11 @@ class ClusterPlane:
         """Per-shard occupancy, lost shards, rates, priority-update routing, delivery figures."""
         if refresh:
             self.refresh()
-        with self._lock:
-            shards = [asdict(r) for r in self._shards.values()]
-            live = [r for r in self._shards.values() if not r.lost]
-            cnt = dict(self._counters)
+        with self._lock, self.table.lock:
+            refs = self.table.refs()
+            shards = [asdict(r) for r in refs]
+            live = [r for r in refs if not r.lost]
+            cnt = {**self.router.counters, **self._counters, **self.table.counters}
             span = time.monotonic() - self._t0
         out: dict[str, Any] = {
             "name": self.name, "size": sum(r.size for r in live),
@@ -672,9 +415,9 @@ class ClusterPlane:
             "live_shards": len(live), "shards": shards,
             "lost_shards": [s for s in shards if s["lost"]],
             "lost_transitions": sum(s["lost_size"] for s in shards if s["lost"]),
-            "bandwidth": self._bandwidth(),
+            "bandwidth": self.table.bandwidth(),
             "rates": {"sample_rate": cnt["sampled"] / span if span > 0 else float("nan"),
-                      "insert_rate": (sum(r.inserted for r in self._shards.values()) / span
+                      "insert_rate": (sum(r.inserted for r in refs) / span
                                       if span > 0 else float("nan"))},
             **cnt,
         }
@@ -706,5 +449,5 @@ class ClusterPlane:
         self.close()
 
     def __repr__(self) -> str:
-        live = sum(not r.lost for r in self._shards.values())
+        live = sum(not r.lost for r in self.table.refs())
         return f"ClusterPlane({self.name!r}, shards={live}, size={len(self):,})"

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed import WorkerPlugin
 
 from ...exceptions import InputError
 from ..samplers import Sampler, UniformSampler
@@ -178,8 +178,10 @@ class ShardPlugin(WorkerPlugin):
             import zlib
 
             seed = [int(self.seed), zlib.crc32(str(worker.address).encode())]
+        # a [seed, crc] list seeds numpy's default_rng; WorkerShard's annotation says int only
         self.shard = WorkerShard(self.plane, self.spec, cap if tiers is None else None,
-                                 self.sampler, tiers=tiers, seed=seed, address=worker.address)
+                                 self.sampler, tiers=tiers, seed=seed,  # type: ignore[arg-type]
+                                 address=worker.address)
         logger.info("replay plane %r: shard %s with %d transitions on %s", self.plane,
                     self.shard.uid[:8], self.shard.plane.capacity, worker.address)
         if self.checkpoint_dir and self.checkpoint_interval:
