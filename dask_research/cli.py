@@ -13,6 +13,13 @@ Examples
 
 Failures are one line on stderr: exit code 2 for what was typed (usage), 1 for what failed
 while running; ``dask-research --traceback ...`` shows the full traceback.
+
+>>> from click.testing import CliRunner
+>>> CliRunner().invoke(main, ["--version"]).output
+'dask-research, version ...'
+>>> bad = CliRunner().invoke(main, ["mc", "run", "nope.py:job"])
+>>> bad.exit_code, bad.output.splitlines()[0]
+(2, "Error: Invalid value for MODULE:JOB: file 'nope.py' does not exist (see 'main mc run --help')")
 """
 from __future__ import annotations
 
@@ -41,7 +48,8 @@ def _sibling_modules(directory: str, before: set[str]) -> list[str]:
         mod = sys.modules.get(top)
         if mod is None:
             return False
-        places = [os.path.dirname(mod.__file__)] if getattr(mod, "__file__", None) else []
+        file = getattr(mod, "__file__", None)
+        places = [os.path.dirname(file)] if file else []
         if hasattr(mod, "__path__"):            # a package: where its folder is
             places = [os.path.dirname(os.path.abspath(p)) for p in mod.__path__]
         return any(os.path.abspath(p) == directory for p in places)
@@ -385,7 +393,9 @@ def _interrupted(job, store: str | None) -> str:
     try:
         from .montecarlo.run import open_store
 
-        n = len(open_store(store).read_shards(job.id, decoder=lambda doc: None))
+        opened = open_store(store)
+        assert opened is not None               # a store address always opens a store
+        n = len(opened.read_shards(job.id, decoder=lambda doc: None))
     except Exception:  # noqa: BLE001 - a damaged store: say what we can
         return f"interrupted; the shards stored in {_redact(store)} are kept: the same command resumes"
     return (f"interrupted: {n} of {job.shards} shards are stored in {_redact(store)}; "
