@@ -69,4 +69,4 @@ def test_defaults_are_loaded_and_read_at_call_time():
 def test_version_and_lazy_subpackages():
     assert dask_research.__version__.count(".") == 2
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        _ = dask_research.nope
+        dask_research.nope
