@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from dask_research.testing.optional import OPTIONAL, missing_dependency, top_level_imports
+from dask_research.testing.optional import OPTIONAL, example_imports, missing_dependency, top_level_imports
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINTED = ("dask_research", "tests", "benchmarks", "examples")
@@ -60,10 +60,15 @@ def test_only_modules_needing_a_missing_optional_dependency_are_left_out(tmp_pat
     # the core of the package (config, cli, exceptions...) always runs its examples
     assert not left_out & {ROOT / "dask_research" / n for n in ("__init__.py", "config.py", "cli.py")}
     for p in left_out:
-        assert top_level_imports(p) & OPTIONAL
+        assert (top_level_imports(p) | example_imports(p)) & OPTIONAL
     guarded = tmp_path / "guarded.py"
     guarded.write_text("try:\n    import ray\nexcept ImportError:\n    ray = None\n")
     assert missing_dependency(guarded, optional={"ray"}) is None
+    lazy = tmp_path / "lazy.py"        # imports at call time; only its example needs the package
+    lazy.write_text('def f():\n    """\n    >>> import no_such_framework\n    >>> f()\n    """\n'
+                    "    import no_such_framework\n")
+    assert top_level_imports(lazy) == set() and example_imports(lazy) == {"no_such_framework"}
+    assert missing_dependency(lazy, optional={"no_such_framework"}) == "no_such_framework"
 
 
 def test_every_optional_dependency_is_an_extra():

@@ -1,8 +1,9 @@
 """Which optional dependency a module needs at import, for collecting tests and doctests.
 
-The root ``conftest.py`` leaves out of a run the package modules whose top-level imports need
-an optional dependency that is not installed (CuPy, torch, Ray, ...), instead of failing the
-collection; the imports are read from the module's source, so the rule follows the code.
+The root ``conftest.py`` leaves out of a run the package modules whose top-level imports, or
+whose docstring examples' imports, need an optional dependency that is not installed (CuPy,
+torch, Ray, ...), instead of failing; the imports are read from the module's source, so the
+rule follows the code.
 
 Examples
 --------
@@ -13,6 +14,9 @@ Examples
 ['no_such_framework', 'os']
 >>> missing_dependency(src, optional={"no_such_framework", "numpy"})
 'no_such_framework'
+>>> _ = src.write_text("'''Examples\\n\\n>>> import other_framework\\n'''\\n")
+>>> sorted(example_imports(src))                      # what the module's examples need
+['other_framework']
 >>> installed("numpy"), installed("no_such_framework")
 (True, False)
 """
@@ -22,9 +26,10 @@ import ast
 import functools
 import importlib.util
 import pathlib
+import re
 from collections.abc import Iterable
 
-__all__ = ["OPTIONAL", "installed", "top_level_imports", "missing_dependency"]
+__all__ = ["OPTIONAL", "installed", "top_level_imports", "example_imports", "missing_dependency"]
 
 #: Import names of the dependencies outside ``install_requires`` (setup.cfg's extras).
 OPTIONAL = frozenset({
@@ -54,8 +59,23 @@ def top_level_imports(path: pathlib.Path) -> set[str]:
     return names
 
 
+_EXAMPLE_IMPORT = re.compile(r"^\s*>>>\s+(?:import|from)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+def example_imports(path: pathlib.Path) -> set[str]:
+    """Top-level packages the docstring examples of a module import (``>>> import x``,
+    ``>>> from x import ...``): what its doctests need besides the module itself."""
+    tree = ast.parse(pathlib.Path(path).read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.update(_EXAMPLE_IMPORT.findall(ast.get_docstring(node, clean=False) or ""))
+    return names
+
+
 def missing_dependency(path: pathlib.Path, optional: Iterable[str] = OPTIONAL) -> str | None:
-    """The first (by name) optional dependency module ``path`` imports and this machine lacks,
-    or ``None`` when the module can be imported here."""
-    absent = sorted(n for n in top_level_imports(path) & set(optional) if not installed(n))
+    """The first (by name) optional dependency that module ``path`` or its docstring examples
+    import and this machine lacks, or ``None`` when its doctests can run here."""
+    needed = top_level_imports(path) | example_imports(path)
+    absent = sorted(n for n in needed & set(optional) if not installed(n))
     return absent[0] if absent else None
