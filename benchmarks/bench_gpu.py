@@ -22,6 +22,10 @@ processes: a dry run of the code paths on a machine without a GPU (figures meani
 
     python benchmarks/bench_gpu.py all --cpu          # here
     bash benchmarks/gpu_check.sh                      # on a GPU machine
+
+Needs CuPy and a CUDA device (the ``gpu`` extra; without them it says so in one line: use
+``--cpu``); ``replay`` also uses torch and TorchRL (the ``torch`` and ``bench`` extras) when they
+import, and says in its figures what it left out.
 """
 from __future__ import annotations
 
@@ -265,7 +269,7 @@ def part_replay(args, xp) -> dict[str, Any]:
         m = 256
         a = torch.randn(m, m, device="cuda")
         while True:
-            t = _median(lambda: a @ a, 3, 20, sync_t)
+            t = _median(lambda a=a: a @ a, 3, 20, sync_t)
             if t >= produce or m >= 16384:
                 break
             m = int(m * 1.25)

@@ -15,7 +15,8 @@ time:
 
     flock /tmp/dask-research-bench.lock python benchmarks/bench_integrations.py [--quick]
 
-Figures go to ``benchmarks/results/bench_integrations.json``.
+Figures go to ``benchmarks/results/bench_integrations.json``. Needs ``stable-baselines3``,
+``gymnasium`` and ``torch`` (the ``bench`` extra); without one it says so in one line and stops.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import LoadMonitor, print_table, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, print_table, require, write_results  # noqa: E402
 
 #: SB3 RL-zoo DQN CartPole-v1 hyperparameters (net 64x64 instead of 256x256, to fit 2 cores)
 DQN_CARTPOLE = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
     args = ap.parse_args(argv)
+    require("stable_baselines3", "gymnasium", "torch", benchmark="bench_integrations")
     seeds = args.seeds or (2 if args.quick else 4)
     steps = args.steps or (20_000 if args.quick else 50_000)
 

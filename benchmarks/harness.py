@@ -7,15 +7,23 @@ together with the machine it ran on. Speed is never asserted in tests.
 Run benchmarks one at a time (``flock /tmp/dask-research-bench.lock python benchmarks/x.py``)
 so two of them do not share the cores.
 
+What a benchmark needs beyond the package is declared in its docstring and in setup.cfg's
+``bench`` extra; :func:`missing` and :func:`require` turn an absent optional dependency into
+one line that says what is skipped and how to install it, instead of a traceback.
+
 Example
 -------
->>> from benchmarks.harness import median_time
+>>> from benchmarks.harness import median_time, missing
 >>> t = median_time(lambda: sum(range(1000)), repeat=3, number=10)
 >>> t > 0
 True
+>>> missing("numpy", "no_such_package")
+'no_such_package'
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import os
 import pathlib
@@ -48,6 +56,34 @@ def _proc_stat_busy() -> tuple[float, float]:
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
     total = sum(fields)
     return total - idle, total
+
+
+def missing(*modules: str) -> str | None:
+    """The first of ``modules`` (import names) that is not installed here, or ``None``."""
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except (ImportError, ValueError):
+            return name
+    return None
+
+
+def require(*modules: str, benchmark: str, skipping: str | None = None) -> bool:
+    """Whether ``modules`` are all installed; if not, print one line naming the missing one.
+
+    ``skipping`` names the part of ``benchmark`` that is left out (the rest still runs); without
+    it the benchmark cannot run at all and ``SystemExit`` ends it with status 2.
+    """
+    absent = missing(*modules)
+    if absent is None:
+        return True
+    what = f"skipping {skipping}" if skipping else "cannot run"
+    line = f"{benchmark}: {what}: {absent} is not installed (pip install -e '.[bench]')"
+    print(line, file=sys.stdout if skipping else sys.stderr, flush=True)
+    if skipping is None:
+        raise SystemExit(2)
+    return False
 
 
 def machine() -> dict[str, Any]:
@@ -153,3 +189,26 @@ def print_table(rows: list[tuple], header: tuple) -> None:
     print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def run_section(name: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                measure: Callable[[argparse.Namespace], dict[str, Any]], notes: str = "",
+                argv: list[str] | None = None) -> pathlib.Path:
+    """Run one section of a benchmark that several scripts share (``bench_experiments_*``).
+
+    Parses ``--quick`` and the section's own options, measures under a :class:`LoadMonitor`,
+    prints the machine's load, and merges the section's figures into
+    ``benchmarks/results/<name>.json`` with :func:`update_results` (the other sections'
+    figures stay).
+    """
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help="fewer reps and experiments")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    with LoadMonitor() as load:
+        figures = measure(args)
+    print(f"\nmachine busy {100 * load.machine_busy:.0f} %, this process {100 * load.own_busy:.0f} %")
+    path = update_results(name, figures, notes=notes)
+    print(f"wrote {path}")
+    return path
+

@@ -13,148 +13,24 @@ Examples
 
 Failures are one line on stderr: exit code 2 for what was typed (usage), 1 for what failed
 while running; ``dask-research --traceback ...`` shows the full traceback.
+
+>>> from click.testing import CliRunner
+>>> CliRunner().invoke(main, ["--version"]).output
+'dask-research, version ...'
+>>> bad = CliRunner().invoke(main, ["mc", "run", "nope.py:job"])
+>>> bad.exit_code, bad.output.splitlines()[0]
+(2, "Error: Invalid value for MODULE:JOB: file 'nope.py' does not exist (see 'main mc run --help')")
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
-import os
-import sys
-import uuid
 from typing import Any
 
 import click
 
 from ._version import __version__
-
-
-def _sibling_modules(directory: str, before: set[str]) -> list[str]:
-    """Modules imported since ``before`` from next to a job file (found through ``directory``).
-
-    A module counts if its top-level package was new and lies directly in ``directory``
-    (``directory/name.py``, ``directory/name/``): libraries imported by the job file, a
-    virtual environment inside the project, or submodules of a package imported before
-    (``dask_research`` itself, when the job file sits at the root of a checkout) do not.
-    """
-    def top_is_here(top: str) -> bool:
-        mod = sys.modules.get(top)
-        if mod is None:
-            return False
-        places = [os.path.dirname(mod.__file__)] if getattr(mod, "__file__", None) else []
-        if hasattr(mod, "__path__"):            # a package: where its folder is
-            places = [os.path.dirname(os.path.abspath(p)) for p in mod.__path__]
-        return any(os.path.abspath(p) == directory for p in places)
-
-    new = [n for n in list(sys.modules) if n not in before]
-    tops = {n.partition(".")[0] for n in new}
-    local = {t for t in tops if t not in before and top_is_here(t)}
-    return [n for n in new if n.partition(".")[0] in local]
-
-
-def _exec_job_file(path: str):
-    """Execute the file ``path`` as a module that Dask ships to workers by value.
-
-    The module runs with its directory first on ``sys.path`` (as ``python FILE`` would), so it
-    may import modules next to it. Afterwards it and those sibling modules are taken out of
-    ``sys.modules`` and the directory out of ``sys.path``: for pickle and cloudpickle they are
-    then dynamic modules, so the pipeline, the helpers in the file and the sibling modules'
-    functions travel by value to workers that do not have the files (plain pickle cannot find
-    them and Dask falls back to cloudpickle, which pickles code of unimported modules by value;
-    ``cloudpickle.register_pickle_by_value`` alone is not enough, because Dask consults it only
-    for the outermost object it pickles). The content address is unaffected: it hashes the
-    source text, not the module name.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    mod_name = f"_dask_research_user_{uuid.uuid4().hex[:8]}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise click.BadParameter(f"{path!r} is not a Python file (expected a .py file)")
-    module = importlib.util.module_from_spec(spec)
-    before = set(sys.modules)
-    sys.modules[mod_name] = module          # dataclasses and friends look the module up while it runs
-    sys.path.insert(0, directory)
-    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True   # as `python FILE`: no __pycache__
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as e:
-        where = f"{e.filename or path}, line {e.lineno}" if e.lineno else path
-        raise click.BadParameter(f"{where}: syntax error: {e.msg}") from None
-    except (Exception, SystemExit) as e:
-        raise click.BadParameter(f"loading {path} failed: {_one_line(e)}") from None
-    finally:
-        sys.dont_write_bytecode = write_bytecode
-        try:
-            sys.path.remove(directory)
-        except ValueError:
-            pass
-        for name in _sibling_modules(directory, before):
-            sys.modules.pop(name, None)
-        sys.modules.pop(mod_name, None)
-    return module
-
-
-def load_object(ref: str) -> Any:
-    """Load ``MODULE:NAME`` where MODULE is a dotted module name or a path to a ``.py`` file.
-
-    A file is executed as a private module that is not left in ``sys.modules``, so Dask ships
-    its functions (and those of modules next to it that it imports) to workers by value; see
-    :func:`_exec_job_file`. Bad references raise :class:`click.BadParameter` with one line.
-    """
-    if not isinstance(ref, str) or ":" not in ref:
-        raise click.BadParameter(f"{ref!r} is not MODULE:NAME (e.g. examples/saturating_pipeline.py:job)")
-    mod_ref, _, name = ref.rpartition(":")
-    if not name.isidentifier():
-        raise click.BadParameter(f"{name!r} in {ref!r} is not a Python name (expected MODULE:NAME)")
-    if mod_ref.endswith(".py") or os.sep in mod_ref or (os.altsep and os.altsep in mod_ref):
-        if not os.path.exists(mod_ref):
-            raise click.BadParameter(f"file {mod_ref!r} does not exist")
-        if not os.path.isfile(mod_ref) or not mod_ref.endswith(".py"):
-            raise click.BadParameter(f"{mod_ref!r} is not a Python file (expected a .py file or a module name)")
-        module = _exec_job_file(mod_ref)
-    else:
-        if not all(part.isidentifier() for part in mod_ref.split(".")):
-            raise click.BadParameter(f"{mod_ref!r} is not a module name or a .py file")
-        try:
-            module = importlib.import_module(mod_ref)
-        except ImportError as e:
-            raise click.BadParameter(f"cannot import module {mod_ref!r}: {e}") from None
-        except SyntaxError as e:
-            raise click.BadParameter(f"{e.filename}, line {e.lineno}: syntax error: {e.msg}") from None
-        except (Exception, SystemExit) as e:
-            raise click.BadParameter(f"importing {mod_ref} failed: {_one_line(e)}") from None
-    try:
-        obj = getattr(module, name)
-    except AttributeError:
-        public = sorted(k for k in vars(module) if not k.startswith("_"))
-        raise click.BadParameter(f"{mod_ref!r} has no attribute {name!r}; it has {public}") from None
-    return obj
-
-
-def _one_line(e: BaseException) -> str:
-    """``Type: message`` on one line (the first line of the message)."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-def _load_job(ref: str):
-    from .montecarlo import Job
-
-    try:
-        obj = load_object(ref)
-    except click.BadParameter as e:
-        if e.param is None and e.param_hint is None:
-            e.param_hint = "MODULE:JOB"
-        raise
-    if callable(obj) and not isinstance(obj, Job):
-        try:
-            obj = obj()
-        except Exception as e:
-            raise click.BadParameter(f"{ref}() failed: {_one_line(e)}", param_hint="MODULE:JOB") from None
-    if not isinstance(obj, Job):
-        raise click.BadParameter(f"{ref} is a {type(obj).__name__}, not a dask_research.montecarlo.Job "
-                                 "(or a function returning one)", param_hint="MODULE:JOB")
-    return obj
+from .jobfile import load_job, one_line
+from .jobfile import load_object as load_object  # where tests and users have imported it from
 
 
 def _check_address(address: str) -> str:
@@ -211,7 +87,7 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
         client = Client(address, timeout=seconds)
     except (OSError, TimeoutError) as e:
         reason = (f"no answer within {seconds:g} s (research.cli.connect-timeout)"
-                  if "timed out" in str(e).lower() or isinstance(e, TimeoutError) else _one_line(e))
+                  if "timed out" in str(e).lower() or isinstance(e, TimeoutError) else one_line(e))
         raise click.ClickException(f"cannot reach the scheduler at {address}: {reason}") from None
     with client:
         yield client
@@ -263,7 +139,7 @@ def _describe_failure(e: BaseException) -> str:
         return str(e)
     if isinstance(e, ResearchError):
         return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return f"{_one_line(e)} (run with dask-research --traceback ... for details)"
+    return f"{one_line(e)} (run with dask-research --traceback ... for details)"
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -366,7 +242,7 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     """
     from . import montecarlo
 
-    job = _apply_overrides(_load_job(job_ref), shards, seed)
+    job = _apply_overrides(load_job(job_ref), shards, seed)
     try:
         with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
             result = montecarlo.run(job, client=client, store=store, verify=verify,
@@ -385,7 +261,9 @@ def _interrupted(job, store: str | None) -> str:
     try:
         from .montecarlo.run import open_store
 
-        n = len(open_store(store).read_shards(job.id, decoder=lambda doc: None))
+        opened = open_store(store)
+        assert opened is not None               # a store address always opens a store
+        n = len(opened.read_shards(job.id, decoder=lambda doc: None))
     except Exception:  # noqa: BLE001 - a damaged store: say what we can
         return f"interrupted; the shards stored in {_redact(store)} are kept: the same command resumes"
     return (f"interrupted: {n} of {job.shards} shards are stored in {_redact(store)}; "
@@ -415,7 +293,7 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
 
-    job = _load_job(job_ref) if job_ref else None
+    job = load_job(job_ref) if job_ref else None
     report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
     if not report.match:
@@ -438,7 +316,7 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
         picks = [int(x) for x in shards.split(",")] if shards else None
     except ValueError:
         raise click.BadParameter(f"{shards!r} is not a comma-separated list of integers", param_hint="--shards")
-    job = _load_job(job_ref) if job_ref else None
+    job = load_job(job_ref) if job_ref else None
     reports = montecarlo.replay_many(run_id, store, shards=picks, k=k, job=job,
                                      trust_origin=trust_origin or None)
     for r in reports:
@@ -495,7 +373,7 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler, cluster, jobs, que
     from . import montecarlo
     from .exceptions import ResearchError
 
-    job = _apply_overrides(_load_job(job_ref), shards, seed)
+    job = _apply_overrides(load_job(job_ref), shards, seed)
     try:
         p = montecarlo.pilot(job)
     except ResearchError as e:

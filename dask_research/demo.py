@@ -24,6 +24,16 @@ Examples
 
     dask-research demo                        # writes dask-research-report.html
     dask-research demo --quick --out /tmp/r.html
+
+The pieces it is made of, for ``mc replay`` and for tests:
+
+>>> from dask_research import demo
+>>> demo.quick_job().shards, demo.demo_job().shards
+(64, 320)
+>>> print(demo.replay_command("0123456789abcdef", "/tmp/store", quick=True))
+dask-research mc replay 0123456789ab --shard 17 --store /tmp/store --job dask_research.demo:quick_job
+>>> demo.check_store_path("s3://bucket/runs")         # URLs are checked when the store opens
+'s3://bucket/runs'
 """
 from __future__ import annotations
 
@@ -196,10 +206,10 @@ def _experiments(client, quick: bool):
                                expander=make_followup_expander(threshold=0.7, fanout=2), progress=True)
     sched.add([Hypothesis(f"{b}-{k}", b) for k in range(30) for b in BRANCH_MEANS])
     report = sched.run()
-    best = max(BRANCH_MEANS, key=BRANCH_MEANS.get)
+    best = max(BRANCH_MEANS, key=BRANCH_MEANS.__getitem__)
     runs = {b: s.runs for b, s in report.branches.items()}
     _say(f"      stop: {report.stop_reason}; {report.total_runs} runs; most-run branch "
-         f"{max(runs, key=runs.get)} (best is {best}); papers: {', '.join(report.paper_triggers) or 'none'}; "
+         f"{max(runs, key=runs.__getitem__)} (best is {best}); papers: {', '.join(report.paper_triggers) or 'none'}; "
          f"pruned: {sum(1 for s in report.branches.values() if s.pruned)}")
     return report, sched.seed
 
@@ -267,7 +277,7 @@ def _replay(client, quick: bool):
     stats = plane.stats()
     d = stats["delivery"]
     _say(f"      {stats['inserted']:,} transitions ingested, {stats['sampled']:,} sampled; exposed latency "
-         f"{np.mean(exposed):.3f} ms mean per step ({100 * np.mean(exposed) / max(np.mean(step_ms), 1e-9):.1f} % "
+         f"{np.mean(exposed):.3f} ms mean per step ({100 * np.mean(exposed) / max(float(np.mean(step_ms)), 1e-9):.1f} % "
          f"of a {np.mean(step_ms):.2f} ms learner step), p99 {d.get('exposed_p99_s', float('nan')) * 1e3:.3f} ms")
     return stats, exposed, step_ms
 

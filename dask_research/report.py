@@ -58,7 +58,7 @@ def montecarlo_figure(result, level: float = 0.95):
         The figure and a note that quotes the numbers.
     """
     from bokeh.layouts import column
-    from bokeh.models import Div
+    from bokeh.models.widgets import Div
     from bokeh.plotting import figure
 
     pct = f"{level * 100:g} %"
@@ -87,7 +87,7 @@ def montecarlo_figure(result, level: float = 0.95):
     mlo, mhi = result.mean_interval(level)
     fig.segment(x0=[result.mean], y0=[0], x1=[result.mean], y1=[top], line_color="black", line_width=1.5,
                 legend_label=f"sampled mean {result.mean:.5g} ({pct} CI ± {(mhi - mlo) / 2:.2g})")
-    fig.y_range.start = 0
+    fig.y_range.update(start=0)
     outside_legend(fig)
     from .montecarlo.result import _decimals, _num
 
@@ -168,7 +168,7 @@ def write_report(path: str, title: str, sections: list[Any], facts: dict[str, st
     """
     from bokeh.embed import file_html
     from bokeh.layouts import column
-    from bokeh.models import Div
+    from bokeh.models.widgets import Div
     from bokeh.resources import INLINE
 
     models = [Div(text=f"<h1>{html.escape(title)}</h1>" + (_facts_table(facts) if facts else ""))]

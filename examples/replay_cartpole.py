@@ -113,7 +113,7 @@ def main() -> None:
     losses = []
     with plane.batches(batch_size=256, prefetch=2, to=to, max_batches=800,
                        transforms=[replay.NStepReturn(n=3, gamma=0.99)]) as it:
-        for i, batch in enumerate(it):
+        for batch in it:
             loss, td = learn(batch)
             plane.update_priorities(batch.indices, td + 1e-3)
             losses.append(loss)

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 import dask_research
 from dask_research.cli import main
+from dask_research.testing.processes import free_ports
 
 JOB_FILE = textwrap.dedent("""
     import numpy as np
@@ -81,20 +82,12 @@ def test_console_script_is_installed():
 EXAMPLE = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "saturating_pipeline.py")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _bad_input_cases(tmp_path):
     syntax = tmp_path / "broken_job.py"
     syntax.write_text("import numpy as np\n\ndef pipeline(a:\n    return a\n")
     a_file = tmp_path / "a_file"
     a_file.write_text("not a store")
-    port = _free_port()
+    port = free_ports()[0]
     job = f"{EXAMPLE}:job"
     small = ["--shards", "2", "--no-progress"]
     return {

@@ -9,7 +9,6 @@ A block that connects to ``DASK_SCHEDULER_ADDRESS`` also runs, as a script, agai
 need SLURM are skipped with the reason (the SLURM page's blocks run in ``tests/deploy``).
 """
 import ast
-import os
 import pathlib
 import re
 import subprocess
@@ -17,6 +16,8 @@ import sys
 import textwrap
 
 import pytest
+
+from dask_research.testing.processes import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NEEDS = {"tcp://": "needs a running dask scheduler at the address it names",
@@ -68,8 +69,7 @@ def _promised(code):
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
+    env = subprocess_env()
     env.setdefault("TQDM_DISABLE", "1")
     return env
 

@@ -1,6 +1,14 @@
-"""Hypothesis strategies and state machines shipped with dask-research.
+"""Test helpers shipped with dask-research: the one place the project's tests take them from.
 
 Import the submodule for the capability you test, e.g.
-``from dask_research.testing.montecarlo import sample_arrays``. Requires ``hypothesis``
-(the ``[test]`` extra).
+``from dask_research.testing.montecarlo import sample_arrays``:
+
+* Hypothesis strategies and state machines: :mod:`.montecarlo`, :mod:`.experiments`,
+  :mod:`.replay`, :mod:`.corruption` (they require ``hypothesis``, the ``[test]`` extra);
+* real processes and machines: :mod:`.processes` (free ports, ``dask`` processes, a fresh
+  ``python``, stopping what a test started), :mod:`.slurm`, :mod:`.browser`;
+* failure injection and workloads: :mod:`.faults`, :mod:`.pipelines`, :mod:`.rl`;
+* collection: :mod:`.optional` (which optional dependency a module needs at import).
+
+A helper two test files need goes here, with a docstring example, rather than into either file.
 """

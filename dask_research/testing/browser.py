@@ -39,6 +39,8 @@ def missing() -> str | None:
 @contextlib.contextmanager
 def headless_chrome(width: int = 1200, height: int = 900) -> Iterator[Any]:
     """A selenium driver of a fresh headless Chromium profile, with the browser log kept."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        raise RuntimeError(missing())
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -3,12 +3,22 @@
 Examples
 --------
 >>> wait_for(lambda: True, 1.0, "nothing")
+>>> a, b = free_ports(2)                    # two distinct ports nothing listens on right now
+>>> a != b and 0 < a < 65536
+True
+>>> import subprocess, sys
+>>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+>>> stop_processes([child])
+>>> child.returncode is not None
+True
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import pathlib
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["wait_for", "dask_processes", "subprocess_env", "run_python"]
+__all__ = ["wait_for", "free_ports", "stop_processes", "dask_processes", "subprocess_env", "run_python"]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
@@ -27,6 +37,35 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: flo
             return
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct local TCP ports that were free a moment ago (held open together while
+    chosen, so they differ); an address on one of them is also one that refuses connections."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
+    """Stop ``procs`` gracefully, last started first: SIGTERM to each, then wait ``timeout``
+    seconds for each and kill the ones still running."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
 
 
 @contextlib.contextmanager

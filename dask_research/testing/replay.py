@@ -23,7 +23,7 @@ Examples
 from __future__ import annotations
 
 import tempfile
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from hypothesis import note
@@ -55,9 +55,12 @@ def specs(draw: Any, max_fields: int = 4) -> Any:
     return ExperienceSpec(fields)
 
 
+_FLOAT_WIDTHS: dict[int, Literal[16, 32, 64]] = {2: 16, 4: 32, 8: 64}
+
+
 def _elements(dtype: np.dtype) -> st.SearchStrategy:
     if dtype.kind == "f":
-        return st.floats(-1e6, 1e6, allow_nan=False, width=8 * dtype.itemsize)
+        return st.floats(-1e6, 1e6, allow_nan=False, width=_FLOAT_WIDTHS[dtype.itemsize])
     if dtype.kind == "b":
         return st.booleans()
     info = np.iinfo(dtype)
@@ -88,7 +91,15 @@ def make_plane_machine(storage: str = "host", sampler: str = "uniform",
     capacity : int
         Plane capacity (small, so that the ring wraps often).
     """
-    from ..replay import DiskTier, ExperiencePlane, HostTier, PrioritizedSampler, RecentSampler, UniformSampler
+    from ..replay import (
+        DiskTier,
+        ExperiencePlane,
+        HostTier,
+        PrioritizedSampler,
+        RecentSampler,
+        TieredStorage,
+        UniformSampler,
+    )
 
     class PlaneMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -192,6 +203,7 @@ def make_plane_machine(storage: str = "host", sampler: str = "uniform",
         def tiers_within_capacity(self) -> None:
             st_ = self.plane.storage
             if storage == "tiered":
+                assert isinstance(st_, TieredStorage)
                 occ = st_.occupancy()
                 assert all(u <= s.rows for u, s in zip(occ, st_.storages))
                 assert all(s.rows * 24 <= (t.capacity or s.rows * 24)
@@ -203,6 +215,7 @@ def make_plane_machine(storage: str = "host", sampler: str = "uniform",
             if sampler != "prioritized" or not self.model:
                 return
             s = self.plane.sampler
+            assert isinstance(s, PrioritizedSampler) and s.tree is not None
             lo = self._first_key()
             keys = np.arange(lo, self.total)
             leaves = s.tree.leaves(keys % capacity)

@@ -14,7 +14,8 @@ Examples
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, cast
 
 import numpy as np
 
@@ -70,8 +71,9 @@ def learner_on_worker(plane: str, spec: dict, n_batches: int, batch_size: int = 
     me = get_worker().address
     cp = ClusterPlane(client, spec, name=plane, sampler=UniformSampler(), seed=0)
     drawn = []
-    with cp.batches(batch_size=batch_size, prefetch=2, max_batches=n_batches) as it:
-        for b in it:
+    it = cp.batches(batch_size=batch_size, prefetch=2, max_batches=n_batches)
+    with it:
+        for b in cast("Iterator[Any]", it):   # PrefetchingIterator.__iter__ is typed as the base class
             drawn.append(decode(b.indices)[0])
         summary = it.summary()
     local = next(r.id for r in cp.shards if r.address == me)

@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .processes import free_ports
+
 __all__ = ["Slurm", "SlurmUnavailable", "missing", "node_hardware", "start_slurm", "slurm_fixture"]
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -47,6 +49,14 @@ class SlurmUnavailable(RuntimeError):
 def _which(name: str) -> str | None:
     return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}")
                                        if os.access(p, os.X_OK)), None)
+
+
+def _program(name: str) -> str:
+    """The path of SLURM or MUNGE program ``name``; :class:`SlurmUnavailable` when absent."""
+    path = _which(name)
+    if path is None:
+        raise SlurmUnavailable(f"{name} is not installed (apt-get install slurm-wlm munge)")
+    return path
 
 
 def missing() -> str | None:
@@ -66,24 +76,11 @@ def missing() -> str | None:
 
 def node_hardware() -> dict[str, int]:
     """CPUs and RealMemory (MiB) of this machine, as ``slurmd -C`` reads them."""
-    out = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run([_program("slurmd"), "-C"], capture_output=True, text=True, timeout=30).stdout
     fields = dict(re.findall(r"(\w+)=(\S+)", out.splitlines()[0] if out else ""))
     cpus = int(fields.get("CPUs") or os.cpu_count() or 1)
     memory = int(fields.get("RealMemory") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
     return {"CPUs": cpus, "RealMemory": memory}
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -224,10 +221,10 @@ def start_slurm(root: str, timeout: float = 60.0) -> Slurm:
     munge_socket = os.path.join(mdir, "munge.socket")
     node = socket.gethostname().split(".")[0]
     hw = node_hardware()
-    ports = _free_ports(2)
+    ports = free_ports(2)
     conf = os.path.join(root, "slurm.conf")
-    with open(conf, "w") as f:
-        f.write(_conf_text(root, node, hw, ports, munge_socket))
+    with open(conf, "w") as conf_file:
+        conf_file.write(_conf_text(root, node, hw, ports, munge_socket))
     slurm = Slurm(root=root, conf=conf, node=node, partition=PARTITION, cpus=hw["CPUs"],
                   memory_mb=hw["RealMemory"], munge_dir=mdir)
     env = slurm.env
@@ -242,14 +239,14 @@ def start_slurm(root: str, timeout: float = 60.0) -> Slurm:
             out.close()
 
     try:
-        spawn("munged", [_which("munged"), "--foreground", "--force", f"--socket={munge_socket}",
+        spawn("munged", [_program("munged"), "--foreground", "--force", f"--socket={munge_socket}",
                          f"--key-file={key}", f"--pid-file={os.path.join(mdir, 'munged.pid')}",
                          f"--log-file={os.path.join(mdir, 'munged.log')}",
                          f"--seed-file={os.path.join(mdir, 'munged.seed')}"],
               user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
         _wait(lambda: os.path.exists(munge_socket), 20, "munged's socket", slurm)
-        spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", conf])
-        spawn("slurmd", [_which("slurmd"), "-D", "-f", conf, "-N", node])
+        spawn("slurmctld", [_program("slurmctld"), "-D", "-i", "-f", conf])
+        spawn("slurmd", [_program("slurmd"), "-D", "-f", conf, "-N", node])
         _wait(lambda: slurm.node_state() == "idle", timeout, "sinfo to show the node idle", slurm)
     except BaseException:
         slurm.stop()

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from dask_research.testing.processes import wait_for
+from dask_research.testing.processes import stop_processes, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -18,18 +17,6 @@ def _dask(*args: str) -> list[str]:
     """``dask ...`` with this interpreter (the console script of the environment under test)."""
     return [sys.executable, "-m", "distributed.cli.dask_scheduler" if args[0] == "scheduler"
             else "distributed.cli.dask_worker", *args[1:]]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in reversed(procs):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
 
 
 @pytest.fixture
@@ -65,7 +52,7 @@ def dask_processes(tmp_path_factory):
         assert set(cwds.values()) == {str(where)}
         yield address
     finally:
-        _stop(procs)
+        stop_processes(procs)
         for log in logs:
             log.close()
 

@@ -7,7 +7,6 @@ mistyped store, and ``demo --out`` into a missing directory. Every outcome is ex
 at most two lines on stderr, no traceback, and nothing written in the working directory.
 """
 import os
-import socket
 
 import dask
 import pytest
@@ -16,17 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dask_research.cli import main
+from dask_research.testing.processes import free_ports
 
 COMMANDS = [["mc", "run"], ["mc", "pilot"], ["mc", "replay"], ["mc", "verify"], ["mc", "show"], ["demo"]]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-UNREACHABLE = f"tcp://127.0.0.1:{_closed_port()}"
+UNREACHABLE = f"tcp://127.0.0.1:{free_ports()[0]}"
 # Arguments that look like what people type, plus junk; module names that cannot import
 # anything real (a leading "zz" prefix), so fuzzing never imports arbitrary installed modules.
 token = st.one_of(

@@ -9,6 +9,10 @@
 * :mod:`.placement` - ``Job(device=...)``, Dask resources and the array namespace.
 
 Nothing here imports CuPy until a GPU is actually used.
+
+>>> from dask_research.montecarlo import gpu
+>>> gpu.DEVICES, gpu.GPU_RESOURCE
+(('cpu', 'gpu', 'any'), 'GPU')
 """
 from .compute import block_function, compute_block_portable, compute_shard_portable, recompute_shard, row_moments
 from .draws import ALGORITHM, check_portable, draw_rows, namespace

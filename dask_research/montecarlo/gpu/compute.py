@@ -11,6 +11,20 @@ is what the job's "one value per sample" contract already asks: then calling it 
 or on many at once gives the same values. A pipeline that accepts an ``xp`` keyword receives
 the namespace (``numpy`` or ``cupy``); NumPy ufuncs (``np.exp``, ``np.tanh``...) also work on
 CuPy arrays directly.
+
+Examples
+--------
+>>> from dask_research import montecarlo as mc
+>>> job = mc.Job(lambda a: 2 * a, {"a": mc.Normal(0, 1)}, shards=4, samples_per_shard=8,
+...              seed=1, device="any")
+>>> evaluate_rows(job, first=0, rows=2).shape        # two shards' outputs, drawn at once
+(2, 8)
+>>> [m.n for m in row_moments(evaluate_rows(job, 0, 2), (-5.0, 5.0), bins=10)]
+[8, 8]
+>>> block_function(job).__name__
+'compute_block_portable'
+>>> type(recompute_shard(job, 1)).__name__           # the CPU re-run verification does
+'Moments'
 """
 from __future__ import annotations
 

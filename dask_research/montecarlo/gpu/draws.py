@@ -22,6 +22,20 @@ and ``Beta`` (numpy's rejection samplers) have no portable form and are refused 
 is built.
 
 Arrays are ``(rows, m)``: one row per shard of a block, so a GPU draws many shards at once.
+
+Examples
+--------
+>>> import numpy as np
+>>> from dask_research import montecarlo as mc
+>>> job = mc.Job(lambda a: 2 * a, {"a": mc.Normal(0, 1)}, shards=4, samples_per_shard=8,
+...              seed=1, device="any")
+>>> words_per_shard(job.inputs, 8)                    # 8 normals: 4 Box-Muller pairs of words
+8
+>>> cols = draw_rows(job.inputs, job.key, first_shard=0, rows=2, n=8)   # NumPy here
+>>> cols["a"].shape
+(2, 8)
+>>> uniforms(np.array([0, 2**64 - 1], dtype=np.uint64))
+array([0., 1.])
 """
 from __future__ import annotations
 

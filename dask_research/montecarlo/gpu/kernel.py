@@ -19,6 +19,14 @@ differences from the NumPy path are those of CUDA's ``log``/``cos``/``sin``/``ex
 Importing this module needs no CuPy; the functions below import it when called. The same
 source also compiles as plain C++ with a small shim (``tests/montecarlo/test_gpu_kernel.py``),
 which is how CI runs *this* text, not a transcription, on a CPU.
+
+Examples
+--------
+>>> "philox4x64_10_rows" in SOURCE and "philox4x64_10_draw" in SOURCE
+True
+>>> cp = cupy_or_none()                  # None on a machine without CuPy and a CUDA device
+>>> cp is None or hasattr(cp, "cuda")
+True
 """
 from __future__ import annotations
 

@@ -48,16 +48,16 @@ _S32 = _U64(32)
 def mulhilo(a: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
     """``(hi, lo)`` 64-bit halves of the 128-bit product ``a * b`` (``a`` uint64 array)."""
     a = np.asarray(a, dtype=_U64)
-    b = _U64(b)
+    b64 = _U64(b)
     a0, a1 = a & _LO32, a >> _S32
-    b0, b1 = b & _LO32, b >> _S32
+    b0, b1 = b64 & _LO32, b64 >> _S32
     p00 = a0 * b0
     p01 = a0 * b1
     p10 = a1 * b0
     p11 = a1 * b1
     mid = (p00 >> _S32) + (p01 & _LO32) + (p10 & _LO32)       # < 3 * 2**32: no overflow
     hi = p11 + (p01 >> _S32) + (p10 >> _S32) + (mid >> _S32)
-    lo = a * b                                                 # uint64 wraps modulo 2**64
+    lo = a * b64                                               # uint64 wraps modulo 2**64
     return hi, lo
 
 

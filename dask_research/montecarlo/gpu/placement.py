@@ -13,6 +13,19 @@ A job says where its shards may run:
 ``"any"``
     the portable algorithm wherever the task lands: CuPy when the worker has a usable CUDA
     device, NumPy otherwise. Same content address and tolerance class as ``"gpu"``.
+
+Examples
+--------
+>>> from dask_research import montecarlo as mc
+>>> job = mc.Job(lambda a: a, {"a": mc.Normal(0, 1)}, shards=2, samples_per_shard=4, device="gpu")
+>>> is_portable(job), submit_kwargs(job)
+(True, {'resources': {'GPU': 1}})
+>>> select_xp(job, prefer="cpu").__name__             # verification re-runs on NumPy
+'numpy'
+>>> check_device("tpu")
+Traceback (most recent call last):
+    ...
+dask_research.exceptions.InputError: ...
 """
 from __future__ import annotations
 

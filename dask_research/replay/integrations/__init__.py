@@ -12,6 +12,7 @@ Each integration is a submodule behind its extra, imported only when used, so im
 
 Examples
 --------
+>>> import stable_baselines3                         # the sb3 extra
 >>> from dask_research.replay import integrations
 >>> integrations.SB3ReplayBuffer.__module__      # imports SB3 only now
 'dask_research.replay.integrations.sb3'

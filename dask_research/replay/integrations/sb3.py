@@ -78,7 +78,9 @@ def sb3_spec(observation_space: spaces.Space, action_space: spaces.Space) -> dic
         raise InputError("observation_space", type(observation_space).__name__,
                          "a Box, Discrete, MultiDiscrete or MultiBinary space (Dict observation "
                          "spaces need SB3's DictReplayBuffer)", where="SB3ReplayBuffer")
-    obs_shape = tuple(get_obs_shape(observation_space))  # type: ignore[arg-type]
+    shape = get_obs_shape(observation_space)
+    assert isinstance(shape, tuple)             # a Dict space, the one with a dict of shapes, is refused above
+    obs_shape = tuple(shape)
     obs_dtype = np.dtype(observation_space.dtype)
     act_dtype = np.dtype(ReplayBuffer._maybe_cast_dtype(action_space.dtype))
     return {"obs": (obs_shape, obs_dtype.str), "next_obs": (obs_shape, obs_dtype.str),
@@ -89,6 +91,7 @@ def sb3_spec(observation_space: spaces.Space, action_space: spaces.Space) -> dic
 def _seed_from_numpy_global() -> int:
     """A seed that is a function of numpy's global generator state; the state is not advanced."""
     st = np.random.get_state()
+    assert isinstance(st, tuple)                # the legacy form, numpy's default: (name, keys, pos, ...)
     return int((st[1].astype(np.uint64).sum() + np.uint64(st[2])) % np.uint64(2**31 - 1))
 
 

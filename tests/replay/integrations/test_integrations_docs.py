@@ -18,7 +18,7 @@ def test_integrations_page_examples():
 
 
 @pytest.mark.timeout(300, method="thread")
-@pytest.mark.parametrize("module,needs", [("", None), (".sb3", "stable_baselines3"),
+@pytest.mark.parametrize("module,needs", [("", "stable_baselines3"), (".sb3", "stable_baselines3"),
                                           (".torchrl", "torchrl.data")])
 def test_module_examples(module, needs):
     if needs:

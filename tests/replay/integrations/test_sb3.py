@@ -35,7 +35,7 @@ def _fill(buffers, obs_space, act_space, n_envs, steps, seed=0):
     rng = np.random.default_rng(seed)
     obs_space.seed(seed)
     act_space.seed(seed)
-    for t in range(steps):
+    for _ in range(steps):
         obs = np.stack([obs_space.sample() for _ in range(n_envs)])
         nxt = np.stack([obs_space.sample() for _ in range(n_envs)])
         act = np.stack([act_space.sample() for _ in range(n_envs)])

@@ -1,0 +1,38 @@
+"""Collection rules shared by the tests and the package's doctests.
+
+``python -m pytest`` collects ``tests/`` and the doctests of every module of ``dask_research``
+(``--doctest-modules``, setup.cfg). A package module whose top-level imports need an optional
+dependency that is not installed here (CuPy, torch, Ray, ...) is left out of the collection
+(:mod:`dask_research.testing.optional` reads its imports), and the run ends by saying which
+modules it left out and why; every other module's examples run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dask_research.testing.optional import missing_dependency
+
+PACKAGE = Path(__file__).resolve().parent / "dask_research"
+
+_left_out: dict[str, str] = {}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    path = Path(collection_path).resolve()
+    if path.suffix != ".py" or PACKAGE not in path.parents:
+        return None
+    dependency = missing_dependency(path)
+    if dependency is None:
+        return None
+    _left_out[str(path.relative_to(PACKAGE.parent))] = dependency
+    return True
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    if _left_out:
+        terminalreporter.write_sep("-", "doctests not collected: optional dependency missing")
+        for module, dependency in sorted(_left_out.items()):
+            terminalreporter.write_line(f"{module}: needs {dependency}")

@@ -1,0 +1,94 @@
+"""The benchmarks' shared parts: what an absent optional dependency does, how a section of
+``bench_experiments`` runs alone, and that the sections together accept the old command line."""
+import json
+import sys
+
+import pytest
+
+from benchmarks import bench_experiments, harness
+from benchmarks.experiment_simulation import SUITE_K, SUITE_STRATEGIES, Problem, simulate
+from benchmarks.experiment_workloads import hypotheses, median_of, refill_gaps
+
+
+def test_missing_names_the_first_absent_module():
+    assert harness.missing("json", "numpy") is None
+    assert harness.missing("json", "no_such_module_here", "neither_this") == "no_such_module_here"
+
+
+def test_require_skipping_prints_one_line_and_goes_on(capsys):
+    assert harness.require("json", benchmark="bench_x") is True
+    assert harness.require("no_such_module_here", benchmark="bench_x", skipping="the curves") is False
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["bench_x: skipping the curves: no_such_module_here is not installed "
+                                "(pip install -e '.[bench]')"]
+
+
+def test_require_without_skipping_ends_the_benchmark_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        harness.require("no_such_module_here", benchmark="bench_x")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == ("bench_x: cannot run: no_such_module_here is not "
+                                               "installed (pip install -e '.[bench]')")
+
+
+def test_a_missing_bokeh_is_one_line_not_a_crash(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "bokeh", None)      # find_spec: ValueError, as if absent
+    assert harness.require("bokeh", benchmark="bench_experiments_suite",
+                           skipping="the regret curves") is False
+    assert "bokeh is not installed" in capsys.readouterr().out
+
+
+def test_run_section_merges_only_its_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(harness, "RESULTS", tmp_path)
+    harness.write_results("bench_demo", {"kept": 1, "mine": 0})
+    seen = {}
+
+    def add_arguments(ap):
+        ap.add_argument("--size", type=int, default=3)
+
+    def measure(args):
+        seen.update(quick=args.quick, size=args.size)
+        return {"mine": args.size}
+
+    path = harness.run_section("bench_demo", "a demo", add_arguments, measure, argv=["--quick", "--size", "5"])
+    assert seen == {"quick": True, "size": 5}
+    doc = json.loads(path.read_text())
+    assert doc["figures"] == {"kept": 1, "mine": 5} and list(doc["updated"]) == ["mine"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_the_umbrella_takes_every_option_of_the_sections():
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    for section in bench_experiments.SECTIONS:
+        section.add_arguments(ap)
+    args = ap.parse_args(["--seeds", "7", "--optuna-seeds-300", "2", "--optuna-seeds-3000", "1",
+                          "--memory-experiments", "100"])
+    assert (args.seeds, args.optuna_seeds_300, args.optuna_seeds_3000, args.memory_experiments) == (7, 2, 1, 100)
+    names = [s.__name__.rsplit(".", 1)[1] for s in bench_experiments.SECTIONS]
+    assert names == ["bench_experiments_decision", "bench_experiments_occupancy", "bench_experiments_bandit",
+                     "bench_experiments_suite", "bench_experiments_costs", "bench_experiments_memory"]
+
+
+def test_workloads():
+    hs = hypotheses(5, 2, prefix="x")
+    assert [h.id for h in hs] == ["x0", "x1", "x2", "x3", "x4"] and {h.branch for h in hs} == {"b0", "b1"}
+    assert median_of([{"a": 1, "b": 5}, {"a": 3, "b": 4}, {"a": 2, "b": 6}]) == {"a": 2, "b": 5}
+
+    class Ev:
+        def __init__(self, kind, t, slot, queued=1):
+            self.kind, self.t, self.slot, self.data = kind, t, slot, {"queued": queued}
+
+    class Report:
+        events = [Ev("result", 1.0, 0), Ev("dispatch", 1.25, 0), Ev("result", 2.0, 1, queued=0),
+                  Ev("dispatch", 2.5, 1)]
+
+    assert refill_gaps(Report()) == [0.25]          # a result with nothing queued frees no slot
+
+
+def test_the_simulation_is_deterministic_per_seed():
+    pytest.importorskip("scipy")
+    a = simulate(SUITE_STRATEGIES["greedy"](SUITE_K, 3), Problem("clipped-gaussian", 3, horizon=90), 90)
+    b = simulate(SUITE_STRATEGIES["greedy"](SUITE_K, 3), Problem("clipped-gaussian", 3, horizon=90), 90)
+    assert a["regret"] == b["regret"] and list(a["curve"]) == list(b["curve"])

@@ -1,0 +1,81 @@
+"""The quality gates the package promises: ruff finds nothing, mypy finds nothing (py.typed is
+shipped), the docstring examples are collected, and one rule decides which doctests are left out.
+
+The ruff and mypy configuration is in pyproject.toml; both tools come with the ``test`` extra.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from dask_research.testing.optional import OPTIONAL, example_imports, missing_dependency, top_level_imports
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LINTED = ("dask_research", "tests", "benchmarks", "examples")
+
+
+def _tool(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` at the repository root; skip where it is not installed,
+    except in CI, where a gate that cannot run is a failure."""
+    try:
+        __import__(module)
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail(f"{module} is not installed: pip install -e '.[test]'")
+        pytest.skip(f"needs {module} (the test extra)")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_ruff_finds_nothing():
+    out = _tool("ruff", "check", "--no-fix", "--output-format", "concise", *LINTED, timeout=240)
+    assert out.returncode == 0, f"ruff check {' '.join(LINTED)}:\n{out.stdout[-8000:]}{out.stderr[-2000:]}"
+
+
+@pytest.mark.timeout(900, method="thread")
+def test_mypy_finds_nothing():
+    out = _tool("mypy", "--no-error-summary", timeout=840)      # files = ["dask_research"] (pyproject)
+    assert out.returncode == 0, f"mypy dask_research:\n{out.stdout[-8000:]}{out.stderr[-2000:]}"
+
+
+def test_the_package_is_typed_and_ships_its_marker():
+    assert (ROOT / "dask_research" / "py.typed").exists()
+    assert "py.typed" in (ROOT / "setup.cfg").read_text()
+
+
+def test_pytest_collects_the_package_doctests():
+    cfg = (ROOT / "setup.cfg").read_text()
+    section = cfg[cfg.index("[tool:pytest]"):]
+    assert "--doctest-modules" in section
+    testpaths = next(line for line in section.splitlines() if line.startswith("testpaths"))
+    assert testpaths.split("=", 1)[1].split() == ["tests", "dask_research"]
+
+
+def test_only_modules_needing_a_missing_optional_dependency_are_left_out(tmp_path):
+    leaves = {p: missing_dependency(p) for p in (ROOT / "dask_research").rglob("*.py")}
+    left_out = {p for p, dep in leaves.items() if dep}
+    # the core of the package (config, cli, exceptions...) always runs its examples
+    assert not left_out & {ROOT / "dask_research" / n for n in ("__init__.py", "config.py", "cli.py")}
+    for p in left_out:
+        assert (top_level_imports(p) | example_imports(p)) & OPTIONAL
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text("try:\n    import ray\nexcept ImportError:\n    ray = None\n")
+    assert missing_dependency(guarded, optional={"ray"}) is None
+    lazy = tmp_path / "lazy.py"        # imports at call time; only its example needs the package
+    lazy.write_text('def f():\n    """\n    >>> import no_such_framework\n    >>> f()\n    """\n'
+                    "    import no_such_framework\n")
+    assert top_level_imports(lazy) == set() and example_imports(lazy) == {"no_such_framework"}
+    assert missing_dependency(lazy, optional={"no_such_framework"}) == "no_such_framework"
+
+
+def test_every_optional_dependency_is_an_extra():
+    """The package's optional imports are the ones setup.cfg's extras bring."""
+    cfg = (ROOT / "setup.cfg").read_text()
+    extras = cfg[cfg.index("[options.extras_require]"):cfg.index("[options.entry_points]")].lower()
+    distribution = {"cupy": "cupy-cuda12x", "dask_jobqueue": "dask-jobqueue",
+                    "stable_baselines3": "stable-baselines3"}
+    for name in OPTIONAL - {"ray"}:                # RLlib: the user's own Ray, never pinned by us
+        assert distribution.get(name, name) in extras, name
