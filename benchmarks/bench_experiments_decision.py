@@ -27,7 +27,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.experiment_workloads import N_BRANCHES, N_QUEUED, hypotheses, instant, refill_gaps  # noqa: E402
 from benchmarks.harness import print_table, run_section  # noqa: E402
-from dask_research.experiments import Hypothesis, IterationScheduler, Result  # noqa: E402
+from dask_research.experiments import ExperimentResult as Result  # noqa: E402
+from dask_research.experiments import Hypothesis, IterationScheduler
 from dask_research.experiments.ledger import BranchLedger  # noqa: E402
 
 

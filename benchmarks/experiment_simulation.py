@@ -27,11 +27,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from dask_research.experiments.policies import (  # noqa: E402
     greedy_scores,
+    make_policy,  # noqa: E402
     round_robin_scores,
     select,
     ucb1_scores,
 )
-from dask_research.experiments.scoring import make_policy  # noqa: E402
 
 SUITE_K, SUITE_SLOTS, SUITE_H = 20, 3, 3000
 SUITE_CHECKS = (300, 3000)
