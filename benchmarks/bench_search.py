@@ -22,12 +22,19 @@ Methods (same budget, same space):
   (reproducible).
 - ``ours-<objective>-<policy>+optuna``: the same, each branch a lazy
   :class:`~dask_research.experiments.OptunaSource` (TPE per family), so nothing is pre-drawn.
+- ``ours-max-recent-ta+unique``: the configuration chosen on tuning seeds 100-199
+  (``benchmarks/search_tune.py``): Threshold Ascent (top 3, delta 10) whose hit rate counts a
+  branch's last 6 results, over per-family TPE samplers that never propose a configuration
+  twice (:mod:`benchmarks.search_policies`).
 - ``optuna-tpe``: one Optuna TPE study over the joint space (the family a categorical, its
   parameters conditional), sequential ask/tell (TPE's best case: no pending trials).
+- ``optuna-tpe-unique``: the same study, but a configuration it asks for again is told its
+  known score without counting against the budget (a stronger peer than the issue's).
 - ``random``: uniform over families, then over the family's grid.
 
 Figures go to ``benchmarks/results/bench_search.json``: mean best score, seeds won against TPE
-(better / tied / worse), wall and eval time, decision overhead, runs on the family that holds
+(better / tied / worse), the paired difference to TPE with a bootstrap 95 % interval and a sign
+test (:mod:`benchmarks.search_stats`), wall and eval time, decision overhead, runs on the family that holds
 the best configuration and whether a method ignored it (at most one run).
 """
 from __future__ import annotations
@@ -57,7 +64,7 @@ def _encode(family: str) -> dict[str, Any]:
     categorical of the value's repr (so TPE sees order where there is one)."""
     import optuna
 
-    out = {}
+    out: dict[str, Any] = {}
     for name, values in sp.SPACE[family].items():
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             out[name] = optuna.distributions.IntDistribution(0, len(values) - 1)
@@ -140,6 +147,7 @@ def run_ours(prob: Problem, seed: int, objective: str, max_policy: str | None,
     wall = time.perf_counter() - t0
     runs = {b: s.runs for b, s in report.branches.items()}
     best = report.best_result
+    assert best is not None
     return {"best": float(best.reward), "best_family": best.hypothesis.branch, "wall_s": wall,
             "decide_ms": 1e3 * (wall - prob.lookup_s) / max(report.dispatched, 1),
             "eval_s": prob.eval_s, "runs": runs, "report_best": report.best,

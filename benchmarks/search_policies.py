@@ -117,7 +117,20 @@ class _SeqPolicy(_MaxPolicy):
 class RecentThresholdAscent(_SeqPolicy):
     """Threshold Ascent whose hit rate counts only a branch's last ``window`` results (a
     sliding window, Garivier and Moulines 2011): a branch whose proposer keeps improving keeps
-    its rate, a branch whose proposer has plateaued loses it."""
+    its rate, a branch whose proposer has plateaued loses it. ``distinct``: the threshold is
+    the ``top``-th best distinct reward and a tie with the best is half a hit.
+
+    >>> from dask_research.experiments import Hypothesis, Result
+    >>> from dask_research.experiments.ledger import BranchLedger
+    >>> led = BranchLedger(c=1.0, policy=RecentThresholdAscent(top=4, delta=10.0, window=3))
+    >>> _ = led.add([Hypothesis(f"{b}{j}", b) for b in "ab" for j in range(6)])
+    >>> for b, rs in (("a", [0.9, 0.9, 0.9, 0.1, 0.1, 0.1]), ("b", [0.5] * 5 + [0.92])):
+    ...     for r in rs:
+    ...         _ = led.record(Result(led.pop(led.branch_index(b)), r))
+    >>> a, b = led.scores()      # a holds 3 of the top 4, but b the recent hit
+    >>> bool(b > a)
+    True
+    """
 
     name = "recent-threshold-ascent"
 
@@ -149,7 +162,9 @@ class RecentThresholdAscent(_SeqPolicy):
                            for v in recent)
             else:
                 hits = sum(v >= t for v in recent)
-            out[i] = threshold_ascent_index(hits, len(recent) + int(led.pending[i]), alpha)
+            # half hits (ties with the best) are real counts; the bound is defined for them
+            out[i] = threshold_ascent_index(hits, len(recent) + int(led.pending[i]),  # type: ignore[arg-type]
+                                            alpha)
         return out
 
     def params(self) -> dict[str, Any]:
@@ -160,7 +175,11 @@ class RisingPolicy(_SeqPolicy):
     """Rising bandits (Li et al., *Efficient automatic CASH via rising bandits*, AAAI 2020):
     a branch's best-so-far curve is extrapolated by its slope over the last ``window`` results
     to the end of the budget (its share of the rest); a branch whose upper bound falls below
-    another's best is dropped; the others run round-robin (fewest pulls first)."""
+    another's best is dropped; the others run round-robin (fewest pulls first).
+
+    >>> RisingPolicy(budget=60, window=5)
+    RisingPolicy(budget=60, window=5)
+    """
 
     name = "rising"
 
@@ -196,7 +215,7 @@ def _grid(space: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every point of a finite space of Int (step 1) and Categorical distributions."""
     import optuna
 
-    axes = []
+    axes: list[list[tuple[str, Any]]] = []
     for name, d in space.items():
         if isinstance(d, optuna.distributions.IntDistribution):
             axes.append([(name, v) for v in range(d.low, d.high + 1, d.step)])

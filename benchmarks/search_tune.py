@@ -30,9 +30,8 @@ def ours(policy: Callable[[], Any] | None = None, unique: bool = False, startup:
          sampler: bool = True, max_policy: str = "threshold-ascent") -> Method:
     """A candidate: ``objective="max"``, a policy factory (default: ``max_policy``), and
     OptunaSource (``unique``: :class:`~benchmarks.search_policies.UniqueOptunaSource`)."""
-    from dask_research.experiments import OptunaSource
-
     from benchmarks.search_policies import UniqueOptunaSource
+    from dask_research.experiments import OptunaSource
 
     cls = UniqueOptunaSource if unique else OptunaSource
 
