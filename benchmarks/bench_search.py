@@ -22,12 +22,19 @@ Methods (same budget, same space):
   (reproducible).
 - ``ours-<objective>-<policy>+optuna``: the same, each branch a lazy
   :class:`~dask_research.experiments.OptunaSource` (TPE per family), so nothing is pre-drawn.
+- ``ours-max-recent-ta+unique``: the configuration chosen on tuning seeds 100-199
+  (``benchmarks/search_tune.py``): Threshold Ascent (top 3, delta 10) whose hit rate counts a
+  branch's last 6 results, over per-family TPE samplers that never propose a configuration
+  twice (:mod:`benchmarks.search_policies`).
 - ``optuna-tpe``: one Optuna TPE study over the joint space (the family a categorical, its
   parameters conditional), sequential ask/tell (TPE's best case: no pending trials).
+- ``optuna-tpe-unique``: the same study, but a configuration it asks for again is told its
+  known score without counting against the budget (a stronger peer than the issue's).
 - ``random``: uniform over families, then over the family's grid.
 
 Figures go to ``benchmarks/results/bench_search.json``: mean best score, seeds won against TPE
-(better / tied / worse), wall and eval time, decision overhead, runs on the family that holds
+(better / tied / worse), the paired difference to TPE with a bootstrap 95 % interval and a sign
+test (:mod:`benchmarks.search_stats`), wall and eval time, decision overhead, runs on the family that holds
 the best configuration and whether a method ignored it (at most one run).
 """
 from __future__ import annotations
@@ -46,6 +53,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import search_space as sp  # noqa: E402
 from benchmarks.harness import LoadMonitor, print_table, write_results  # noqa: E402
+from benchmarks.search_stats import paired  # noqa: E402
 
 BUDGET = 60
 SLOTS = 3
@@ -56,7 +64,7 @@ def _encode(family: str) -> dict[str, Any]:
     categorical of the value's repr (so TPE sees order where there is one)."""
     import optuna
 
-    out = {}
+    out: dict[str, Any] = {}
     for name, values in sp.SPACE[family].items():
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             out[name] = optuna.distributions.IntDistribution(0, len(values) - 1)
@@ -100,7 +108,10 @@ class Problem:
 
 
 def run_ours(prob: Problem, seed: int, objective: str, max_policy: str | None,
-             sampler: bool, startup: int = 5, **kw: Any) -> dict[str, Any]:
+             sampler: bool, startup: int = 5, source: Any = None, **kw: Any) -> dict[str, Any]:
+    """One seeded run of the scheduler; ``source(family, seed)`` (default: an
+    :class:`~dask_research.experiments.OptunaSource` over the family's grid) makes each
+    branch's proposer when ``sampler`` is true; ``kw`` go to the scheduler."""
     from dask_research.experiments import Branch, Hypothesis, IterationScheduler, OptunaSource
 
     def runner(h: Any) -> float:
@@ -116,8 +127,10 @@ def run_ours(prob: Problem, seed: int, objective: str, max_policy: str | None,
     sched = IterationScheduler(runner, **args)
     rng = np.random.default_rng(seed)
     if sampler:
-        sched.add([Branch(f, propose=OptunaSource(_encode(f), seed=seed * 10 + k,
-                                                    startup=startup))
+        if source is None:
+            def source(f: str, s: int) -> Any:
+                return OptunaSource(_encode(f), seed=s, startup=startup)
+        sched.add([Branch(f, propose=source(f, seed * 10 + k))
                    for k, f in enumerate(sp.FAMILIES)])
     else:
         hyps = []
@@ -134,13 +147,16 @@ def run_ours(prob: Problem, seed: int, objective: str, max_policy: str | None,
     wall = time.perf_counter() - t0
     runs = {b: s.runs for b, s in report.branches.items()}
     best = report.best_result
+    assert best is not None
     return {"best": float(best.reward), "best_family": best.hypothesis.branch, "wall_s": wall,
             "decide_ms": 1e3 * (wall - prob.lookup_s) / max(report.dispatched, 1),
             "eval_s": prob.eval_s, "runs": runs, "report_best": report.best,
             "pruned": [b for b, s in report.branches.items() if s.pruned]}
 
 
-def run_tpe(prob: Problem, seed: int) -> dict[str, Any]:
+def run_tpe(prob: Problem, seed: int, unique: bool = False) -> dict[str, Any]:
+    """Joint Optuna TPE, sequential; ``unique``: a configuration asked for again is told its
+    known score without counting against the budget (a stronger peer than the issue's)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -151,9 +167,10 @@ def run_tpe(prob: Problem, seed: int) -> dict[str, Any]:
     enc = {f: _encode(f) for f in sp.FAMILIES}
     runs = dict.fromkeys(sp.FAMILIES, 0)
     best, best_family = -1.0, None
+    known: dict[str, float] = {}
     prob.reset()
     t0 = time.perf_counter()
-    for _ in range(BUDGET):
+    while sum(runs.values()) < BUDGET:
         trial = study.ask()
         f = trial.suggest_categorical("family", list(sp.FAMILIES))
         params = {}
@@ -162,7 +179,12 @@ def run_tpe(prob: Problem, seed: int) -> dict[str, Any]:
                 params[name] = trial.suggest_int(f"{f}.{name}", dist.low, dist.high)
             else:
                 params[name] = trial.suggest_categorical(f"{f}.{name}", list(dist.choices))
+        k = sp.key(prob.dataset, f, _decode(f, params))
+        if unique and k in known and len(study.trials) < 20 * BUDGET:
+            study.tell(trial, known[k])
+            continue
         acc = prob.score(f, _decode(f, params))
+        known[k] = acc
         study.tell(trial, acc)
         runs[f] += 1
         if acc > best:
@@ -197,6 +219,18 @@ def run_random(prob: Problem, seed: int) -> dict[str, Any]:
             "runs": runs}
 
 
+def run_recent_ta(prob: Problem, seed: int) -> dict[str, Any]:
+    """The configuration chosen on tuning seeds 100-199 (``search_tune.py``): sliding-window
+    Threshold Ascent (top 3, delta 10, window 6) over per-family samplers that never repeat
+    a configuration."""
+    from benchmarks.search_policies import RecentThresholdAscent, UniqueOptunaSource
+
+    def source(f: str, s: int) -> Any:
+        return UniqueOptunaSource(_encode(f), seed=s, startup=5)
+    return run_ours(prob, seed, "max", "threshold-ascent", True, source=source,
+                    policy=RecentThresholdAscent(top=3, delta=10.0, window=6))
+
+
 METHODS: dict[str, Any] = {
     "ours-mean-ucb1": lambda p, s: run_ours(p, s, "mean", None, False),
     "ours-max-quantile-ucb": lambda p, s: run_ours(p, s, "max", "quantile-ucb", False),
@@ -205,7 +239,9 @@ METHODS: dict[str, Any] = {
     "ours-max-quantile-ucb+optuna": lambda p, s: run_ours(p, s, "max", "quantile-ucb", True),
     "ours-max-threshold-ascent+optuna": lambda p, s: run_ours(p, s, "max",
                                                               "threshold-ascent", True),
+    "ours-max-recent-ta+unique": run_recent_ta,
     "optuna-tpe": run_tpe,
+    "optuna-tpe-unique": lambda p, s: run_tpe(p, s, unique=True),
     "random": run_random,
 }
 
@@ -240,6 +276,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 table[m] = {
                     "mean_best": statistics.mean(bests), "bests": bests,
                     "vs_tpe_better_tied_worse": won,
+                    "vs_tpe_paired": (paired(bests, tpe) if tpe and m != "optuna-tpe"
+                                      else None),
                     "found_best_config": sum(b == prob.best_score for b in bests),
                     "wall_s": statistics.mean(r["wall_s"] for r in rs),
                     "eval_s": statistics.mean(r["eval_s"] for r in rs),
@@ -248,15 +286,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "ignored_best_family": sum(n <= 1 for n in on_best),
                     "pruned": [r.get("pruned", []) for r in rs],
                 }
+                pst = table[m]["vs_tpe_paired"]
                 rows.append((m, f"{table[m]['mean_best']:.4f}",
                              "-" if won is None else "/".join(map(str, won)),
+                             "-" if pst is None else "{:+.4f} [{:+.4f}, {:+.4f}] p={:.2f}".format(
+                                 pst["mean_diff"], *pst["ci95"], pst["sign_p"]),
                              table[m]["found_best_config"],
                              f"{table[m]['wall_s']:.2f}", f"{table[m]['eval_s']:.1f}",
                              f"{table[m]['decide_ms_per_experiment']:.2f}",
                              min(on_best), table[m]["ignored_best_family"]))
             print(f"\n{dataset}: best configuration {prob.best_score:.4f} "
                   f"({prob.best_family})")
-            print_table(rows, ("method", "mean best", "vs TPE +/=/-", "found best",
+            print_table(rows, ("method", "mean best", "vs TPE +/=/-",
+                               "diff vs TPE [95% CI] sign p", "found best",
                                "wall s", "eval s", "decide ms", "min runs best fam",
                                "ignored"))
             figures["datasets"][dataset] = {"best_score": prob.best_score,
