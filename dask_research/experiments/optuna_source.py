@@ -20,7 +20,9 @@ Examples
 """
 from __future__ import annotations
 
+import itertools
 import math
+import random
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +32,27 @@ from .sources import HypothesisSource
 from .types import ExperimentResult
 
 __all__ = ["OptunaSource"]
+
+
+def _key(params: Mapping[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def _grid(space: Any, optuna: Any) -> list[dict[str, Any]]:
+    """Every configuration of a finite dict space (``OptunaSource(unique=True)``)."""
+    if not isinstance(space, Mapping):
+        raise InputError("space", space, "a dict of IntDistribution / CategoricalDistribution "
+                         "with unique=True", where="OptunaSource")
+    axes = []
+    for name, d in space.items():
+        if isinstance(d, optuna.distributions.IntDistribution):
+            axes.append([(name, v) for v in range(d.low, d.high + 1, d.step)])
+        elif isinstance(d, optuna.distributions.CategoricalDistribution):
+            axes.append([(name, v) for v in d.choices])
+        else:
+            raise InputError("space", name, "IntDistribution or CategoricalDistribution with "
+                             "unique=True (a finite space)", where="OptunaSource")
+    return [dict(p) for p in itertools.product(*axes)]
 
 
 def _optuna() -> Any:
@@ -62,6 +85,13 @@ class OptunaSource(HypothesisSource):
         Proposals before the source is exhausted (``None``: never).
     minimize : bool
         The reward is to be minimised (rewards of the scheduler are maximised: default False).
+    unique : bool
+        Never propose a configuration twice (a dict ``space`` of ``IntDistribution`` and
+        ``CategoricalDistribution`` only): a repeat the sampler asks for is told the known
+        result without an experiment (or failed, while it is in flight) and the sampler is
+        asked again, 20 times, then an unseen configuration is drawn uniformly; the source
+        is exhausted once every configuration was proposed. For deterministic rewards on a
+        grid, where a repeat is a wasted experiment.
 
     Notes
     -----
@@ -73,7 +103,7 @@ class OptunaSource(HypothesisSource):
 
     def __init__(self, space: Mapping[str, Any] | Callable[[Any], Any], *, seed: int = 0,
                  sampler: Any = None, startup: int = 5, max_trials: int | None = None,
-                 minimize: bool = False) -> None:
+                 minimize: bool = False, unique: bool = False) -> None:
         optuna = _optuna()
         if not callable(space) and not isinstance(space, Mapping):
             raise InputError("space", space, "a dict {name: optuna distribution} or a function "
@@ -101,11 +131,42 @@ class OptunaSource(HypothesisSource):
             optuna.logging.set_verbosity(verbosity)
         self._trials: dict[str, Any] = {}
         self._asked = 0
+        self.unique = bool(unique)
+        self._grid = _grid(space, optuna) if self.unique else []
+        self._known: dict[tuple, float | None] = {}      # unique: None while in flight
+        self._rng = random.Random(seed)
 
     def propose(self, branch: str) -> Any:
-        """One payload from a new trial of the study (``None`` after ``max_trials``)."""
+        """One payload from a new trial of the study (``None`` after ``max_trials``, or with
+        ``unique`` once every configuration was proposed)."""
         if self.max_trials is not None and self._asked >= self.max_trials:
             return None
+        if not self.unique:
+            return self._ask(branch)
+        if len(self._known) >= len(self._grid):
+            return None
+        optuna = _optuna()
+        for _ in range(20):
+            h = self._ask(branch)
+            key = _key(h.payload)
+            if key not in self._known:
+                self._known[key] = None
+                return h
+            trial, value = self._trials.pop(h.id), self._known[key]
+            self._asked -= 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if value is None:
+                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    self.study.tell(trial, value)
+        unseen = [p for p in self._grid if _key(p) not in self._known]
+        self.study.enqueue_trial(self._rng.choice(unseen))
+        h = self._ask(branch)
+        self._known[_key(h.payload)] = None
+        return h
+
+    def _ask(self, branch: str) -> Any:
         optuna = _optuna()
         verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -138,6 +199,8 @@ class OptunaSource(HypothesisSource):
         h = result.hypothesis
         ok = result.ok and isinstance(result.reward, (int, float)) and math.isfinite(
             result.reward)
+        if self.unique and ok and isinstance(h.payload, Mapping):
+            self._known[_key(h.payload)] = float(result.reward)
         trial = self._trials.pop(h.id, None)
         verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)

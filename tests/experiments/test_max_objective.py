@@ -203,3 +203,34 @@ def test_threshold_ascent_large_delta_is_greedy_not_a_crash():
     for bad in ({"top": 0}, {"top": 2.5}, {"delta": 0}, {"delta": float("nan")}):
         with pytest.raises(InputError):
             ThresholdAscentPolicy(**bad)
+
+
+def test_threshold_ascent_window_counts_recent_hits_only():
+    """A branch whose last results missed the threshold loses its rate under window=, not
+    without it; an unbounded policy with an untried branch scores it (no IndexError)."""
+    from dask_research.experiments import Result
+    from dask_research.experiments.ledger import BranchLedger
+
+    def ledger(policy):
+        led = BranchLedger(c=1.0, policy=policy)
+        led.add([Hypothesis(f"{b}{j}", b) for b in "ab" for j in range(8)])
+        for b, rewards in (("a", [0.9, 0.9, 0.9, 0.1, 0.1, 0.1]),
+                           ("b", [0.5, 0.5, 0.5, 0.5, 0.5, 0.92])):
+            for r in rewards:
+                i = led.branch_index(b)
+                h = led.pop(i)
+                led.record(Result(h, r))
+        return led
+
+    whole = ledger(ThresholdAscentPolicy(top=4, delta=10.0))
+    recent = ledger(ThresholdAscentPolicy(top=4, delta=10.0, window=3))
+    assert whole.scores()[0] > whole.scores()[1]          # a holds 3 of the top 4
+    assert recent.scores()[0] < recent.scores()[1]        # but not lately
+    assert ThresholdAscentPolicy(window=3).params() == {"top": 5, "delta": 0.1, "window": 3}
+    for bad in (0, 2.5, True):
+        with pytest.raises(InputError):
+            ThresholdAscentPolicy(window=bad)
+    led = BranchLedger(c=1.0, policy=ThresholdAscentPolicy(bounded=False))
+    led.add([Hypothesis("a0", "a"), Hypothesis("b0", "b")])
+    led.record(Result(led.pop(0), 0.5))
+    assert math.isinf(led.scores()[1])

@@ -194,3 +194,22 @@ async def test_sources_and_max_objective_on_dask_workers(c, s, a, b):
     assert remote.total_runs == 12 and remote.best == "high"
     assert [r.hypothesis.payload for r in remote.results] == [
         r.hypothesis.payload for r in local.results]
+
+
+def test_optuna_source_unique_never_proposes_a_configuration_twice():
+    from dask_research.exceptions import InputError
+    from dask_research.experiments import OptunaSource
+
+    grid = {"a": optuna.distributions.IntDistribution(0, 3),
+            "b": optuna.distributions.CategoricalDistribution(["x", "y"])}
+    src = OptunaSource(grid, seed=0, startup=2, unique=True)
+    sched = IterationScheduler(lambda h: (h.payload["a"] + 4 * (h.payload["b"] == "y")) / 8,
+                               slots=2, objective="max", progress=False,
+                               apply_order="dispatch", max_experiments=20)
+    sched.add(Branch("g", propose=src))
+    r = sched.run()
+    seen = [tuple(sorted(x.hypothesis.payload.items())) for x in r.results]
+    assert len(seen) == len(set(seen)) == 8            # every configuration once, then done
+    assert r.stop_reason == "queue_empty" and r.best_result.reward == 7 / 8
+    with pytest.raises(InputError):
+        OptunaSource(SPACE, unique=True)               # a float range is not finite

@@ -9,7 +9,10 @@ the max-bandit literature are implemented; ``research.experiments.max-policy`` p
     Threshold Ascent (Streeter and Smith, CP 2006): keep a threshold ``T`` at the ``s``-th best
     reward seen overall and pick the branch with the highest Chernoff upper bound on the
     probability of beating it, ``U(p, n) = p + (a + sqrt(2 n p a + a^2)) / n`` with
-    ``p = hits / n`` and ``a = ln(2 N K / delta)``.
+    ``p = hits / n`` and ``a = ln(2 N K / delta)``. With ``window=w`` the hit rate counts only
+    a branch's last ``w`` results (a sliding window, Garivier and Moulines, ALT 2011): a
+    branch whose sampler keeps climbing keeps its rate, one whose sampler has plateaued loses
+    it (``benchmarks/bench_search.py``: ``top=3, delta=10, window=6``).
 ``"quantile-ucb"``
     An upper confidence bound on each branch's ``tau``-quantile, after the quantile bandits of
     Szörényi, Busa-Fekete, Weng and Hüllermeier (ICML 2015): with ``n_i`` pulls the bound is
@@ -170,20 +173,23 @@ class _MaxPolicy(Policy):
         super().__init__()
         self.bounded = bool(bounded)
         self.sorted: list[list[float]] = []
+        self.recent: list[list[float]] = []       # arrival order
 
     def _fit(self, k: int) -> None:
         while len(self.sorted) < k:
             self.sorted.append([])
+            self.recent.append([])
 
     def on_result(self, led: LedgerView, i: int, h: Hypothesis, reward: float) -> None:
         self._fit(i + 1)
         bisect.insort(self.sorted[i], float(reward))
+        self.recent[i].append(float(reward))
 
     def range(self, led: LedgerView) -> tuple[float, float]:
         """``(low, high)`` of the reward range: [0, 1], or what was seen (unbounded)."""
         if self.bounded:
             return 0.0, 1.0
-        seen = [v for r in self.sorted for v in (r[0], r[-1]) if r]
+        seen = [v for r in self.sorted if r for v in (r[0], r[-1])]
         return (min(seen), max(seen)) if seen else (0.0, 1.0)
 
 
@@ -210,11 +216,17 @@ class QuantileUCBPolicy(_MaxPolicy):
 
 
 class ThresholdAscentPolicy(_MaxPolicy):
-    """Threshold Ascent (:func:`threshold_ascent_index`); ``top`` is the paper's ``s``."""
+    """Threshold Ascent (:func:`threshold_ascent_index`); ``top`` is the paper's ``s``;
+    ``window``: count hits over each branch's last ``window`` results only (``None``: all).
+
+    >>> ThresholdAscentPolicy(top=3, delta=10.0, window=6)
+    ThresholdAscentPolicy(top=3, delta=10, window=6)
+    """
 
     name = "threshold-ascent"
 
-    def __init__(self, top: int = 5, delta: float = 0.1, bounded: bool = True) -> None:
+    def __init__(self, top: int = 5, delta: float = 0.1, bounded: bool = True,
+                 window: int | None = None) -> None:
         super().__init__(bounded)
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise InputError("top", top, "an integer >= 1 (Threshold Ascent's s)",
@@ -222,8 +234,13 @@ class ThresholdAscentPolicy(_MaxPolicy):
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (
                 math.isfinite(delta) and delta > 0):
             raise InputError("delta", delta, "a finite number > 0", where="ThresholdAscentPolicy")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window < 1):
+            raise InputError("window", window, "an integer >= 1 or None",
+                             where="ThresholdAscentPolicy")
         self.top = int(top)
         self.delta = float(delta)
+        self.window = window
 
     def threshold(self) -> float:
         """The ``top``-th best reward seen (``-inf`` before ``top`` results)."""
@@ -240,13 +257,20 @@ class ThresholdAscentPolicy(_MaxPolicy):
         alpha = max(0.0, math.log(2 * total * max(k, 1) / self.delta))
         out = np.empty(k)
         for i in range(k):
-            r = self.sorted[i]
-            hits = len(r) - bisect.bisect_left(r, t) if t > -math.inf else len(r)
+            if self.window is not None:
+                r = self.recent[i][-self.window:]
+                hits = sum(v >= t for v in r)
+            else:
+                r = self.sorted[i]
+                hits = len(r) - bisect.bisect_left(r, t) if t > -math.inf else len(r)
             out[i] = threshold_ascent_index(hits, len(r) + int(led.pending[i]), alpha)
         return out
 
     def params(self) -> dict[str, Any]:
-        return {"top": self.top, "delta": self.delta}
+        out: dict[str, Any] = {"top": self.top, "delta": self.delta}
+        if self.window is not None:
+            out["window"] = self.window
+        return out
 
 
 def make_max_policy(name: str, *, tau: float, c: float, top: int = 5, delta: float = 0.1,
