@@ -117,20 +117,20 @@ def unpack(log: Iterable[tuple[float, Any]]) -> Iterator[tuple[float, dict]]:
             yield t, msg
 
 
-def worker_emit(worker: Any, source: str, kind: str, run: str | None = None,
-                **fields: Any) -> bool:
-    """Log one event from a worker (``Worker.log_event``, which its batched stream ships).
+def worker_emit(worker: Any, msg: dict) -> bool:
+    """Log one :func:`envelope` from a worker on its source's topic (``Worker.log_event``,
+    which the worker's batched stream ships to the scheduler).
 
-    Best effort: returns False (and logs why) when it could not be queued.
+    Best effort: returns False (and logs why at debug level) when it could not be queued.
 
-    >>> worker_emit(None, "cluster", "malloc-tuning", applied=True)
+    >>> worker_emit(None, envelope("cluster", "malloc-tuning", applied=True))
     False
     """
     try:
-        worker.log_event(topic(source), envelope(source, kind, run, **fields))
+        worker.log_event(topic(msg["source"]), msg)
         return True
     except Exception as e:  # noqa: BLE001 - the event log is informational
-        logger.debug("could not log %s %s event: %s", source, kind, e)
+        logger.debug("could not log %s %s event: %s", msg.get("source"), msg.get("event"), e)
         return False
 
 

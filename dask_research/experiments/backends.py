@@ -127,9 +127,9 @@ class LocalBackend:
     async def _run(self, h: Hypothesis) -> Result:
         out = await execute_async(self.runner, h, self.bounded, self._executor, self._is_async,
                                   self.objectives)
-        hook = self.on_finish
-        if hook is not None:          # the driver books the result and refills the slot here,
-            hook(asyncio.current_task(), out)   # in this task's last step: no wake-up hops
+        hook, task = self.on_finish, asyncio.current_task()
+        if hook is not None and task is not None:   # the driver books the result and refills
+            hook(task, out)           # the slot here, in this task's last step: no wake-up hops
         return out
 
     async def wait(self, timeout: float | None) -> list[Outcome]:

@@ -12,11 +12,11 @@ import time
 import dask
 import pytest
 from click.testing import CliRunner
-from distributed import Client, get_worker
-from distributed.core import Status
+from distributed import Client, Status, get_worker
 from distributed.utils_test import gen_cluster, inc
 
 from dask_research._cluster import workers_info
+from dask_research.events import topic as event_topic
 from dask_research.exceptions import InputError
 from dask_research.montecarlo import power
 from dask_research.montecarlo.power import (
@@ -236,7 +236,7 @@ async def test_transitions_are_dask_events(c, s, a, b):
     plugin.check()
 
     async def events():
-        return [msg for _, msg in await c.get_events(power.TOPIC)]
+        return [msg for _, msg in await c.get_events(event_topic("power"))]
 
     deadline = time.monotonic() + 5
     while len(await events()) < 2:
