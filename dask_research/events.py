@@ -108,13 +108,9 @@ def unpack(log: Iterable[tuple[float, Any]]) -> Iterator[tuple[float, dict]]:
     for t, msg in log:
         if not isinstance(msg, dict):
             continue
-        inner = msg.get("events") if msg.get("event") == "batch" else None
-        if isinstance(inner, list):
-            for ev in inner:
-                if isinstance(ev, dict):
-                    yield t, ev
-        else:
-            yield t, msg
+        for ev in (msg.get("events") or ()) if msg.get("event") == "batch" else (msg,):
+            if isinstance(ev, dict):
+                yield t, ev
 
 
 def worker_emit(worker: Any, msg: dict) -> bool:
