@@ -138,8 +138,8 @@ def _log_each(topic_: str, msgs: list, dask_scheduler: Any = None) -> int:
 
 
 #: Per scheduler address: whether it runs :func:`_log_each` (``run_on_scheduler``). A scheduler
-#: that refuses pickled functions (``distributed.scheduler.pickle: false``) or lacks this package
-#: gets one ``log_event`` per event, as before the outbox batched.
+#: that cannot (one without this package installed) gets one ``log_event`` per event, as before
+#: the outbox batched.
 _FANOUT: dict[str, bool] = {}
 
 
@@ -154,7 +154,8 @@ class Outbox:
 
     - ``batched=False`` (default): every event is its own log entry, as subscribers of
       ``research.montecarlo`` read them; the scheduler logs a shipment's events in one call
-      (``Client.run_on_scheduler``; a scheduler that refuses it gets one ``log_event`` each);
+      (``Client.run_on_scheduler``; a scheduler without this package gets one ``log_event``
+      each);
     - ``batched=True``: a shipment is one :func:`batch` entry (``research.experiments``).
 
     :meth:`flush` (a thread) or :meth:`drain` (a coroutine on the loop) waits until everything
