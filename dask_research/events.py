@@ -198,10 +198,14 @@ class Outbox:
         with self._lock:
             self._queue.append(msg)
             if self._shipping is None:
+                ship = None
                 try:
-                    self._shipping = asyncio.run_coroutine_threadsafe(
-                        self._ship(), self.client.loop.asyncio_loop)
+                    loop = self.client.loop.asyncio_loop
+                    ship = self._ship()
+                    self._shipping = asyncio.run_coroutine_threadsafe(ship, loop)
                 except Exception as e:  # noqa: BLE001 - a client without a running loop
+                    if ship is not None:
+                        ship.close()
                     self.failed += len(self._queue)
                     self._queue.clear()
                     self._failed(e)
