@@ -33,6 +33,7 @@ Examples
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time as _time
@@ -149,13 +150,14 @@ class Outbox:
     :meth:`emit` (or :meth:`put` for a ready message) queues and returns at once, from the
     client's event loop or any other thread. One coroutine on the client's loop ships what is
     queued, one shipment in flight at a time, so events arrive in the order they were emitted;
-    whatever queues while a shipment is in flight goes in the next one. A shipment is one
-    scheduler round trip however many events it carries:
+    whatever queues while a shipment is in flight goes in the next one, and the shipper waits
+    up to ``linger`` seconds (:attr:`LINGER`) for more before each shipment, unless a flush
+    is waiting. A shipment is one scheduler round trip however many events it carries:
 
     - ``batched=False`` (default): every event is its own log entry, as subscribers of
-      ``research.montecarlo`` read them; the scheduler logs a shipment's events in one call
-      (``Client.run_on_scheduler``; a scheduler without this package gets one ``log_event``
-      each);
+      ``research.montecarlo`` read them; the scheduler logs a shipment of :attr:`FANOUT_MIN`
+      or more events in one call (``Client.run_on_scheduler``), a smaller one goes as one
+      ``log_event`` each (as does everything for a scheduler without this package);
     - ``batched=True``: a shipment is one :func:`batch` entry (``research.experiments``).
 
     :meth:`flush` (a thread) or :meth:`drain` (a coroutine on the loop) waits until everything
@@ -170,10 +172,22 @@ class Outbox:
     True
     """
 
+    #: Seconds the shipper waits for more events before a shipment (a flush cuts it short):
+    #: events are for people and pages, which refresh every half second.
+    LINGER = 0.02
+
+    #: Fewest events a fan-out shipment carries: one ``run_on_scheduler`` costs the client
+    #: about as much CPU as a few ``log_event`` calls.
+    FANOUT_MIN = 8
+
     def __init__(self, client: Any, source: str, *, run: str | None = None,
-                 batched: bool = False, topic: str | None = None) -> None:
+                 batched: bool = False, topic: str | None = None,
+                 linger: float | None = None) -> None:
         self.client, self.source, self.run, self.batched = client, source, run, batched
         self._topic = topic
+        self.linger = self.LINGER if linger is None else float(linger)
+        self._hurry: asyncio.Event | None = None   # set: ship without lingering (a flush waits)
+        self._urgent = False
         self._queue: deque[dict] = deque()
         self._lock = threading.Lock()
         self._shipping: Any = None          # concurrent.futures.Future of the running shipper
@@ -218,10 +232,19 @@ class Outbox:
             self.source, type(error).__name__, error)
 
     async def _ship(self) -> None:
+        hurry = asyncio.Event()
+        with self._lock:
+            self._hurry = hurry
+            if self._urgent:
+                hurry.set()
         while True:
+            if self.linger > 0 and not hurry.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(hurry.wait(), self.linger)
             with self._lock:
                 if not self._queue:
-                    self._shipping = None
+                    self._shipping = self._hurry = None
+                    self._urgent = False
                     return
                 msgs = list(self._queue)
                 self._queue.clear()
@@ -238,7 +261,7 @@ class Outbox:
             await scheduler_log_event(self.client, topic_, batch(self.source, self.run, msgs))
             return
         address = str(getattr(self.client.scheduler, "address", ""))
-        if len(msgs) > 1 and _FANOUT.get(address, True):
+        if len(msgs) >= self.FANOUT_MIN and _FANOUT.get(address, True):
             try:
                 await self.client.run_on_scheduler(_log_each, topic_, msgs, asynchronous=True)
                 _FANOUT[address] = True
@@ -252,27 +275,41 @@ class Outbox:
         for msg in msgs:
             await scheduler_log_event(self.client, topic_, msg)
 
+    def _waiting(self) -> Any:
+        """The running shipper (or None), told to ship without lingering from now on."""
+        with self._lock:
+            self._urgent = True
+            shipping, hurry = self._shipping, self._hurry
+            if shipping is None:
+                self._urgent = False
+        if hurry is not None:
+            self.client.loop.asyncio_loop.call_soon_threadsafe(hurry.set)
+        return shipping
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait (a thread, not the client's loop) until everything queued is sent.
 
-        Returns whether it was all sent without a failure since the outbox was made.
+        Returns whether it was all sent in time, without a failure since the outbox was made.
         """
-        with self._lock:
-            shipping = self._shipping
+        shipping = self._waiting()
         if shipping is not None:
             try:
                 shipping.result(timeout)
+            except TimeoutError:        # still shipping: nothing lost yet
+                logger.debug("%s events not flushed within %s s", self.source, timeout)
+                return False
             except Exception as e:  # noqa: BLE001 - the log is best effort
                 self._failed(e)
+                return False
         return self.failed == 0
 
     async def drain(self) -> bool:
         """:meth:`flush` for a coroutine on the client's loop."""
-        with self._lock:
-            shipping = self._shipping
+        shipping = self._waiting()
         if shipping is not None:
             try:
                 await asyncio.wrap_future(shipping)
             except Exception as e:  # noqa: BLE001 - the log is best effort
                 self._failed(e)
+                return False
         return self.failed == 0

@@ -141,12 +141,34 @@ def test_the_outbox_keeps_order_with_one_shipment_in_flight_and_batches_what_que
 def test_a_scheduler_that_refuses_the_fanout_gets_one_log_event_per_event(fake):
     c = fake(fanout=False, delay=0.005)
     box = Outbox(c, "montecarlo")
-    for i in range(5):
+    for i in range(20):
         box.emit("accepted", "r", i=i)
     assert box.flush(10)
-    assert [m["i"] for m in c.logged()] == list(range(5))
+    assert [m["i"] for m in c.logged()] == list(range(20))
     assert {how for how, _ in c.trips} == {"log_event"}
     assert events._FANOUT[c.scheduler.address] is False
+
+
+def test_paced_events_share_shipments_and_a_flush_cuts_the_linger_short(fake):
+    c = fake()
+    box = Outbox(c, "montecarlo", linger=0.05)
+    for i in range(40):                              # one event a millisecond, like blocks arriving
+        box.emit("accepted", "r", i=i)
+        threading.Event().wait(0.001)
+    assert box.flush(10)
+    assert [m["i"] for m in c.logged()] == list(range(40))
+    assert box.shipments < 10 and any(how == "fanout" for how, _ in c.trips)
+    patient = Outbox(c, "montecarlo", linger=60.0)   # would wait a minute for company
+    patient.emit("done", "r")
+    assert patient.flush(10) and c.logged()[-1]["event"] == "done"
+
+
+def test_a_flush_that_times_out_says_so(fake):
+    c = fake(delay=1.0)
+    box = Outbox(c, "montecarlo", linger=0)
+    box.emit("start", "r")
+    assert box.flush(0.05) is False and box.last_error is None     # late, not lost
+    assert box.flush(10) is True and box.sent == 1
 
 
 def test_a_failed_send_is_logged_never_raised(fake, caplog):
@@ -192,10 +214,10 @@ async def test_a_scheduler_without_this_package_still_gets_every_event_in_order(
 
     monkeypatch.setattr(events, "_log_each", missing)   # what a scheduler without the package meets
     box = Outbox(c, "montecarlo")
-    for i in range(5):
+    for i in range(20):
         box.emit("accepted", "run-1", start=i)
     assert await box.drain()
-    assert [m["start"] for _, m in s.get_events("research.montecarlo")] == list(range(5))
+    assert [m["start"] for _, m in s.get_events("research.montecarlo")] == list(range(20))
     assert events._FANOUT[c.scheduler.address] is False
 
 
