@@ -45,6 +45,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import config
+from .events import envelope, worker_emit
 
 __all__ = ["MallocTuning", "malloc_settings", "process_worker_environ", "tune_malloc"]
 
@@ -92,10 +93,10 @@ def _libc() -> Any:
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version          # glibc only (musl has no mallopt thresholds)
-        return libc
-    except (OSError, AttributeError):
+    except OSError:
         return None
+    # glibc only (musl has no mallopt thresholds)
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
 
 
 def tune_malloc(mmap_threshold: Any = None, trim_threshold: Any = None) -> bool:
@@ -144,7 +145,8 @@ class MallocTuning(WorkerPlugin):
         client.register_plugin(MallocTuning())
 
     The thresholds are read from ``research.cluster.*`` where the plugin is created (your
-    client) and travel with it.
+    client) and travel with it. Each worker logs a ``malloc-tuning`` event (whether the
+    settings are in effect, and the thresholds) on ``research.cluster.event-topic``.
     """
 
     name = "research-malloc-tuning"
@@ -155,11 +157,7 @@ class MallocTuning(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         tuned = tune_malloc(self.settings.get("malloc-mmap-threshold"),
                             self.settings.get("malloc-trim-threshold"))
-        try:
-            worker.log_event("research.cluster", {"event": "malloc-tuning", "applied": tuned,
-                                                  **self.settings})
-        except Exception:  # noqa: BLE001 - the log is informational
-            pass
+        worker_emit(worker, envelope("cluster", "malloc-tuning", None, applied=tuned, **self.settings))
 
     def teardown(self, worker: Any) -> None:
         pass

@@ -91,3 +91,5 @@ async def test_the_worker_plugin_tunes_every_worker(c, s, a, b):
     assert len(events) == 2
     assert all(e["applied"] is True and e["malloc-trim-threshold"] == 48 * 2**20
                for e in events)
+    assert all(e["source"] == "cluster" and e["event"] == "malloc-tuning" and e["v"] == 1
+               for e in events)                          # the shared envelope (dask_research.events)

@@ -16,24 +16,29 @@ from __future__ import annotations
 
 import html
 import math
-import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .. import config
+from ..events import topic, unpack
+from ..montecarlo.keys import parse_block_key
 
 __all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "run_status", "plane_series", "STATE_NAMES", "STATE_COLORS"]
 
 #: Shard states, in the order of their codes.
 STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
 STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"]
-_KEY = re.compile(r"^mc-(?:block|spec|redo|retry\d+)-(?P<prefix>[0-9a-f]+-[0-9a-f]+)-(?P<a>\d+)-(?P<b>\d+)$")
 MAX_CELLS = 4096
 
 
 def latest_run(events: list) -> tuple[dict | None, list]:
-    """The latest ``start`` event and the events of that run after it."""
+    """The latest ``start`` event and the events of that run after it.
+
+    ``events`` is a topic's log (``(time, message)`` pairs); batches are opened
+    (:func:`dask_research.events.unpack`).
+    """
+    events = list(unpack(events))
     start_i = None
     for i in range(len(events) - 1, -1, -1):
         msg = events[i][1]
@@ -43,10 +48,10 @@ def latest_run(events: list) -> tuple[dict | None, list]:
     if start_i is None:
         return None, []
     start = events[start_i][1]
-    return start, [m for _, m in events[start_i + 1:] if isinstance(m, dict) and m.get("run") == start["run"]]
+    return start, [m for _, m in events[start_i + 1:] if m.get("run") == start["run"]]
 
 
-def shard_states(events: list, running: list[tuple[int, int]] = ()) -> tuple[dict | None, np.ndarray]:
+def shard_states(events: list, running: Sequence[tuple[int, int]] = ()) -> tuple[dict | None, np.ndarray]:
     """State code per shard of the latest run (see :data:`STATE_NAMES`)."""
     start, later = latest_run(events)
     if start is None:
@@ -98,19 +103,25 @@ def run_status(start: dict, later: list, clients=None) -> str:
 def _running_blocks(scheduler, prefix: str) -> list[tuple[int, int]]:
     out = []
     for key, ts in list(scheduler.tasks.items()):
-        if not isinstance(key, str) or ts.state != "processing":
+        if ts.state != "processing":
             continue
-        m = _KEY.match(key)
-        if m and m.group("prefix") == prefix:
-            out.append((int(m.group("a")), int(m.group("b"))))
+        block = parse_block_key(key)
+        if block is not None and block.tag == prefix:
+            out.append((block.start, block.stop))
     return out
+
+
+def _log(scheduler, subsystem: str) -> list[tuple[float, Any]]:
+    """The log of ``subsystem``'s topic (``research.<subsystem>.event-topic``) on ``scheduler``."""
+    return list(scheduler.get_events(topic(subsystem)))
 
 
 class ShardBoard:
     """A grid of every shard of the active Monte-Carlo run, and its running estimate."""
 
     def __init__(self, scheduler, width: int = 900, **kwargs: Any):
-        from bokeh.models import ColumnDataSource, Div, HoverTool
+        from bokeh.models import ColumnDataSource, HoverTool
+        from bokeh.models.widgets import Div
         from bokeh.plotting import figure
 
         self.scheduler = scheduler
@@ -129,7 +140,7 @@ class ShardBoard:
         self.root = column(self.summary, Div(text=legend), fig, sizing_mode=kwargs.get("sizing_mode"))
 
     def update(self) -> None:
-        events = list(self.scheduler.get_events(config.get("montecarlo.event-topic")))
+        events = _log(self.scheduler, "montecarlo")
         start, _ = latest_run(events)
         if start is None:
             return
@@ -138,6 +149,8 @@ class ShardBoard:
         # A run that ended (or lost its client) drives no task: blocks being cancelled are not running.
         running = _running_blocks(self.scheduler, start.get("key_prefix", "")) if status == "running" else []
         start, states = shard_states(events, running)
+        if start is None:
+            return
         n = states.size
         group = max(1, math.ceil(n / MAX_CELLS))
         cells = math.ceil(n / group)
@@ -150,7 +163,8 @@ class ShardBoard:
         blocks = padded.reshape(cells, group)
         order = np.where(blocks >= 0, rank[np.clip(blocks, 0, 5)], -1)
         pick = blocks[np.arange(cells), order.argmax(axis=1)]
-        label = [f"{i * group}" if group == 1 else f"{i * group}-{min(n, (i + 1) * group) - 1}" for i in idx]
+        label = [f"{i * group}" if group == 1 else f"{i * group}-{min(n, (i + 1) * group) - 1}"
+                 for i in range(cells)]
         self.source.data = {"x": (idx % cols).tolist(), "y": (-(idx // cols)).tolist(),
                             "color": [STATE_COLORS[c] for c in pick], "state": [STATE_NAMES[c] for c in pick],
                             "shards": label}
@@ -170,8 +184,8 @@ def plane_series(events: list) -> dict[str, dict[str, list]]:
     """Per plane: time series of size, ingest and sample rates, exposed latency (from ``stats``)."""
     out: dict[str, dict[str, list]] = {}
     last: dict[str, dict] = {}
-    for _, m in events:
-        if not isinstance(m, dict) or m.get("event") != "stats":
+    for _, m in unpack(events):
+        if m.get("event") != "stats":
             continue
         name = str(m.get("plane", "plane"))
         s = out.setdefault(name, {"t": [], "size": [], "ingest_rate": [], "sample_rate": [],
@@ -219,7 +233,8 @@ class ExperiencePanel:
 
     def __init__(self, scheduler, width: int = 900, **kwargs: Any):
         from bokeh.layouts import column, row
-        from bokeh.models import ColumnDataSource, Div
+        from bokeh.models import ColumnDataSource, FactorRange
+        from bokeh.models.widgets import Div
         from bokeh.plotting import figure
 
         self.scheduler = scheduler
@@ -236,14 +251,15 @@ class ExperiencePanel:
                          height=260, width=width // 2, tools="", toolbar_location=None, sizing_mode=sizing)
         latency.line("t", "exposed_ms", source=self.source, color="#c44e52", line_width=2)
         latency.scatter("t", "exposed_ms", source=self.source, color="#c44e52", size=5)
-        self.tier_fig = figure(title="Tier occupancy (rows)", y_range=[], height=220, width=width,
+        self.tier_range = FactorRange()
+        self.tier_fig = figure(title="Tier occupancy (rows)", y_range=self.tier_range, height=220, width=width,
                                tools="", toolbar_location=None, sizing_mode=sizing)
         self.tier_fig.hbar_stack(["used", "free"], y="tier", height=0.6, color=["#55a868", "#d9d9d9"],
                                  source=self.tiers)
         self.root = column(self.summary, row(rates, latency, sizing_mode=sizing), self.tier_fig, sizing_mode=sizing)
 
     def update(self) -> None:
-        series = plane_series(list(self.scheduler.get_events(config.get("replay.event-topic"))))
+        series = plane_series(_log(self.scheduler, "replay"))
         if not series:
             return
         name = max(series, key=lambda k: series[k]["t"][-1])   # the plane that published last
@@ -252,7 +268,7 @@ class ExperiencePanel:
         tiers = s["tiers"]
         self.tiers.data = {"tier": [t["name"] for t in tiers], "used": [t["used"] for t in tiers],
                            "free": [max(0, t["rows"] - t["used"]) for t in tiers]}
-        self.tier_fig.y_range.factors = [t["name"] for t in tiers]
+        self.tier_range.factors = [t["name"] for t in tiers]
         pct = s["exposed_pct"][-1] if s["exposed_pct"] else 0.0
         t = s["t"]
         interval = (t[-1] - t[-2]) / 1000.0 if len(t) > 1 else None
@@ -273,19 +289,13 @@ def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
     """Per-branch state, score lines and slot occupancy of the latest experiments run."""
     records: list[dict] = []
     run = None
-    for _, m in events:
-        if not isinstance(m, dict):
-            continue
-        batch = m.get("events") if m.get("event") == "batch" else [m]
-        for r in batch or []:
-            if not isinstance(r, dict):
+    for _, r in unpack(events):
+        if r.get("run") != run:
+            if r.get("event") != "add" and run is not None:
                 continue
-            if r.get("run") != run:
-                if r.get("event") != "add" and run is not None:
-                    continue
-                if r.get("event") == "add" and r.get("run") != run:
-                    run, records = r.get("run"), []
-            records.append(r)
+            if r.get("event") == "add" and r.get("run") != run:
+                run, records = r.get("run"), []
+        records.append(r)
     if run is None:
         return None
     branches: dict[str, dict[str, Any]] = {}
@@ -294,7 +304,8 @@ def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
     busy_t, busy_n, running = [0.0], [0], 0
     stop = None
     for r in records:
-        kind, b, t = r.get("event"), r.get("branch"), _num(r.get("t"))
+        b: Any = r.get("branch")
+        kind, t = r.get("event"), _num(r.get("t"))
         if b is not None and b not in branches:
             branches[b] = {"runs": 0, "pending": 0, "mean": math.nan, "pruned": False, "paper": False}
             order.append(b)
@@ -336,15 +347,17 @@ class BranchBoard:
 
     def __init__(self, scheduler, width: int = 900, **kwargs: Any):
         from bokeh.layouts import column, row
-        from bokeh.models import ColumnDataSource, Div, HoverTool
+        from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+        from bokeh.models.widgets import Div
         from bokeh.plotting import figure
 
         self.scheduler = scheduler
         sizing = kwargs.get("sizing_mode")
         self.summary = Div(text="No experiments run yet.")
+        self.branch_range = FactorRange()
         self.source = ColumnDataSource({"branch": [], "mean": [], "runs": [], "pending": [], "color": [],
                                         "status": []})
-        self.bars = figure(title="Mean reward per branch (red: pruned, gold: paper triggered)", x_range=[],
+        self.bars = figure(title="Mean reward per branch (red: pruned, gold: paper triggered)", x_range=self.branch_range,
                            height=280, width=width, tools="", toolbar_location=None, sizing_mode=sizing)
         self.bars.vbar(x="branch", top="mean", width=0.8, color="color", source=self.source)
         self.bars.add_tools(HoverTool(tooltips=[("branch", "@branch"), ("mean", "@mean"), ("runs", "@runs"),
@@ -363,7 +376,7 @@ class BranchBoard:
                            sizing_mode=sizing)
 
     def update(self) -> None:
-        view = branch_view(list(self.scheduler.get_events(config.get("experiments.event-topic"))))
+        view = branch_view(_log(self.scheduler, "experiments"))
         if view is None:
             return
         br = view["branches"]
@@ -373,7 +386,7 @@ class BranchBoard:
         self.source.data = {"branch": names, "mean": [0.0 if math.isnan(br[n]["mean"]) else br[n]["mean"] for n in names],
                             "runs": [br[n]["runs"] for n in names], "pending": [br[n]["pending"] for n in names],
                             "color": color, "status": status}
-        self.bars.x_range.factors = names
+        self.branch_range.factors = names
         lines = [(name, xs, [y if math.isfinite(y) else math.nan for y in ys])
                  for name, (xs, ys) in view["scores"].items()]
         self.lines.data = {"xs": [x for _, x, _ in lines], "ys": [y for _, _, y in lines],

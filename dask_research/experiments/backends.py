@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..events import Outbox
 from .execute import _run_coroutine, execute_async, execute_sync, is_async_callable
 from .timeouts import AbandonablePool
 from .types import Hypothesis, Result
@@ -126,9 +127,9 @@ class LocalBackend:
     async def _run(self, h: Hypothesis) -> Result:
         out = await execute_async(self.runner, h, self.bounded, self._executor, self._is_async,
                                   self.objectives)
-        hook = self.on_finish
-        if hook is not None:          # the driver books the result and refills the slot here,
-            hook(asyncio.current_task(), out)   # in this task's last step: no wake-up hops
+        hook, task = self.on_finish, asyncio.current_task()
+        if hook is not None and task is not None:   # the driver books the result and refills
+            hook(task, out)           # the slot here, in this task's last step: no wake-up hops
         return out
 
     async def wait(self, timeout: float | None) -> list[Outcome]:
@@ -163,9 +164,11 @@ class DaskBackend:
     """Experiments as Dask futures watched by ``distributed.as_completed``.
 
     Runs on the client's event loop. Event records go to the scheduler's event log under
-    ``topic``, batched: one ``log_event`` call in flight at a time, each message
-    ``{"event": "batch", "run": run_id, "events": [record, ...]}``; each record is shaped like
-    the other capabilities' messages (``{"event": kind, "run": run_id, ...}``).
+    ``topic`` through a batched :class:`dask_research.events.Outbox`: one shipment in flight
+    at a time, each a :func:`dask_research.events.batch` envelope ``{"v": 1, "source":
+    "experiments", "event": "batch", "run": run_id, "time": ..., "events": [record, ...]}``;
+    each record is shaped like the other capabilities' events (``{"event": kind, "run":
+    run_id, ...}``).
     """
 
     def __init__(self, client: Any, runner: Callable[[Hypothesis], Any], bounded: bool,
@@ -180,8 +183,8 @@ class DaskBackend:
         self.run_id = run_id
         self._ac = as_completed([], loop=client.loop, with_results=True, raise_errors=False)
         self._next: asyncio.Future | None = None
-        self._outbox: list[dict] = []
-        self._shipper: asyncio.Task | None = None
+        self._outbox = Outbox(client if topic else None, "experiments", run=run_id,
+                              batched=True, topic=topic)
         self._futures: set[Any] = set()
         # the runner is pickled once per run (a closure over a model or a table used to be
         # pickled again for every dispatch); each task carries the bytes, and a worker
@@ -243,24 +246,11 @@ class DaskBackend:
 
     # -- event log ----------------------------------------------------------------------
     def ship(self, records: list[dict]) -> None:
-        if not self.topic or not records:
-            return
-        self._outbox.extend(records)
-        if self._shipper is None or self._shipper.done():
-            self._shipper = asyncio.ensure_future(self._ship_loop())
-
-    async def _ship_loop(self) -> None:
-        while self._outbox:
-            batch, self._outbox = self._outbox, []
-            await self.client.scheduler.log_event(
-                topic=self.topic, msg={"event": "batch", "run": self.run_id, "events": batch})
+        for record in records:
+            self._outbox.put(record)
 
     async def close(self) -> None:
         if self._next is not None and not self._next.done():
             self._next.cancel()
         self._futures.clear()       # dropping the futures releases them on the cluster
-        if self._shipper is not None:
-            try:
-                await self._shipper
-            except Exception:  # noqa: BLE001 - the log is best effort; the trace is complete
-                pass
+        await self._outbox.drain()      # best effort: a failed shipment is logged, not raised

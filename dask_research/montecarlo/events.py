@@ -1,11 +1,12 @@
-"""Monte-Carlo events on the Dask event log (topic ``research.montecarlo``).
+"""Monte-Carlo events on the Dask event log (topic ``research.montecarlo.event-topic``).
 
 Every run says what happens to its shards: ``start`` (with the client's id, so a page can tell
 a run whose client left), ``accepted`` (a block of shards, with a running estimate), ``check``
 (a verification), ``check-moved`` (a late or failed check submitted elsewhere),
 ``quarantine``, ``speculate``, ``speculate-stopped``, ``retry`` (a block that failed on one
 worker, submitted on another), ``done``, or ``failed`` (with its reason, one line). The
-events go to the scheduler's event log, so the dashboard's Shards page and any subscriber
+events go to the scheduler's event log in the envelope of :mod:`dask_research.events`, one log
+entry each, so the dashboard's Shards page and any subscriber
 (``client.subscribe_topic("research.montecarlo", handler)``) see every run on that scheduler,
 whoever started it. They carry indices, worker addresses and numbers, never inputs, payloads
 or store credentials.
@@ -21,85 +22,43 @@ Examples
 """
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
-import threading
-from collections import deque
 from typing import Any
 
-from .. import config
-
-logger = logging.getLogger(__name__)
+from .. import events
 
 __all__ = ["EventOutbox", "RunningEstimate", "topic"]
 
 
 def topic() -> str:
-    return str(config.get("montecarlo.event-topic"))
+    """The Monte-Carlo topic, ``research.montecarlo.event-topic``.
+
+    >>> topic()
+    'research.montecarlo'
+    """
+    return events.topic("montecarlo")
 
 
-class EventOutbox:
-    """Ordered, fire-and-forget events of one run, shipped from the client's event loop.
+class EventOutbox(events.Outbox):
+    """The ordered outbox of one run's events (:class:`dask_research.events.Outbox`).
 
-    A run emits an event per accepted block, and the driver should not wait for the
-    scheduler's reply each time (``client.log_event`` is a synchronous round trip). The outbox
-    queues messages and one coroutine on the client's loop sends them one after the other, so
-    they arrive in the order they were emitted, ``done`` last. :meth:`flush` waits until every
-    queued message has been sent (a run flushes before it returns, so its events are in the
-    log when the caller reads them). A failure only costs the event, never the run.
+    A run emits an event per accepted block, and the driver does not wait for the scheduler
+    each time: :meth:`emit` queues, and everything queued while a shipment is in flight goes
+    to the scheduler in one round trip, each event its own log entry, in emission order,
+    ``done`` last. :meth:`flush` waits until every queued message has been sent (a run flushes
+    before it returns, so its events are in the log when the caller reads them). A failure
+    only costs the events, never the run.
 
     Examples
     --------
     >>> box = EventOutbox(None)          # no client: events are dropped
     >>> box.emit("start", "run-id", shards=4)
     >>> box.flush()
+    True
     """
 
-    def __init__(self, client) -> None:
-        self.client = client
-        self._queue: deque[dict] = deque()
-        self._lock = threading.Lock()
-        self._shipping: Any = None          # concurrent.futures.Future of the running shipper
-
-    def emit(self, kind: str, run_id: str, **data: Any) -> None:
-        """Queue ``{"event": kind, "run": run_id, **data}``; returns at once."""
-        if self.client is None:
-            return
-        with self._lock:
-            self._queue.append({"event": kind, "run": run_id, **data})
-            if self._shipping is None:
-                try:
-                    self._shipping = asyncio.run_coroutine_threadsafe(self._ship(topic()),
-                                                                      self.client.loop.asyncio_loop)
-                except Exception as e:  # pragma: no cover - a client without a running loop
-                    self._queue.clear()
-                    logger.debug("could not ship %s event: %s", kind, e)
-
-    async def _ship(self, topic_: str) -> None:
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._shipping = None
-                    return
-                batch = list(self._queue)
-                self._queue.clear()
-            for msg in batch:
-                try:
-                    await self.client.scheduler.log_event(topic=topic_, msg=msg)
-                except Exception as e:  # pragma: no cover - e.g. a scheduler going away mid-run
-                    logger.debug("could not log %s event: %s", msg.get("event"), e)
-
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every queued event has been sent (at most ``timeout`` seconds)."""
-        with self._lock:
-            shipping = self._shipping
-        if shipping is None:
-            return
-        try:
-            shipping.result(timeout)
-        except Exception as e:  # pragma: no cover - the log is best effort
-            logger.debug("events not flushed: %s", e)
+    def __init__(self, client: Any) -> None:
+        super().__init__(client, "montecarlo")
 
 
 class RunningEstimate:

@@ -1,7 +1,7 @@
 """Publish an experience plane's statistics to the Dask event log.
 
-The dashboard's Experience page reads ``stats`` events from the topic
-``research.replay.event-topic``. Every plane with a client publishes on its own: a
+The dashboard's Experience page reads ``stats`` events (in the envelope of
+:mod:`dask_research.events`) from the topic ``research.replay.event-topic``. Every plane with a client publishes on its own: a
 :class:`~dask_research.replay.ClusterPlane` always, an
 :class:`~dask_research.replay.ExperiencePlane` when given ``client=``, every
 ``research.replay.publish-interval`` seconds (``null``: never) from a daemon thread. Events
@@ -22,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
+from ..events import envelope
+from ..events import topic as event_topic
 
 __all__ = ["publish_plane", "plane_event", "Publisher", "auto_publisher"]
 
@@ -37,18 +39,27 @@ def _tiers(stats: dict) -> list[dict[str, Any]]:
 
 
 def plane_event(stats: dict, name: str) -> dict[str, Any]:
-    """The compact, msgpack-friendly ``stats`` event for one plane (single-process or cluster)."""
+    """The compact, msgpack-friendly ``stats`` event for one plane (single-process or cluster).
+
+    An :func:`dask_research.events.envelope` (source ``replay``, no run) whose ``t`` repeats
+    its ``time`` for the readers of the shape before the envelope.
+
+    >>> ev = plane_event({"size": 3, "capacity": 8, "tiers": []}, "learner-0")
+    >>> ev["source"], ev["event"], ev["plane"], ev["size"], ev["t"] == ev["time"]
+    ('replay', 'stats', 'learner-0', 3, True)
+    """
     d = stats.get("delivery") or {}
-    return {
-        "event": "stats", "plane": name, "t": time.time(),
-        "size": int(stats.get("size", 0)), "capacity": int(stats.get("capacity", 0)),
-        "inserted": int(stats.get("inserted", 0)), "sampled": int(stats.get("sampled", 0)),
-        "tiers": _tiers(stats),
-        "exposed_mean_s": float(d.get("exposed_mean_s") or 0.0),
-        "exposed_p99_s": float(d.get("exposed_p99_s") or 0.0),
-        "step_mean_s": float(d.get("step_mean_s") or 0.0),
-        "batches": int(d.get("batches") or 0),
-    }
+    now = time.time()
+    return envelope(
+        "replay", "stats", None, time=now, plane=name, t=now,
+        size=int(stats.get("size", 0)), capacity=int(stats.get("capacity", 0)),
+        inserted=int(stats.get("inserted", 0)), sampled=int(stats.get("sampled", 0)),
+        tiers=_tiers(stats),
+        exposed_mean_s=float(d.get("exposed_mean_s") or 0.0),
+        exposed_p99_s=float(d.get("exposed_p99_s") or 0.0),
+        step_mean_s=float(d.get("step_mean_s") or 0.0),
+        batches=int(d.get("batches") or 0),
+    )
 
 
 def _default_stats(plane: Any) -> dict:
@@ -99,7 +110,7 @@ class Publisher:
         if plane is None:
             return False
         try:
-            topic = topic or str(config.get("replay.event-topic"))
+            topic = topic or event_topic("replay")
             self.client.log_event(topic, plane_event(self._stats(plane), self.name))
             self.sent += 1
             return True

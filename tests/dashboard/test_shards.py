@@ -110,3 +110,18 @@ def test_run_status_from_events():
     assert run_status(start, [], clients={"c1"}) == "running"
     assert run_status(start, [], clients={"c2"}).startswith("stale")
     assert run_status({"run": "r"}, [], clients=set()) == "running"   # a run from before client ids
+
+
+def test_shard_states_read_envelopes_batches_and_the_older_shape_alike():
+    from dask_research.events import batch, envelope
+
+    old = [(0.0, {"event": "start", "run": "r", "shards": 4, "key_prefix": "ab-cd"}),
+           (1.0, {"event": "accepted", "run": "r", "start": 0, "stop": 2}),
+           (2.0, {"event": "check", "run": "r", "shard": 0, "match": True})]
+    new = [(0.0, envelope("montecarlo", "start", "r", shards=4, key_prefix="ab-cd")),
+           (1.0, batch("montecarlo", "r", [envelope("montecarlo", "accepted", "r", start=0, stop=2),
+                                           envelope("montecarlo", "check", "r", shard=0, match=True)]))]
+    for log in (old, new):
+        start, states = shard_states(log, running=[(2, 3)])
+        assert start["key_prefix"] == "ab-cd"
+        assert [STATE_NAMES[s] for s in states] == ["verified", "accepted", "running", "queued"]

@@ -12,11 +12,11 @@ import time
 import dask
 import pytest
 from click.testing import CliRunner
-from distributed import Client, get_worker
-from distributed.core import Status
+from distributed import Client, Status, get_worker
 from distributed.utils_test import gen_cluster, inc
 
 from dask_research._cluster import workers_info
+from dask_research.events import topic as event_topic
 from dask_research.exceptions import InputError
 from dask_research.montecarlo import power
 from dask_research.montecarlo.power import (
@@ -236,7 +236,7 @@ async def test_transitions_are_dask_events(c, s, a, b):
     plugin.check()
 
     async def events():
-        return [msg for _, msg in await c.get_events(power.TOPIC)]
+        return [msg for _, msg in await c.get_events(event_topic("power"))]
 
     deadline = time.monotonic() + 5
     while len(await events()) < 2:
@@ -389,3 +389,37 @@ def test_preload_and_worker_command_install_the_plugin(tmp_path):
     finally:
         for proc in reversed(procs):
             _stop(proc)
+
+
+# ------------------------------------------------------------------------------ the Dask fence
+
+
+def test_a_memory_monitor_without_its_pause_step_fails_the_setup_loudly():
+    """If Dask moved ``_maybe_pause_or_unpause``, the guard would do nothing: set-up raises."""
+    import types
+
+    from dask_research._compat import DaskCompatError
+
+    r = Readings()
+    worker = types.SimpleNamespace(memory_manager=object(), status=Status.running)
+    plugin = PowerPolicy(battery=r.battery, cpu_seconds=r.cpu_seconds, interval=3600)
+    with pytest.raises(DaskCompatError, match="_maybe_pause_or_unpause"):
+        plugin.setup(worker)
+
+
+def test_transitions_are_events_in_the_shared_envelope():
+    import types
+
+    from dask_research.events import envelope
+
+    logged = []
+    worker = types.SimpleNamespace(address="tcp://w:1", status=Status.running,
+                                   log_event=lambda topic, msg: logged.append((topic, msg)))
+    plugin = PowerPolicy(battery_floor="30%", battery=lambda: (10.0, False), interval=3600)
+    plugin.worker, plugin.policy = worker, "running"
+    plugin.check()
+    ((topic, msg),) = logged
+    assert topic == "research.power" and worker.status == Status.paused
+    assert list(msg)[:5] == list(envelope("power", "pause"))
+    assert msg["source"] == "power" and msg["event"] == msg["action"] == "pause" and msg["run"] is None
+    assert msg == plugin.transitions[-1]

@@ -1,0 +1,315 @@
+"""The one event layer: an envelope, topics from config, an outbox, a reader.
+
+Every subsystem says what happens on the scheduler's event log (``client.get_events(topic)``,
+``client.subscribe_topic(topic, handler)``), so the dashboard pages and any subscriber see the
+work of every client on that scheduler. This module is the vocabulary they share:
+
+- :func:`topic`: the topic of a subsystem, ``research.<subsystem>.event-topic`` (montecarlo,
+  experiments, replay, power, cluster);
+- :func:`envelope`: one event, ``{"v": 1, "source": ..., "event": kind, "run": ..., "time":
+  ..., **fields}``; a shipment of several events in one log entry is itself an envelope of kind
+  ``batch`` whose ``events`` field holds them;
+- :class:`Outbox`: ordered, batched, best-effort shipment from a client: many events per
+  scheduler round trip, one shipment in flight at a time, from the client's loop or any thread;
+- :func:`worker_emit`: the same envelope from a worker (its batched stream already ships it);
+- :func:`unpack`: the reader's side, one ``(time, event)`` per event whether it was logged
+  alone or inside a ``batch``, and whatever shape older producers used.
+
+Events carry indices, names, addresses and numbers, never inputs, payloads or credentials.
+See docs/events.rst for the kinds of each subsystem.
+
+Examples
+--------
+>>> from dask_research import events
+>>> events.topic("power")
+'research.power'
+>>> msg = events.envelope("montecarlo", "accepted", "run-1", time=0.0, start=0, stop=4)
+>>> msg
+{'v': 1, 'source': 'montecarlo', 'event': 'accepted', 'run': 'run-1', 'time': 0.0, 'start': 0, 'stop': 4}
+>>> [m["event"] for _, m in events.unpack([(1.0, msg), (2.0, events.batch("experiments", "r", [
+...     {"event": "select", "run": "r"}, {"event": "dispatch", "run": "r"}]))])]
+['accepted', 'select', 'dispatch']
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time as _time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from . import config
+from ._compat import scheduler_log_event
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VERSION", "SUBSYSTEMS", "topic", "envelope", "batch", "unpack", "Outbox", "worker_emit"]
+
+#: Version of the envelope; a reader that meets a higher one reads the fields it knows.
+VERSION = 1
+
+#: The subsystems that log events, each with its ``research.<subsystem>.event-topic``.
+SUBSYSTEMS = ("montecarlo", "experiments", "replay", "power", "cluster")
+
+#: Keys every envelope carries; an event's own fields may not use them.
+RESERVED = ("v", "source", "event", "run", "time")
+
+
+def topic(subsystem: str) -> str:
+    """The event-log topic of ``subsystem``, read from ``research.<subsystem>.event-topic``.
+
+    >>> topic("montecarlo")
+    'research.montecarlo'
+    """
+    return str(config.get(f"{subsystem}.event-topic"))
+
+
+def envelope(source: str, kind: str, run: str | None = None, *, time: float | None = None,
+             **fields: Any) -> dict[str, Any]:
+    """One event: version, source subsystem, kind, run id (or None), wall time, its fields.
+
+    ``time`` defaults to now (``time.time()``, where the event happened, not when it reached
+    the log). The reserved keys (:data:`RESERVED`) cannot be fields.
+
+    >>> envelope("power", "pause", time=5.0, worker="tcp://w:1")["worker"]
+    'tcp://w:1'
+    >>> envelope("power", "pause", v=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: event field 'v' is reserved by the envelope
+    """
+    for key in RESERVED:
+        if key in fields:
+            raise ValueError(f"event field {key!r} is reserved by the envelope")
+    return {"v": VERSION, "source": source, "event": kind, "run": run,
+            "time": _time.time() if time is None else time, **fields}
+
+
+def batch(source: str, run: str | None, events: list[dict]) -> dict[str, Any]:
+    """Several events in one log entry: an envelope of kind ``batch`` holding them in order.
+
+    >>> batch("experiments", "r", [{"event": "add", "run": "r"}])["events"]
+    [{'event': 'add', 'run': 'r'}]
+    """
+    return envelope(source, "batch", run, events=list(events))
+
+
+def unpack(log: Iterable[tuple[float, Any]]) -> Iterator[tuple[float, dict]]:
+    """``(log time, event)`` for every event of a topic's log, batches opened, in order.
+
+    Reads what producers log today and logged before the envelope (a dict with ``event``, or
+    ``action`` for power transitions); entries that are not dicts are skipped.
+
+    >>> list(unpack([(1.0, "noise"), (2.0, {"action": "pause"})]))
+    [(2.0, {'action': 'pause'})]
+    """
+    for t, msg in log:
+        if not isinstance(msg, dict):
+            continue
+        for ev in (msg.get("events") or ()) if msg.get("event") == "batch" else (msg,):
+            if isinstance(ev, dict):
+                yield t, ev
+
+
+def worker_emit(worker: Any, msg: dict) -> bool:
+    """Log one :func:`envelope` from a worker on its source's topic (``Worker.log_event``,
+    which the worker's batched stream ships to the scheduler).
+
+    Best effort: returns False (and logs why at debug level) when it could not be queued.
+
+    >>> worker_emit(None, envelope("cluster", "malloc-tuning", applied=True))
+    False
+    """
+    try:
+        worker.log_event(topic(msg["source"]), msg)
+        return True
+    except Exception as e:  # noqa: BLE001 - the event log is informational
+        logger.debug("could not log %s %s event: %s", msg.get("source"), msg.get("event"), e)
+        return False
+
+
+def _log_each(topic_: str, msgs: list, dask_scheduler: Any = None) -> int:
+    """Run on the scheduler: log ``msgs`` one entry each, in order (one round trip for all)."""
+    for msg in msgs:
+        dask_scheduler.log_event(topic_, msg)
+    return len(msgs)
+
+
+#: Per scheduler address: whether it runs :func:`_log_each` (``run_on_scheduler``). A scheduler
+#: that cannot (one without this package installed) gets one ``log_event`` per event, as before
+#: the outbox batched.
+_FANOUT: dict[str, bool] = {}
+
+
+class Outbox:
+    """Ordered, batched, best-effort shipment of one producer's events to the scheduler's log.
+
+    :meth:`emit` (or :meth:`put` for a ready message) queues and returns at once, from the
+    client's event loop or any other thread. One coroutine on the client's loop ships what is
+    queued, one shipment in flight at a time, so events arrive in the order they were emitted;
+    whatever queues while a shipment is in flight goes in the next one, and the shipper waits
+    up to ``linger`` seconds (:attr:`LINGER`) for more before each shipment, unless a flush
+    is waiting. A shipment is one scheduler round trip however many events it carries:
+
+    - ``batched=False`` (default): every event is its own log entry, as subscribers of
+      ``research.montecarlo`` read them; the scheduler logs a shipment of :attr:`FANOUT_MIN`
+      or more events in one call (``Client.run_on_scheduler``), a smaller one goes as one
+      ``log_event`` each (as does everything for a scheduler without this package);
+    - ``batched=True``: a shipment is one :func:`batch` entry (``research.experiments``).
+
+    :meth:`flush` (a thread) or :meth:`drain` (a coroutine on the loop) waits until everything
+    queued is sent. A failed send costs the events (counted in :attr:`failed`, logged, kept in
+    :attr:`last_error`), never the caller. ``client=None`` drops every event.
+
+    Examples
+    --------
+    >>> box = Outbox(None, "montecarlo")          # no client: events are dropped
+    >>> box.emit("start", "run-id", shards=4)
+    >>> box.flush()
+    True
+    """
+
+    #: Seconds the shipper waits for more events before a shipment (a flush cuts it short):
+    #: events are for people and pages, which refresh every half second.
+    LINGER = 0.02
+
+    #: Fewest events a fan-out shipment carries: one ``run_on_scheduler`` costs the client
+    #: about as much CPU as a few ``log_event`` calls.
+    FANOUT_MIN = 8
+
+    def __init__(self, client: Any, source: str, *, run: str | None = None,
+                 batched: bool = False, topic: str | None = None,
+                 linger: float | None = None) -> None:
+        self.client, self.source, self.run, self.batched = client, source, run, batched
+        self._topic = topic
+        self.linger = self.LINGER if linger is None else float(linger)
+        self._hurry: asyncio.Event | None = None   # set: ship without lingering (a flush waits)
+        self._urgent = False
+        self._queue: deque[dict] = deque()
+        self._lock = threading.Lock()
+        self._shipping: Any = None          # concurrent.futures.Future of the running shipper
+        self.sent = self.failed = self.shipments = 0
+        self.last_error: BaseException | None = None
+
+    @property
+    def topic(self) -> str:
+        """The topic given, else ``research.<source>.event-topic`` (read at each shipment)."""
+        return self._topic if self._topic is not None else topic(self.source)
+
+    def emit(self, kind: str, run: str | None = None, **fields: Any) -> None:
+        """Queue :func:`envelope` ``(source, kind, run or the outbox's run, **fields)``."""
+        if self.client is None:
+            return
+        self.put(envelope(self.source, kind, run if run is not None else self.run, **fields))
+
+    def put(self, msg: dict) -> None:
+        """Queue one ready message; returns at once."""
+        if self.client is None:
+            return
+        with self._lock:
+            self._queue.append(msg)
+            if self._shipping is None:
+                ship = None
+                try:
+                    loop = self.client.loop.asyncio_loop
+                    ship = self._ship()
+                    self._shipping = asyncio.run_coroutine_threadsafe(ship, loop)
+                except Exception as e:  # noqa: BLE001 - a client without a running loop
+                    if ship is not None:
+                        ship.close()
+                    self.failed += len(self._queue)
+                    self._queue.clear()
+                    self._failed(e)
+
+    def _failed(self, error: BaseException) -> None:
+        first = self.last_error is None
+        self.last_error = error
+        (logger.warning if first else logger.debug)(
+            "dask-research: could not log %s events (%s: %s); the run goes on without them",
+            self.source, type(error).__name__, error)
+
+    async def _ship(self) -> None:
+        hurry = asyncio.Event()
+        with self._lock:
+            self._hurry = hurry
+            if self._urgent:
+                hurry.set()
+        while True:
+            if self.linger > 0 and not hurry.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(hurry.wait(), self.linger)
+            with self._lock:
+                if not self._queue:
+                    self._shipping = self._hurry = None
+                    self._urgent = False
+                    return
+                msgs = list(self._queue)
+                self._queue.clear()
+            try:
+                await self._send(self.topic, msgs)
+                self.sent += len(msgs)
+                self.shipments += 1
+            except Exception as e:  # noqa: BLE001 - e.g. a scheduler going away mid-run
+                self.failed += len(msgs)
+                self._failed(e)
+
+    async def _send(self, topic_: str, msgs: list[dict]) -> None:
+        if self.batched:
+            await scheduler_log_event(self.client, topic_, batch(self.source, self.run, msgs))
+            return
+        address = str(getattr(self.client.scheduler, "address", ""))
+        if len(msgs) >= self.FANOUT_MIN and _FANOUT.get(address, True):
+            try:
+                await self.client.run_on_scheduler(_log_each, topic_, msgs, asynchronous=True)
+                _FANOUT[address] = True
+                return
+            except Exception as e:  # noqa: BLE001 - refused: one log_event per event from now on
+                if _FANOUT.get(address):
+                    raise                     # it worked before: this is the connection
+                _FANOUT[address] = False
+                logger.debug("scheduler %s does not run the event fan-out (%s); one log_event "
+                             "per event", address, e)
+        for msg in msgs:
+            await scheduler_log_event(self.client, topic_, msg)
+
+    def _waiting(self) -> Any:
+        """The running shipper (or None), told to ship without lingering from now on."""
+        with self._lock:
+            self._urgent = True
+            shipping, hurry = self._shipping, self._hurry
+            if shipping is None:
+                self._urgent = False
+        if hurry is not None:
+            self.client.loop.asyncio_loop.call_soon_threadsafe(hurry.set)
+        return shipping
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait (a thread, not the client's loop) until everything queued is sent.
+
+        Returns whether it was all sent in time, without a failure since the outbox was made.
+        """
+        shipping = self._waiting()
+        if shipping is not None:
+            try:
+                shipping.result(timeout)
+            except TimeoutError:        # still shipping: nothing lost yet
+                logger.debug("%s events not flushed within %s s", self.source, timeout)
+                return False
+            except Exception as e:  # noqa: BLE001 - the log is best effort
+                self._failed(e)
+                return False
+        return self.failed == 0
+
+    async def drain(self) -> bool:
+        """:meth:`flush` for a coroutine on the client's loop."""
+        shipping = self._waiting()
+        if shipping is not None:
+            try:
+                await asyncio.wrap_future(shipping)
+            except Exception as e:  # noqa: BLE001 - the log is best effort
+                self._failed(e)
+                return False
+        return self.failed == 0
