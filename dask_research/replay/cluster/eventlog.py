@@ -1,22 +1,24 @@
 """The events a cluster plane logs on the scheduler (``research.replay.event-topic``).
 
 One :class:`PlaneEvents` per plane writes every event of that plane: ``shard-new``,
-``shard-lost``, ``shard-restored`` and ``rebalance``. Each message is a dict
-``{"event": kind, "plane": name, **data}`` sent with ``client.log_event``; read them with
-``client.get_events(topic)``.
+``shard-lost``, ``shard-restored`` and ``rebalance``. Each message is the package's one
+envelope (:func:`dask_research.events.envelope`, source ``"replay"``) with the plane's name
+among its fields, sent with ``client.log_event``; read them with ``client.get_events(topic)``.
 
 Examples
 --------
 >>> class Client:                     # what PlaneEvents asks of a distributed.Client
 ...     def log_event(self, topic, msg):
 ...         print(topic, msg)
->>> PlaneEvents(Client(), "dqn", topic="research.replay").emit("shard-lost", shard=0)
-research.replay {'event': 'shard-lost', 'plane': 'dqn', 'shard': 0}
+>>> PlaneEvents(Client(), "dqn", topic="research.replay").emit("shard-lost", shard=0)  # doctest: +ELLIPSIS
+research.replay {'v': 1, 'source': 'replay', 'event': 'shard-lost', 'run': None, 'time': ..., 'plane': 'dqn', 'shard': 0}
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+from ...events import envelope
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ class PlaneEvents:
 
     def emit(self, kind: str, **data: Any) -> None:
         """Log event ``kind`` with ``data``; a scheduler going away is logged, not raised."""
-        msg = {"event": kind, "plane": self.plane, **data}
+        msg = envelope("replay", kind, None, plane=self.plane, **data)
         try:
             self.client.log_event(self.topic, msg)
         except Exception as e:  # a scheduler going away

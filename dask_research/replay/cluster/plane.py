@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import config
+from ... import config, events
 from ...exceptions import InputError
 from ..batch import Batch
 from ..samplers import Sampler, UniformSampler
@@ -144,7 +144,7 @@ class ClusterPlane:
             memory_fraction=float(config.get("replay.cluster.memory-fraction", memory_fraction)),
             device_fraction=float(config.get("replay.cluster.device-fraction", device_fraction)),
             seed=seed, checkpoint_dir=self.checkpoint_dir, checkpoint_interval=checkpoint_interval)
-        self.topic = str(config.get("replay.event-topic"))
+        self.topic = events.topic("replay")
         self.update_interval = float(config.get("replay.cluster.update-interval"))
         self.events = PlaneEvents(client, self.name, self.topic)
         self.table = ShardTable(client, self.name, self.spec, self.sampler, self.events,
