@@ -24,8 +24,9 @@ Methods (same budget, same space):
   :class:`~dask_research.experiments.OptunaSource` (TPE per family), so nothing is pre-drawn.
 - ``ours-max-recent-ta+unique``: the configuration chosen on tuning seeds 100-199
   (``benchmarks/search_tune.py``): Threshold Ascent (top 3, delta 10) whose hit rate counts a
-  branch's last 6 results, over per-family TPE samplers that never propose a configuration
-  twice (:mod:`benchmarks.search_policies`).
+  branch's last 6 results (``ThresholdAscentPolicy(top=3, delta=10.0, window=6)``), over
+  per-family TPE samplers that never propose a configuration twice
+  (``OptunaSource(..., unique=True)``).
 - ``optuna-tpe``: one Optuna TPE study over the joint space (the family a categorical, its
   parameters conditional), sequential ask/tell (TPE's best case: no pending trials).
 - ``optuna-tpe-unique``: the same study, but a configuration it asks for again is told its
@@ -52,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import search_space as sp  # noqa: E402
-from benchmarks.harness import LoadMonitor, print_table, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, print_table, require, write_results  # noqa: E402
 from benchmarks.search_stats import paired  # noqa: E402
 
 BUDGET = 60
@@ -223,12 +224,13 @@ def run_recent_ta(prob: Problem, seed: int) -> dict[str, Any]:
     """The configuration chosen on tuning seeds 100-199 (``search_tune.py``): sliding-window
     Threshold Ascent (top 3, delta 10, window 6) over per-family samplers that never repeat
     a configuration."""
-    from benchmarks.search_policies import RecentThresholdAscent, UniqueOptunaSource
+    from dask_research.experiments import OptunaSource
+    from dask_research.experiments.policies.maxbandit import ThresholdAscentPolicy
 
     def source(f: str, s: int) -> Any:
-        return UniqueOptunaSource(_encode(f), seed=s, startup=5)
+        return OptunaSource(_encode(f), seed=s, startup=5, unique=True)
     return run_ours(prob, seed, "max", "threshold-ascent", True, source=source,
-                    policy=RecentThresholdAscent(top=3, delta=10.0, window=6))
+                    policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6))
 
 
 METHODS: dict[str, Any] = {
@@ -247,6 +249,7 @@ METHODS: dict[str, Any] = {
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    require("optuna", "sklearn", benchmark="bench_search")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--methods", default=",".join(METHODS))

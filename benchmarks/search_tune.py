@@ -29,14 +29,11 @@ Method = Callable[[bs.Problem, int], dict[str, Any]]
 def ours(policy: Callable[[], Any] | None = None, unique: bool = False, startup: int = 5,
          sampler: bool = True, max_policy: str = "threshold-ascent") -> Method:
     """A candidate: ``objective="max"``, a policy factory (default: ``max_policy``), and
-    OptunaSource (``unique``: :class:`~benchmarks.search_policies.UniqueOptunaSource`)."""
-    from benchmarks.search_policies import UniqueOptunaSource
+    OptunaSource (``unique``: never proposes a configuration twice)."""
     from dask_research.experiments import OptunaSource
 
-    cls = UniqueOptunaSource if unique else OptunaSource
-
     def source(f: str, s: int) -> Any:
-        return cls(bs._encode(f), seed=s, startup=startup)
+        return OptunaSource(bs._encode(f), seed=s, startup=startup, unique=unique)
 
     def run(prob: bs.Problem, seed: int) -> dict[str, Any]:
         kw = {} if policy is None else {"policy": policy()}
@@ -45,7 +42,7 @@ def ours(policy: Callable[[], Any] | None = None, unique: bool = False, startup:
 
 
 def _ta(top: int = 5, delta: float = 0.1) -> Callable[[], Any]:
-    from dask_research.experiments.maxbandit import ThresholdAscentPolicy
+    from dask_research.experiments.policies.maxbandit import ThresholdAscentPolicy
     return lambda: ThresholdAscentPolicy(top, delta)
 
 
@@ -56,8 +53,13 @@ def _mu(alpha: float) -> Callable[[], Any]:
 
 def _rta(top: int = 5, delta: float = 0.1, window: int = 6,
          distinct: bool = False) -> Callable[[], Any]:
-    from benchmarks.search_policies import RecentThresholdAscent
-    return lambda: RecentThresholdAscent(top, delta, window, distinct)
+    """Threshold Ascent over each branch's last ``window`` results (``distinct``: the
+    rejected :class:`~benchmarks.search_policies.DistinctThresholdAscent`)."""
+    if distinct:
+        from benchmarks.search_policies import DistinctThresholdAscent
+        return lambda: DistinctThresholdAscent(top, delta, window)
+    from dask_research.experiments.policies.maxbandit import ThresholdAscentPolicy
+    return lambda: ThresholdAscentPolicy(top, delta, window=window)
 
 
 def _rise(window: int) -> Callable[[], Any]:
