@@ -15,12 +15,11 @@ True
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..exceptions import PipelineError
-from .timing import Limits
+from .timing import Limits, RunningMedian
 
 __all__ = ["Stragglers"]
 
@@ -42,7 +41,7 @@ class Stragglers:
         self.client, self.limits, self.speculate, self.poll = client, limits, speculate, poll
         self.bounds, self.emit = bounds, emit
         self.running: dict[str, tuple[float, str]] = {}   # key -> (first seen processing, worker)
-        self.durations: list[float] = []                 # seconds of every finished block
+        self.durations = RunningMedian()                 # seconds of every finished block
         self.end_seen: dict[int, float] = {}
         self.stopped = False                             # a copy was as slow as its original
         self._watched = 0.0                              # when client.processing() was last read
@@ -110,7 +109,7 @@ class Stragglers:
             return
         if any(f.key not in self.running for i in unfinished for f in leaf_futures[i]):
             return                  # a block still waits for a thread: not the end yet
-        limit = self.speculate * statistics.median(self.durations)
+        limit = self.speculate * (self.durations.median() or 0.0)
         hung = self.limits.block_limit()
         for idx in unfinished:
             self.end_seen.setdefault(idx, now)

@@ -14,12 +14,13 @@ True
 """
 from __future__ import annotations
 
-import statistics
+import bisect
+from collections.abc import Iterable
 
 from .. import config
 from ..exceptions import ConfigError
 
-__all__ = ["Limits", "seconds_setting"]
+__all__ = ["Limits", "RunningMedian", "seconds_setting"]
 
 
 def seconds_setting(key: str) -> float | str | None:
@@ -43,11 +44,49 @@ def seconds_setting(key: str) -> float | str | None:
     return float(seconds)
 
 
+class RunningMedian:
+    """The median of a growing collection of numbers, kept sorted as they arrive.
+
+    The driver reads the median of what finished blocks took at every turn; sorting every
+    finished block's figure each time cost the client a sort per turn, growing with the run.
+
+    >>> m = RunningMedian()
+    >>> m.median() is None
+    True
+    >>> m.extend([3.0, 1.0, 2.0, 10.0])
+    >>> m.median(), len(m)                  # statistics.median's value: the mean of the middle two
+    (2.5, 4)
+    """
+
+    def __init__(self) -> None:
+        self.sorted: list[float] = []
+
+    def append(self, value: float) -> None:
+        """Add one number."""
+        bisect.insort(self.sorted, value)
+
+    def extend(self, values: Iterable[float]) -> None:
+        """Add numbers."""
+        for v in values:
+            self.append(v)
+
+    def __len__(self) -> int:
+        return len(self.sorted)
+
+    def median(self) -> float | None:
+        """The median (``None`` if empty), as :func:`statistics.median` computes it."""
+        n = len(self.sorted)
+        if not n:
+            return None
+        mid = n // 2
+        return self.sorted[mid] if n % 2 else (self.sorted[mid - 1] + self.sorted[mid]) / 2
+
+
 class Limits:
     """A run's time limits, from its settings, the pilot's seconds per shard and the finished blocks.
 
     ``shard_times`` holds the seconds per computed shard of every finished block (the driver
-    appends to it).
+    appends to it). The settings are read once, when the run starts.
 
     >>> Limits(block=4, shard_seconds=2.0).block_limit()   # 20 x 2 s x 4 shards
     160.0
@@ -56,13 +95,16 @@ class Limits:
     def __init__(self, block: int, shard_seconds: float | None = None):
         self.block = block
         self.pilot_shard_seconds = float(shard_seconds) if shard_seconds else None
-        self.shard_times: list[float] = []
+        self.shard_times = RunningMedian()
         self.block_timeout = seconds_setting("block-timeout")
         self.check_timeout = seconds_setting("check-timeout")
+        self.factor = float(config.get("montecarlo.timeout-factor"))
+        self.block_floor = float(config.get("montecarlo.block-timeout-min"))
+        self.check_floor = float(config.get("montecarlo.check-timeout-min"))
 
     def expected_shard_seconds(self) -> float | None:
         """Seconds one shard is expected to take: the pilot's, or the median finished block's."""
-        seen = statistics.median(self.shard_times) if self.shard_times else None
+        seen = self.shard_times.median()
         known = [t for t in (self.pilot_shard_seconds, seen) if t]
         return max(known) if known else None
 
@@ -77,8 +119,7 @@ class Limits:
         per_shard = self.expected_shard_seconds()
         if per_shard is None:
             return None
-        return max(float(config.get("montecarlo.block-timeout-min")),
-                   float(config.get("montecarlo.timeout-factor")) * per_shard * self.block)
+        return max(self.block_floor, self.factor * per_shard * self.block)
 
     def check_limit(self) -> float | None:
         """Seconds a check may take before it moves to another worker.
@@ -89,8 +130,7 @@ class Limits:
         if self.check_timeout != "auto":
             return self.check_timeout  # type: ignore[return-value]
         per_shard = self.expected_shard_seconds() or 0.0
-        return max(float(config.get("montecarlo.check-timeout-min")),
-                   float(config.get("montecarlo.timeout-factor")) * per_shard)
+        return max(self.check_floor, self.factor * per_shard)
 
     def gather_bound(self) -> float:
         """Seconds a gather of finished results may take before it is retried later.

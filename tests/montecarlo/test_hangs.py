@@ -277,7 +277,7 @@ def test_auto_limits_follow_the_pilot_and_the_finished_blocks():
     assert limits.block_limit() == 60.0                                       # fast blocks: the floor
     limits = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0).limits  # the pilot: 2 s per shard
     assert limits.block_limit() == 20 * 2.0 * 4 and limits.check_limit() == 20 * 2.0
-    limits.shard_times += [3.0, 3.0, 3.0]                                     # blocks slower than the pilot
+    limits.shard_times.extend([3.0, 3.0, 3.0])                                # blocks slower than the pilot
     assert limits.block_limit() == 20 * 3.0 * 4
     with dask.config.set({"research.montecarlo.block-timeout": "90s", "research.montecarlo.check-timeout": None}):
         limits = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0).limits
