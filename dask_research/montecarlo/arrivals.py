@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 __all__ = ["Arrivals"]
@@ -29,6 +29,11 @@ class Arrivals:
     ``bound()`` is the seconds a gather may take; ``on_unfetched(key, now)`` is told of a
     finished future whose result could not be fetched in time.
 
+    A driver turn costs the futures that ended since the last turn, not the futures in flight:
+    the ended ones come from the ``as_completed``; those that ended but were not consumed (a
+    result that could not be fetched, a block that finished and then lost its data with its
+    worker) are read again by their status at each turn until they are.
+
     >>> arrivals = Arrivals(None, bound=lambda: 1.0)
     >>> arrivals.unfetched
     {}
@@ -38,15 +43,16 @@ class Arrivals:
                  on_unfetched: Callable[[str, float], None] | None = None):
         self.client, self.bound, self.on_unfetched = client, bound, on_unfetched
         self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
-        self._ended: Any = None        # a distributed.as_completed, made on the first track()
+        self._completed: Any = None    # a distributed.as_completed, made on the first track()
+        self._ended: dict[Any, None] = {}   # futures that ended and were not consumed yet, in order
 
     def track(self, futures: list) -> None:
         """Wake :meth:`collect` when any of ``futures`` ends (each once)."""
-        if self._ended is None:
+        if self._completed is None:
             from distributed import as_completed
 
-            self._ended = as_completed(loop=self.client.loop)
-        self._ended.update(futures)
+            self._completed = as_completed(loop=self.client.loop)
+        self._completed.update(futures)
 
     def waitable(self, futures: list) -> list:
         """``futures`` less those whose result could not be fetched a moment ago."""
@@ -56,41 +62,55 @@ class Arrivals:
         return [f for f in futures if f.key not in self.unfetched
                 or now - self.unfetched[f.key][0] >= self.unfetched[f.key][1]]
 
-    def collect_sync(self, futures: list, timeout: float) -> tuple[list, dict]:
+    def collect_sync(self, wanted: Container, timeout: float) -> tuple[list, dict]:
         """:meth:`collect` from the driver's thread."""
-        return self.client.sync(self.collect, futures, timeout)
+        return self.client.sync(self.collect, wanted, timeout)
 
-    async def _first_done(self, futures: list, timeout: float) -> list:
-        """The ended ones of ``futures`` (all tracked), waiting up to ``timeout`` for one."""
-        ended = self._ended
-        if ended is not None:
-            ended.next_batch(block=False)          # seen through the status below; drop the references
-        ready = [f for f in futures if f.done()]
-        if ready or ended is None:
+    def _take_ended(self) -> None:
+        if self._completed is not None:
+            for f in self._completed.next_batch(block=False):
+                self._ended[f] = None
+
+    def _ready(self, wanted: Container) -> list:
+        """The ended futures among ``wanted`` that can be consumed now; forget the unwanted."""
+        ready = []
+        for f in list(self._ended):
+            if f not in wanted:
+                del self._ended[f]             # accepted elsewhere (a twin), or no longer the caller's
+            elif f.done():
+                ready.append(f)
+        return self.waitable(ready)
+
+    async def _first_done(self, wanted: Container, timeout: float) -> list:
+        """The ended ones of ``wanted`` (all tracked), waiting up to ``timeout`` for one."""
+        self._take_ended()
+        ready = self._ready(wanted)
+        if ready or self._completed is None:
             return ready
-        try:                                       # nothing runs on this loop between the check and the wait
-            await asyncio.wait_for(anext(ended), timeout)
+        try:                                   # nothing runs on this loop between the check and the wait
+            self._ended[await asyncio.wait_for(anext(self._completed), timeout)] = None
         except asyncio.TimeoutError:
             return []
-        except StopAsyncIteration:                 # every tracked future already ended once: poll
+        except StopAsyncIteration:             # every tracked future already ended once: poll
             await asyncio.sleep(timeout)
-        ended.next_batch(block=False)
-        return [f for f in futures if f.done()]
+        self._take_ended()
+        return self._ready(wanted)
 
-    async def collect(self, futures: list, timeout: float) -> tuple[list, dict]:
-        """Wait for the first of ``futures`` to end, then gather every finished one: one hop.
+    async def collect(self, wanted: Container, timeout: float) -> tuple[list, dict]:
+        """Wait for the first tracked future in ``wanted`` to end, then gather every finished one: one hop.
 
-        Returns the ended futures (finished, errored, cancelled: less those whose result could
-        not be fetched) and the fetched results by future.
+        ``wanted``: the futures the caller waits for (a mapping or set: only membership is
+        asked). Returns the ended ones (finished, errored, cancelled; less those whose result
+        could not be fetched) and the fetched results by future. What is returned is consumed:
+        the caller acts on it now.
         """
-        futures = self.waitable(futures)
-        if not futures:
-            await asyncio.sleep(timeout)
-            return [], {}
-        done = await self._first_done(futures, timeout)
+        done = await self._first_done(wanted, timeout)
         if not done:
             return [], {}
         finished = [f for f in done if f.status == "finished"]
+        for f in done:
+            if f.status != "finished":
+                self._ended.pop(f, None)
         if not finished:
             return list(done), {}
         bound = self.bound()
@@ -98,6 +118,7 @@ class Arrivals:
             values = await asyncio.wait_for(self.client.gather(finished, asynchronous=True), bound)
             for f in finished:
                 self.unfetched.pop(f.key, None)
+                self._ended.pop(f, None)
             return list(done), dict(zip(finished, values))   # done also holds errored and lost futures
         except asyncio.TimeoutError:
             pass
@@ -109,6 +130,7 @@ class Arrivals:
         for f, b in zip(finished, bounds):
             if f in values_by:
                 self.unfetched.pop(f.key, None)
+                self._ended.pop(f, None)
             else:
                 self.unfetched[f.key] = (now, b)
                 if self.on_unfetched is not None:

@@ -175,7 +175,7 @@ class Checks:
             if not open_:
                 return results
             owner = {f: s for s in open_ for f, _, _ in self.attempts[s] if f.status in ("pending", "finished")}
-            done, values = self.arrivals.collect_sync(list(owner), self.poll) if owner else ([], {})
+            done, values = self.arrivals.collect_sync(owner, self.poll) if owner else ([], {})
             raise_if_cancelled(self.client, self.run_id, done)
             for f, value in values.items():
                 s = owner[f]

@@ -202,7 +202,7 @@ class Execution:
                 break
             if not self.pending:
                 raise RuntimeError("internal error: nothing pending but the run is not finished")
-            done, values = self.client.sync(self._collect, list(self.pending), self.poll)
+            done, values = self.client.sync(self._collect, self.pending, self.poll)
             cancelled = [f for f in done if f in self.pending and f.status == "cancelled"]
             if cancelled:
                 raise_if_cancelled(self.client, self.run_id, cancelled)
@@ -217,9 +217,9 @@ class Execution:
                     self._leaf_failed(self.pending.pop(f), f)
             self._maybe_speculate(todo)
 
-    async def _collect(self, futures: list, timeout: float) -> tuple[list, dict]:
+    async def _collect(self, wanted: dict, timeout: float) -> tuple[list, dict]:
         """The one wait of a driver turn, on the client's loop (see :meth:`.Arrivals.collect`)."""
-        return await self.arrivals.collect(futures, timeout)
+        return await self.arrivals.collect(wanted, timeout)
 
     # -- blocks -----------------------------------------------------------------------------
     def _submit_leaves(self, idxs: list[int], workers=None, speculative: bool = False, retry: int = 0) -> None:
@@ -346,13 +346,18 @@ class Execution:
         self._emit("retry", start=a, stop=b, failed_on=worker, error=failures[worker][:300])
 
     def _maybe_speculate(self, todo: deque) -> None:
-        """After every wait: fail the run on a hung block, copy a straggler near the end (see :mod:`.stragglers`)."""
+        """After every wait: fail the run on a hung block, copy a straggler near the end (see :mod:`.stragglers`).
+
+        Both look at every block in flight, so both run only when the scheduler's view of what
+        runs where was read (at most once a second, near the end once per ``poll``): a turn of
+        the driver costs what ended, not what is in flight.
+        """
         now = time.monotonic()
         ending = not todo
         processing = self.stragglers.watch(now, self.pending, ending=ending)
-        self.stragglers.check_hung(now, self.pending, self.leaf_futures)
-        unfinished = [i for i in self.leaf_futures if i not in self.block_states]
-        self.stragglers.speculate_copies(now, processing, ending, unfinished, self.leaf_futures, self._copy)
+        if processing is not None:       # what runs where was read now: time the blocks in flight
+            self.stragglers.check_hung(now, self.pending, self.leaf_futures)
+        self.stragglers.speculate_copies(now, processing, ending, self.block_states, self.leaf_futures, self._copy)
 
     def _copy(self, idx: int, slow_worker: str) -> None:
         """A speculative copy of block ``idx``, on any worker but ``slow_worker``."""

@@ -15,7 +15,7 @@ True
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from ..exceptions import PipelineError
@@ -96,16 +96,18 @@ class Stragglers:
                 "hangs on these shards, or a frozen worker. A thread cannot be killed: that worker's thread stays "
                 "busy until the pipeline returns. Stored shards are kept; the same command resumes"))
 
-    def speculate_copies(self, now: float, processing: dict | None, ending: bool, unfinished: list[int],
+    def speculate_copies(self, now: float, processing: dict | None, ending: bool, finished: Container[int],
                          leaf_futures: Mapping[int, list], copy: Callable[[int, str], None]) -> None:
-        """Copy the stragglers among ``unfinished`` blocks: ``copy(block, slow_worker)`` for each.
+        """Copy the stragglers among the blocks in flight: ``copy(block, slow_worker)`` for each.
 
-        Only near the end (``ending``, and no unfinished block still waiting for a thread) and
-        with at least two finished blocks to take a median of.
+        Only near the end (``ending``, and no unfinished block still waiting for a thread), with
+        at least two finished blocks to take a median of, and when ``processing`` was read now.
+        ``finished``: the blocks already accepted.
         """
-        if self.speculate <= 0 or self.stopped or not ending or len(self.durations) < 2:
+        if self.speculate <= 0 or self.stopped or not ending or len(self.durations) < 2 or processing is None:
             return
-        if not unfinished or processing is None:
+        unfinished = [i for i in leaf_futures if i not in finished]
+        if not unfinished:
             return
         if any(f.key not in self.running for i in unfinished for f in leaf_futures[i]):
             return                  # a block still waits for a thread: not the end yet

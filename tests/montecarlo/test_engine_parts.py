@@ -98,16 +98,18 @@ def test_a_straggler_is_copied_once_and_a_slow_copy_stops_speculation():
     late = {2: [Fut("mc-block-t-2-3")]}
     s.running[late[2][0].key] = (0.0, "tcp://slow")
     copy = lambda idx, worker: copies.append((idx, worker)) or late[idx].append(Fut("mc-spec-t-2-3"))
-    s.speculate_copies(10.0, {}, True, [2], late, copy)          # first seen at the end now: not yet
+    done = {0: "state", 1: "state"}
+    s.speculate_copies(10.0, {}, True, done, late, copy)         # first seen at the end now: not yet
     assert copies == []
-    s.speculate_copies(11.0, {}, False, [2], late, copy)         # blocks left to submit: not the end
+    s.speculate_copies(11.0, {}, False, done, late, copy)        # blocks left to submit: not the end
+    s.speculate_copies(12.5, None, True, done, late, copy)       # the scheduler was not read this turn
     assert copies == []
-    s.speculate_copies(12.5, {}, True, [2], late, copy)          # 2.5 s > 2 x the median
+    s.speculate_copies(12.5, {}, True, done, late, copy)         # 2.5 s > 2 x the median
     assert copies == [(2, "tcp://slow")]
     s.running[late[2][1].key] = (12.5, "tcp://fast")
-    s.speculate_copies(13.0, {}, True, [2], late, copy)          # the copy runs: no second copy
+    s.speculate_copies(13.0, {}, True, done, late, copy)         # the copy runs: no second copy
     assert copies == [(2, "tcp://slow")] and not s.stopped
-    s.speculate_copies(15.0, {}, True, [2], late, copy)          # the copy is as slow: stop for the run
+    s.speculate_copies(15.0, {}, True, done, late, copy)         # the copy is as slow: stop for the run
     assert s.stopped and events == [("speculate-stopped", {"start": 2, "stop": 3, "seconds": 2.5})]
 
 
@@ -176,7 +178,11 @@ def test_arrivals_wake_on_the_first_end_and_gather_every_finished_one(loop):
         arrivals.track([broken])
         done, values = arrivals.collect_sync([broken], 30.0)
         assert done == [broken] and values == {} and broken.status == "error"
-        assert arrivals.collect_sync([fast], 0.05) == ([fast], {fast: 1})   # ended before: seen by status
+        assert arrivals.collect_sync({fast: 0}, 0.05) == ([], {})            # consumed: not handed out twice
+        early = c.submit(_slow_identity, 4, 0.0, pure=False)
+        early.result()
+        arrivals.track([early])                                              # tracked after it ended
+        assert arrivals.collect_sync({early: 0}, 30.0) == ([early], {early: 4})
 
 
 def test_a_result_that_could_not_be_fetched_waits_out_its_bound():
@@ -187,7 +193,7 @@ def test_a_result_that_could_not_be_fetched_waits_out_its_bound():
     assert arrivals.waitable([a, b]) == [b]
     arrivals.unfetched["a"] = (0.0, 1.0)
     assert arrivals.waitable([a, b]) == [a, b]
-    assert asyncio.run(arrivals.collect([], 0.01)) == ([], {})
+    assert asyncio.run(arrivals.collect({}, 0.01)) == ([], {})
 
 
 # -- failures ----------------------------------------------------------------------------------------
