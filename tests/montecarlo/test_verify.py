@@ -91,12 +91,12 @@ def test_a_straggler_is_duplicated_and_the_result_is_unchanged(two_workers):
     reference = mc.run(_job(sluggish, 16), client=two_workers, verify=0, progress=False, shards_per_task=1)
     slow = sorted(workers_info(two_workers))[0]
     _flag(two_workers, slow, "slow")
-    t0 = time.perf_counter()
     res = mc.run(_job(sluggish, 16), client=two_workers, verify=0, progress=False, shards_per_task=1,
                  speculate=3.0)
     assert res.state == reference.state
     assert any(s["speculative_won"] for s in res.speculated), res.speculated
-    assert time.perf_counter() - t0 < 2.0 * 16  # nowhere near "every block on the slow worker"
+    # Nowhere near "every block on the slow worker" (read from the run's record, not the clock).
+    assert res.workers.get(slow, 0) < 16 // 2, res.workers
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # a shared machine: no wall-clock limits
