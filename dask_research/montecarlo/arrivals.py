@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Container
 from typing import Any
 
+from .._compat import FutureCancelledError, FuturesCancelledError
+
 __all__ = ["Arrivals"]
 
 
@@ -122,6 +124,10 @@ class Arrivals:
             return list(done), dict(zip(finished, values))   # done also holds errored and lost futures
         except asyncio.TimeoutError:
             pass
+        except (FutureCancelledError, FuturesCancelledError):
+            # Cancelled while it was fetched (from outside the run, or the scheduler is gone):
+            # the caller reads the cancellation from the futures' status and says by whom.
+            return list(done), {}
         bounds = [2 * self.unfetched[f.key][1] if f.key in self.unfetched else bound for f in finished]
         got = await asyncio.gather(*(asyncio.wait_for(self.client.gather([f], asynchronous=True), b)
                                      for f, b in zip(finished, bounds)), return_exceptions=True)
@@ -131,7 +137,7 @@ class Arrivals:
             if f in values_by:
                 self.unfetched.pop(f.key, None)
                 self._ended.pop(f, None)
-            else:
+            elif f.status == "finished":
                 self.unfetched[f.key] = (now, b)
                 if self.on_unfetched is not None:
                     self.on_unfetched(f.key, now)

@@ -77,6 +77,9 @@ class Fut:
     def __init__(self, key, status="pending"):
         self.key, self.status = key, status
 
+    def done(self):
+        return self.status != "pending"
+
 
 def test_a_block_past_the_block_timeout_fails_the_run_naming_it():
     limits = Limits(block=4)
@@ -194,6 +197,21 @@ def test_a_result_that_could_not_be_fetched_waits_out_its_bound():
     arrivals.unfetched["a"] = (0.0, 1.0)
     assert arrivals.waitable([a, b]) == [a, b]
     assert asyncio.run(arrivals.collect({}, 0.01)) == ([], {})
+
+
+def test_a_result_cancelled_while_it_is_fetched_is_handed_back_as_ended():
+    from dask_research._compat import FutureCancelledError
+
+    f = Fut("mc-block-t-0-1", "finished")
+
+    async def gather(futures, asynchronous=True):
+        f.status = "cancelled"                  # cancelled from outside while the gather is in flight
+        raise FutureCancelledError(f.key, reason="by-an-operator")
+
+    arrivals = Arrivals(SimpleNamespace(gather=gather), bound=lambda: 1.0)
+    arrivals._ended[f] = None                   # as_completed handed it out
+    assert asyncio.run(arrivals.collect({f: 0}, 0.01)) == ([f], {}) and f.status == "cancelled"
+    assert arrivals.unfetched == {}
 
 
 # -- failures ----------------------------------------------------------------------------------------
