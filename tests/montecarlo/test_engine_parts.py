@@ -45,6 +45,9 @@ def test_submit_many_is_one_map_call_over_the_columns():
     assert func is max and cols == ([1, 3], [2, 4])
     assert kw == {"key": ["k1", "k2"], "pure": False, "workers": ["w"], "allow_other_workers": False, "trim": True}
     assert submit_many(client, max, [], []) == [] and len(calls) == 1
+    client.submit = lambda func, *args, **kw: calls.append((func, args, kw)) or "f3"
+    assert submit_many(client, max, [(5, 6)], ["k3"]) == ["f3"]                  # one task: one submit
+    assert calls[-1] == (max, (5, 6), {"key": "k3", "pure": False})
 
 
 # -- the tree -----------------------------------------------------------------------------------
