@@ -36,14 +36,28 @@ __all__ = ["Producers", "Checks", "verify_shard", "alive_workers", "responsive_w
 
 
 def verify_shard(job, reducer, shard: int) -> tuple[Any, str]:
-    """Recompute one shard (a verification task); returns the state and the worker."""
+    """Recompute one shard (a verification task); returns the state and the worker.
+
+    >>> from dask_research.montecarlo import Job, Normal
+    >>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=4, samples_per_shard=64, seed=1, range=(-8, 8))
+    >>> state, where = verify_shard(job, job.make_reducer(job.range), 2)
+    >>> where, state == compute_shard(job, 2, reducer=job.make_reducer(job.range))
+    ('local', True)
+    """
     from .shard import _worker_address
 
     return compute_shard(job, shard, reducer=reducer), _worker_address()
 
 
 def alive_workers(client: Any) -> list[str]:
-    """Every worker the scheduler lists, sorted."""
+    """Every worker the scheduler lists, sorted.
+
+    >>> from types import SimpleNamespace
+    >>> info = {"workers": {"tcp://b:1": {"last_seen": 100.0}, "tcp://a:1": {"last_seen": 99.0}}}
+    >>> client = SimpleNamespace(scheduler=SimpleNamespace(identity=None), sync=lambda f, **kw: info)
+    >>> alive_workers(client)
+    ['tcp://a:1', 'tcp://b:1']
+    """
     return sorted(workers_info(client))
 
 
@@ -54,6 +68,12 @@ def responsive_workers(client: Any) -> list[str]:
     heartbeats stop: a check moved away from a late worker should not land on it. "Recent"
     is within five heartbeat intervals (at least 5 s) of the freshest heartbeat, all read on
     the scheduler's clock.
+
+    >>> from types import SimpleNamespace
+    >>> info = {"workers": {"tcp://b:1": {"last_seen": 100.0}, "tcp://frozen:1": {"last_seen": 20.0}}}
+    >>> client = SimpleNamespace(scheduler=SimpleNamespace(identity=None), sync=lambda f, **kw: info)
+    >>> responsive_workers(client)
+    ['tcp://b:1']
     """
     info = workers_info(client)
     seen = {w: float(i.get("last_seen") or 0.0) for w, i in info.items()}
@@ -116,6 +136,13 @@ class Checks:
     """The checks of one execution: submitted, moved when late, gathered and judged.
 
     ``emit(kind, **data)`` sends a run event.
+
+    >>> from dask_research.montecarlo import Job, Normal
+    >>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=4, samples_per_shard=64, seed=1, range=(-8, 8))
+    >>> checks = Checks(None, job, job.make_reducer(job.range), run_id=job.id, tag="t", emit=print,
+    ...                 limits=Limits(block=1), poll=0.2)
+    >>> checks.futures()
+    []
     """
 
     def __init__(self, client: Any, job: Any, reducer: Any, *, run_id: str, tag: str, emit: Any,

@@ -22,7 +22,16 @@ __all__ = ["TreeFolder"]
 
 
 class TreeFolder:
-    """Merge ``blocks`` leaves with ``merge`` along the fixed tree as they arrive; ``root`` at the end."""
+    """Merge ``blocks`` leaves with ``merge`` along the fixed tree as they arrive; ``root`` at the end.
+
+    >>> folder = TreeFolder(2, lambda a, b: a + b)
+    >>> folder.arrive(1, 10)
+    >>> folder.root is None, folder.nodes
+    (True, {(0, 1): 10})
+    >>> folder.arrive(0, 5)
+    >>> folder.root
+    15
+    """
 
     def __init__(self, blocks: int, merge: Callable[[Any, Any], Any]):
         self.merge = merge

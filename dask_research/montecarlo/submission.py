@@ -23,6 +23,9 @@ def task_key(kind: str, tag: str, start: int, stop: int | None = None, moved: in
     """The Dask key of a run's task: a block ``start..stop-1``, or (``stop=None``) a check of shard ``start``.
 
     ``tag`` names the run's execution (its run id's first 12 characters and 6 random ones).
+
+    >>> task_key(block_kind(retry=1), "ab-cd", 4, 8), task_key("verify", "ab-cd", 5)
+    ('mc-retry1-ab-cd-4-8', 'mc-verify-ab-cd-5')
     """
     if stop is None:
         return f"mc-{kind}-{tag}-{start}" + (f"-m{moved}" if moved else "")
