@@ -133,6 +133,7 @@ def test_the_record_says_where_each_check_ran(two_workers, loop, tmp_path):
     assert all(c["same_worker"] and not c["elsewhere"] for c in one["checked"])
 
 
+@pytest.mark.timeout(300, method="thread")
 def test_an_edited_reused_shard_blames_its_stored_file_not_the_worker_named_in_it(two_workers, tmp_path):
     import dask
 
