@@ -1,10 +1,12 @@
 """Waiting for a run's tasks to end, and fetching what they hold, without waiting without a bound.
 
 Every submitted future is added to one :class:`distributed.as_completed` on the client's loop,
-whose async iteration wakes the driver when one ends: constant work per future, where waiting
-on every pending future at each turn of the driver cost a coroutine per future in flight per
-turn. What has ended is read from the futures' own status at each turn, so a future that ends,
-loses its data with its worker and ends again is seen again.
+whose async iteration wakes the driver when one ends (the public API; it replaced a coroutine
+per future awaiting ``distributed.client._wait``, and costs the client less, see
+``benchmarks/bench_montecarlo_scale.py --wake``). A turn of the driver looks at the futures
+that ended, never at every future in flight. One that ended but was not consumed (its result
+could not be fetched yet; it finished, lost its data with its worker and is being recomputed)
+is read again by its status at every turn until it is.
 
 A worker frozen (SIGSTOP) after it finished a task holds the result without answering: results
 are gathered with a bound, then one by one, and what cannot be fetched stays pending; it is tried
