@@ -287,7 +287,7 @@ def main(argv=None):
             if "processes" in label:
                 continue
             for chunk in (65_536, 1_048_576):
-                t_c, ts, (mean_c, var_c, _), load = timed(lambda: dask_array(client, total, chunk), reps, cold=True)
+                t_c, ts, (mean_c, var_c, _), load = timed(lambda chunk=chunk: dask_array(client, total, chunk), reps, cold=True)
                 thr_c = total / t_c
                 best_c = max(best_c, thr_c)
                 figures["c_dask_array"][f"{label}, chunk {chunk}"] = {

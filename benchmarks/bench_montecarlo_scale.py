@@ -17,7 +17,16 @@ Then a model: a client that spends ``c`` seconds of CPU per block of ``B`` shard
 (7.5 ms at the seed's 65,536 samples per shard); the scheduler's own per-task CPU gives its
 ceiling the same way. See docs/scaling.rst.
 
-    python benchmarks/bench_montecarlo_scale.py [--quick]
+``--wake`` measures instead what waking the driver costs the client per future, three ways:
+one ``distributed.as_completed`` iterated on the client's loop (what the engine uses), a
+coroutine per future awaiting Dask's ``_wait`` (what it used before), and
+``Future.add_done_callback`` (a callback thread that wakes the loop).
+
+``--count`` counts, per block, what the client asks of Dask during a run (graph messages,
+gathers, RPC round trips, hops onto the client's loop, key-in-memory reports): figures that do
+not move with the machine's load, unlike CPU time on a shared machine (needs ``yappi``).
+
+    python benchmarks/bench_montecarlo_scale.py [--quick] [--wake] [--count]
 """
 from __future__ import annotations
 
@@ -162,6 +171,113 @@ def model(per_block_us: float, sched_per_task_us: float, spt: int, shard_seconds
             "client_cores": client, "scheduler_cores": sched, "cores": min(client, sched)}
 
 
+def noop(x):
+    """A task that does nothing."""
+    return x
+
+
+def wake_cost(client, mode: str, n: int) -> float:
+    """Client CPU (us) per future to submit ``n`` no-op tasks and wake a coroutine on each end."""
+    import asyncio
+
+    from distributed import as_completed
+
+    from dask_research._compat import wait_futures
+
+    loop = client.loop
+    c0 = time.process_time()
+    futs = [client.submit(noop, i, pure=False) for i in range(n)]
+
+    async def drain() -> None:
+        if mode == "as_completed":
+            ended = as_completed(futs, loop=loop)
+            for _ in range(n):
+                await anext(ended)
+            return
+        done, left = asyncio.Event(), [n]
+
+        def tick() -> None:
+            left[0] -= 1
+            if not left[0]:
+                done.set()
+
+        if mode == "_wait coroutine":
+            async def track(f) -> None:
+                try:
+                    await wait_futures([f])
+                except BaseException:
+                    pass
+                tick()
+
+            for f in futs:
+                loop.add_callback(track, f)
+        else:                                   # add_done_callback: runs on Dask's callback thread
+            running = asyncio.get_running_loop()
+            for f in futs:
+                f.add_done_callback(lambda _f: running.call_soon_threadsafe(tick))
+        await done.wait()
+
+    client.sync(drain)
+    return (time.process_time() - c0) / n * 1e6
+
+
+def wake_main(quick: bool) -> None:
+    modes = ["as_completed", "_wait coroutine", "add_done_callback"]
+    n, rounds = (500, 2) if quick else (1000, 4)
+    got: dict[str, list[float]] = {m: [] for m in modes}
+    with cluster() as (client, _):
+        wake_cost(client, "as_completed", n)      # warm-up
+        for r in range(rounds):
+            for m in (modes if r % 2 == 0 else modes[::-1]):
+                got[m].append(wake_cost(client, m, n))
+    rows = [(m, f"{statistics.median(v):.0f}", f"{min(v):.0f}-{max(v):.0f}") for m, v in got.items()]
+    print_table(rows, ("wake", "client us/future (median)", "range"))
+    write_results("bench_montecarlo_wake", {"us_per_future": got, "futures": n, "rounds": rounds},
+                  notes="submit included (the same for all); interleaved rounds; one dask worker subprocess")
+
+
+#: What --count counts: yappi function name -> what it is.
+COUNTED = {"Client._graph_to_futures": "graph messages", "Client._gather": "gathers", "send_recv": "rpc round trips",
+           "Client._handle_key_in_memory": "key-in-memory reports", "Execution._collect": "driver turns"}
+
+
+def count_main(spts: list[int], quick: bool) -> None:
+    import tempfile
+
+    try:
+        import yappi
+    except ImportError:
+        raise SystemExit("--count needs yappi (pip install yappi)") from None
+    from dask_research import montecarlo as mc
+
+    shards = 4096 if quick else 16384
+    rows, figures = [], []
+    with cluster() as (client, _):
+        for spt in spts:
+            for store in (False, True):
+                job = mc.Job(ident, {"a": mc.Normal(0.0, 1.0)}, shards=shards, samples_per_shard=256,
+                             seed=7 + spt + store, range=(-8.0, 8.0), bins=256, name="scale")
+                p = mc.pilot(job)
+                yappi.clear_stats()
+                yappi.set_clock_type("cpu")
+                yappi.start(builtins=False)
+                mc.run(job, client, store=tempfile.mkdtemp(prefix="bench-scale-store-") if store else None, verify=0,
+                       shards_per_task=spt, progress=False, check_merger=False, pilot=p, speculate=0.0)
+                yappi.stop()
+                got = dict.fromkeys(COUNTED.values(), 0)
+                for f in yappi.get_func_stats():
+                    what = COUNTED.get(f.name) or COUNTED.get(f.full_name.rsplit(" ", 1)[-1])
+                    if what:
+                        got[what] += f.ncall
+                blocks = shards // spt
+                per = {k: v / blocks for k, v in got.items()}
+                figures.append({"shards_per_task": spt, "store": store, "blocks": blocks, "per_block": per})
+                rows.append((spt, "yes" if store else "no", blocks, *(f"{v:.2f}" for v in per.values())))
+    print_table(rows, ("spt", "store", "blocks", *COUNTED.values()))
+    write_results("bench_montecarlo_counts", {"runs": figures}, notes="per block: yappi call counts in the client "
+                  "process during one run (workers and scheduler are subprocesses)")
+
+
 HEADER = ("spt", "store", "writes", "mode", "us/shard", "us/block", "us/shard(total)", "sched us/task",
           "net us/block", "net us/shard", "net sched us/task")
 
@@ -171,7 +287,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller runs, one repeat")
     ap.add_argument("--label", default="", help="a tag for this measurement (e.g. before / after)")
     ap.add_argument("--spt", default="1,16,256", help="shards per task to measure (comma-separated powers of two)")
+    ap.add_argument("--wake", action="store_true", help="measure the ways to wake the driver per future instead")
+    ap.add_argument("--count", action="store_true", help="count the client's Dask operations per block instead")
     args = ap.parse_args()
+    if args.wake:
+        wake_main(args.quick)
+        return
+    if args.count:
+        count_main([int(x) for x in args.spt.split(",")], args.quick)
+        return
     repeat = 1 if args.quick else 3
     spts = [int(x) for x in args.spt.split(",")]
     bases = {1: 256, 16: 2048, 256: 8192, 1024: 16384} if not args.quick else {1: 128, 16: 1024, 256: 4096, 1024: 8192}

@@ -92,13 +92,12 @@ def _trim(res: BlockResult, keep) -> None:
 
 
 def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[int, Any] | None,
-                            target: StoreTarget | None, keep=(), tamper: Any = None,
-                            trim: bool = False) -> BlockResult:
+                            target: StoreTarget | None, keep=(), trim: bool = False) -> BlockResult:
     """:func:`~.shard.compute_block`, then write the block's shard file here if the store is reachable.
 
     Parameters
     ----------
-    job, reducer, start, stop, known, tamper
+    job, reducer, start, stop, known
         As :func:`~.shard.compute_block`.
     target : StoreTarget or None
         The store to write; ``None`` returns every shard state (the client writes).
@@ -115,7 +114,7 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
         computed shard when the file was written here; otherwise with ``store_note`` saying why
         not and every shard state, as :func:`~.shard.compute_block` returns it.
     """
-    res = compute_block(job, reducer, start, stop, known, tamper=tamper)
+    res = compute_block(job, reducer, start, stop, known)
     if not res.computed:
         return res
     if target is None:

@@ -271,17 +271,17 @@ def test_auto_limits_follow_the_pilot_and_the_finished_blocks():
 
     job = _broken_job()
     reducer = job.make_reducer(job.range)
-    ex = Execution(None, job, reducer, 4, run_id=job.id)
-    assert ex.block_limit() is None and ex.check_limit() == 5.0   # nothing known: no block limit yet
-    ex.shard_times.append(0.001)
-    assert ex.block_limit() == 60.0                                       # fast blocks: the floor
-    ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)  # the pilot: 2 s per shard
-    assert ex.block_limit() == 20 * 2.0 * 4 and ex.check_limit() == 20 * 2.0
-    ex.shard_times += [3.0, 3.0, 3.0]                                         # blocks slower than the pilot
-    assert ex.block_limit() == 20 * 3.0 * 4
+    limits = Execution(None, job, reducer, 4, run_id=job.id).limits
+    assert limits.block_limit() is None and limits.check_limit() == 5.0   # nothing known: no block limit yet
+    limits.shard_times.append(0.001)
+    assert limits.block_limit() == 60.0                                       # fast blocks: the floor
+    limits = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0).limits  # the pilot: 2 s per shard
+    assert limits.block_limit() == 20 * 2.0 * 4 and limits.check_limit() == 20 * 2.0
+    limits.shard_times.extend([3.0, 3.0, 3.0])                                # blocks slower than the pilot
+    assert limits.block_limit() == 20 * 3.0 * 4
     with dask.config.set({"research.montecarlo.block-timeout": "90s", "research.montecarlo.check-timeout": None}):
-        ex = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0)
-        assert ex.block_limit() == 90.0 and ex.check_limit() is None
+        limits = Execution(None, job, reducer, 4, run_id=job.id, shard_seconds=2.0).limits
+        assert limits.block_limit() == 90.0 and limits.check_limit() is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, "soon", True])

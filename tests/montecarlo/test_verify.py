@@ -1,3 +1,4 @@
+import pathlib
 import time
 
 import numpy as np
@@ -90,12 +91,12 @@ def test_a_straggler_is_duplicated_and_the_result_is_unchanged(two_workers):
     reference = mc.run(_job(sluggish, 16), client=two_workers, verify=0, progress=False, shards_per_task=1)
     slow = sorted(workers_info(two_workers))[0]
     _flag(two_workers, slow, "slow")
-    t0 = time.perf_counter()
     res = mc.run(_job(sluggish, 16), client=two_workers, verify=0, progress=False, shards_per_task=1,
                  speculate=3.0)
     assert res.state == reference.state
     assert any(s["speculative_won"] for s in res.speculated), res.speculated
-    assert time.perf_counter() - t0 < 2.0 * 16  # nowhere near "every block on the slow worker"
+    # Nowhere near "every block on the slow worker" (read from the run's record, not the clock).
+    assert res.workers.get(slow, 0) < 16 // 2, res.workers
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # a shared machine: no wall-clock limits
@@ -130,3 +131,29 @@ def test_the_record_says_where_each_check_ran(two_workers, loop, tmp_path):
     m = len(one["checked"])
     assert one["elsewhere"] == f"0 of {m}" and one["checks_elsewhere"] == 0
     assert all(c["same_worker"] and not c["elsewhere"] for c in one["checked"])
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_an_edited_reused_shard_blames_its_stored_file_not_the_worker_named_in_it(two_workers, tmp_path):
+    import dask
+
+    job, store = _job(corruptible, 16), str(tmp_path / "store")
+    clean = mc.run(job, client=two_workers, verify=0, progress=False, shards_per_task=4, store=store)
+    rs = mc.RunStore(store)
+    held = rs.read_shards(job.id)
+    _, writer, path = held[5]
+    # Rewrite shard 5's file with shard 6's state in its place: valid, within every bound, wrong.
+    states = {s: held[6][0] if s == 5 else st for s, (st, _, f) in held.items() if f == path}
+    pathlib.Path(path).unlink()
+    rs.write_shards(job.id, states, writer)
+    (tmp_path / "store" / "runs" / job.id / "result.json").unlink()
+    with dask.config.set({"research.montecarlo.verify-reused": "all"}):
+        again = mc.run(job, client=two_workers, verify=1, progress=False, shards_per_task=4, store=store)
+    v = again.verification
+    assert [m["shard"] for m in v["mismatches"]] == [5]
+    assert v["mismatches"][0]["faulty"] == [f"the stored shard file (producer {writer})"]
+    assert v["quarantined_workers"] == [] and len(v["quarantined_files"]) == 1     # the file, not the worker
+    assert v["recomputed_shards"] == len(states) and again.state == clean.state
+    assert list((tmp_path / "store" / "runs" / job.id / "quarantine").glob("*.json"))
+    after = mc.RunStore(store).read_shards(job.id)
+    assert sorted(after) == list(range(16)) and after[5][0] == mc.compute_shard(job, 5)

@@ -1,0 +1,146 @@
+"""Waiting for a run's tasks to end, and fetching what they hold, without waiting without a bound.
+
+Every submitted future is added to one :class:`distributed.as_completed` on the client's loop,
+whose async iteration wakes the driver when one ends (the public API; it replaced a coroutine
+per future awaiting ``distributed.client._wait``, and costs the client less, see
+``benchmarks/bench_montecarlo_scale.py --wake``). A turn of the driver looks at the futures
+that ended, never at every future in flight. One that ended but was not consumed (its result
+could not be fetched yet; it finished, lost its data with its worker and is being recomputed)
+is read again by its status at every turn until it is.
+
+A worker frozen (SIGSTOP) after it finished a task holds the result without answering: results
+are gathered with a bound, then one by one, and what cannot be fetched stays pending; it is tried
+again later with twice the bound (a large state on a slow network is fetched in the end).
+
+>>> Arrivals(None, bound=lambda: 1.0).waitable([])
+[]
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Container
+from typing import Any
+
+from .._compat import FutureCancelledError, FuturesCancelledError
+
+__all__ = ["Arrivals"]
+
+
+class Arrivals:
+    """The ends of one kind of a run's tasks (its blocks, or its checks).
+
+    ``bound()`` is the seconds a gather may take; ``on_unfetched(key, now)`` is told of a
+    finished future whose result could not be fetched in time.
+
+    A driver turn costs the futures that ended since the last turn, not the futures in flight:
+    the ended ones come from the ``as_completed``; those that ended but were not consumed (a
+    result that could not be fetched, a block that finished and then lost its data with its
+    worker) are read again by their status at each turn until they are.
+
+    >>> arrivals = Arrivals(None, bound=lambda: 1.0)
+    >>> arrivals.unfetched
+    {}
+    """
+
+    def __init__(self, client: Any, bound: Callable[[], float],
+                 on_unfetched: Callable[[str, float], None] | None = None):
+        self.client, self.bound, self.on_unfetched = client, bound, on_unfetched
+        self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
+        self._completed: Any = None    # a distributed.as_completed, made on the first track()
+        self._ended: dict[Any, None] = {}   # futures that ended and were not consumed yet, in order
+
+    def track(self, futures: list) -> None:
+        """Wake :meth:`collect` when any of ``futures`` ends (each once)."""
+        if self._completed is None:
+            from distributed import as_completed
+
+            self._completed = as_completed(loop=self.client.loop)
+        self._completed.update(futures)
+
+    def waitable(self, futures: list) -> list:
+        """``futures`` less those whose result could not be fetched a moment ago."""
+        if not self.unfetched:
+            return list(futures)
+        now = time.monotonic()
+        return [f for f in futures if f.key not in self.unfetched
+                or now - self.unfetched[f.key][0] >= self.unfetched[f.key][1]]
+
+    def collect_sync(self, wanted: Container, timeout: float) -> tuple[list, dict]:
+        """:meth:`collect` from the driver's thread."""
+        return self.client.sync(self.collect, wanted, timeout)
+
+    def _take_ended(self) -> None:
+        if self._completed is not None:
+            for f in self._completed.next_batch(block=False):
+                self._ended[f] = None
+
+    def _ready(self, wanted: Container) -> list:
+        """The ended futures among ``wanted`` that can be consumed now; forget the unwanted."""
+        ready = []
+        for f in list(self._ended):
+            if f not in wanted:
+                del self._ended[f]             # accepted elsewhere (a twin), or no longer the caller's
+            elif f.done():
+                ready.append(f)
+        return self.waitable(ready)
+
+    async def _first_done(self, wanted: Container, timeout: float) -> list:
+        """The ended ones of ``wanted`` (all tracked), waiting up to ``timeout`` for one."""
+        self._take_ended()
+        ready = self._ready(wanted)
+        if ready or self._completed is None:
+            return ready
+        try:                                   # nothing runs on this loop between the check and the wait
+            self._ended[await asyncio.wait_for(anext(self._completed), timeout)] = None
+        except asyncio.TimeoutError:
+            return []
+        except StopAsyncIteration:             # every tracked future already ended once: poll
+            await asyncio.sleep(timeout)
+        self._take_ended()
+        return self._ready(wanted)
+
+    async def collect(self, wanted: Container, timeout: float) -> tuple[list, dict]:
+        """Wait for the first tracked future in ``wanted`` to end, then gather every finished one: one hop.
+
+        ``wanted``: the futures the caller waits for (a mapping or set: only membership is
+        asked). Returns the ended ones (finished, errored, cancelled; less those whose result
+        could not be fetched) and the fetched results by future. What is returned is consumed:
+        the caller acts on it now.
+        """
+        done = await self._first_done(wanted, timeout)
+        if not done:
+            return [], {}
+        finished = [f for f in done if f.status == "finished"]
+        for f in done:
+            if f.status != "finished":
+                self._ended.pop(f, None)
+        if not finished:
+            return list(done), {}
+        bound = self.bound()
+        try:
+            values = await asyncio.wait_for(self.client.gather(finished, asynchronous=True), bound)
+            for f in finished:
+                self.unfetched.pop(f.key, None)
+                self._ended.pop(f, None)
+            return list(done), dict(zip(finished, values))   # done also holds errored and lost futures
+        except asyncio.TimeoutError:
+            pass
+        except (FutureCancelledError, FuturesCancelledError):
+            # Cancelled while it was fetched (from outside the run, or the scheduler is gone):
+            # the caller reads the cancellation from the futures' status and says by whom.
+            return list(done), {}
+        bounds = [2 * self.unfetched[f.key][1] if f.key in self.unfetched else bound for f in finished]
+        got = await asyncio.gather(*(asyncio.wait_for(self.client.gather([f], asynchronous=True), b)
+                                     for f, b in zip(finished, bounds)), return_exceptions=True)
+        values_by = {f: v[0] for f, v in zip(finished, got) if isinstance(v, list)}
+        now = time.monotonic()
+        for f, b in zip(finished, bounds):
+            if f in values_by:
+                self.unfetched.pop(f.key, None)
+                self._ended.pop(f, None)
+            elif f.status == "finished":
+                self.unfetched[f.key] = (now, b)
+                if self.on_unfetched is not None:
+                    self.on_unfetched(f.key, now)
+        return [f for f in done if f in values_by or f.status != "finished"], values_by

@@ -1,0 +1,101 @@
+"""How a run's failures read: a lost scheduler, a cancellation from outside, one-line reasons.
+
+Dask cancels every future of a client that loses its scheduler (reason
+``scheduler-connection-lost``); the run turns that into a :class:`ResearchError` saying what is
+stored and that the same command resumes. Any other cancellation of a run's task (another client,
+the dashboard) fails the run saying so.
+
+>>> one_line(ValueError("two\\n   lines"))
+'two lines'
+>>> lost_scheduler(None, KeyboardInterrupt())
+False
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any
+
+from .._compat import CommClosedError, FutureCancelledError, FuturesCancelledError
+from ..exceptions import ResearchError
+
+__all__ = ["LOST", "one_line", "lost_scheduler", "raise_if_cancelled", "lost_scheduler_error"]
+
+#: The reason Dask gives the futures it cancels when a client loses its scheduler.
+LOST = "scheduler-connection-lost"
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (its type's name if it has none).
+
+    >>> one_line(KeyError())
+    'KeyError'
+    """
+    text = " ".join(str(exc).split())
+    return text if text else type(exc).__name__
+
+
+def lost_scheduler(client: Any, exc: BaseException) -> bool:
+    """Whether ``exc`` (raised while a run waited on ``client``) means the scheduler is gone.
+
+    >>> lost_scheduler(None, CommClosedError("in <TCP (closed)>"))
+    True
+    """
+    if isinstance(exc, (ResearchError, KeyboardInterrupt)):
+        return False
+    if isinstance(exc, FutureCancelledError) and getattr(exc, "reason", None) == LOST:
+        return True
+    if isinstance(exc, FuturesCancelledError) and any(getattr(g, "reason", None) == LOST
+                                                      for g in getattr(exc, "error_groups", [])):
+        return True
+    if isinstance(exc, CommClosedError):
+        return True
+    status = getattr(client, "status", "running")
+    return status != "running" and isinstance(exc, (OSError, TimeoutError, asyncio.CancelledError,
+                                                    concurrent.futures.CancelledError, RuntimeError))
+
+
+def raise_if_cancelled(client: Any, run_id: str, done: list) -> None:
+    """A future of the run was cancelled, not by the run: the scheduler is gone, or someone.
+
+    The lost scheduler re-raises Dask's own cancellation (the run turns it into
+    :func:`lost_scheduler_error`); any other cancellation fails the run saying so.
+
+    >>> raise_if_cancelled(None, "ab" * 32, [])      # nothing cancelled: nothing to say
+    """
+    cancelled = [f for f in done if f.status == "cancelled"]
+    if not cancelled:
+        return
+    err: BaseException | None = None
+    try:
+        cancelled[0].result(timeout=1)
+    except FutureCancelledError as e:
+        err = e
+    except Exception:
+        pass
+    reason = getattr(err, "reason", None)
+    if reason == LOST or getattr(client, "status", "running") != "running":
+        raise err or FutureCancelledError(cancelled[0].key, reason=LOST)  # type: ignore[call-arg]
+    keys = ", ".join(str(f.key) for f in cancelled[:3])
+    raise ResearchError(f"run {run_id[:12]}: task {keys} was cancelled from outside the run "
+                        f"(reason: {reason or 'not given'}); stored shards are kept and the same "
+                        "command resumes")
+
+
+def lost_scheduler_error(exc: BaseException, *, address: str | None, run_id: str, shards: int, have: int,
+                         where: str | None) -> ResearchError:
+    """The error of a run that lost its scheduler: what is kept (``where``: the store) and how to resume.
+
+    >>> str(lost_scheduler_error(OSError("gone"), address=None, run_id="ab" * 32, shards=8, have=3,
+    ...                          where=None))[:60]
+    'run abababababab lost the connection to the scheduler (OSErr'
+    """
+    missing = shards - have
+    if where is not None:
+        kept = (f"the {have:,} of {shards:,} shards stored in {where} are kept; run the same "
+                f"command again (on a running scheduler) to resume: it computes only the missing {missing:,}")
+    else:
+        kept = (f"{have:,} of {shards:,} shards were computed but no store= was given, so they "
+                "are lost; pass store= (--store) to make a run resumable")
+    return ResearchError(f"run {run_id[:12]} lost the connection to {address or 'the scheduler'} "
+                         f"({type(exc).__name__}: {one_line(exc)[:200]}): {kept}")

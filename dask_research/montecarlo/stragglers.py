@@ -1,0 +1,132 @@
+"""Blocks in flight, watched: a hung block fails the run, a straggler near the end is copied.
+
+Which block runs where is read from the scheduler at most once a second, near the end once per
+``poll``. A block past the block timeout fails the run with a :class:`PipelineError` naming its
+shards, worker and elapsed time. Near the end (nothing left to submit, every unfinished block
+seen on a worker) a block running ``speculate`` median block times is copied to another worker:
+at most one copy of a block, never of a block past half the block timeout (more likely hung than
+slow), and none at all once a copy was as slow as its original (then the shards are slow, not
+the worker).
+
+>>> from dask_research.montecarlo.timing import Limits
+>>> s = Stragglers(None, Limits(block=1), speculate=0.0, poll=0.2, bounds=[(0, 1)], emit=print)
+>>> s.watch(0.0, {}, ending=True) is None      # no limit, no speculation: nothing to watch
+True
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Mapping
+from typing import Any
+
+from ..exceptions import PipelineError
+from .timing import Limits, RunningMedian
+
+__all__ = ["Stragglers"]
+
+
+class Stragglers:
+    """When each pending block was first seen running, and on which worker; what to do about it.
+
+    ``emit(kind, **data)`` sends a run event; ``bounds`` are the blocks' shard ranges.
+
+    >>> from dask_research.montecarlo.timing import Limits
+    >>> s = Stragglers(None, Limits(block=1), speculate=3.0, poll=0.2, bounds=[(0, 1)], emit=print)
+    >>> s.unanswered("mc-block-x-0-1", 5.0)
+    >>> s.running["mc-block-x-0-1"][1]
+    'the worker holding its result (not answering)'
+    """
+
+    def __init__(self, client: Any, limits: Limits, *, speculate: float, poll: float,
+                 bounds: list[tuple[int, int]], emit: Callable[..., None]):
+        self.client, self.limits, self.speculate, self.poll = client, limits, speculate, poll
+        self.bounds, self.emit = bounds, emit
+        self.running: dict[str, tuple[float, str]] = {}   # key -> (first seen processing, worker)
+        self.durations = RunningMedian()                 # seconds of every finished block
+        self.end_seen: dict[int, float] = {}
+        self.stopped = False                             # a copy was as slow as its original
+        self._watched = 0.0                              # when client.processing() was last read
+
+    def unanswered(self, key: str, now: float) -> None:
+        """``key`` finished but its result cannot be fetched: time it like a block still running."""
+        self.running.setdefault(key, (now, "the worker holding its result (not answering)"))
+
+    def watch(self, now: float, pending: Mapping[Any, int], ending: bool = False) -> dict[str, str] | None:
+        """Which pending key runs where, read from the scheduler at most once a second.
+
+        Near the end (``ending``: nothing left to submit, stragglers matter) at most once per
+        ``poll``. Records when each key was first seen processing (on which worker); ``None`` if
+        not read this time.
+        """
+        limit = self.limits.block_limit()
+        if limit is None and self.speculate <= 0:
+            return None
+        interval = self.poll if ending else min(1.0, (limit or 10.0) / 10)
+        if now - self._watched < interval:
+            return None
+        self._watched = now
+        where = {k: w for w, keys in self.client.processing().items() for k in keys}
+        for f in pending:
+            w = where.get(f.key)
+            if w is None:
+                continue
+            seen = self.running.get(f.key)
+            if seen is None or seen[1] != w:          # started, or rescheduled on another worker
+                self.running[f.key] = (now, w)
+        return where
+
+    def check_hung(self, now: float, pending: Mapping[Any, int], leaf_futures: Mapping[int, list]) -> None:
+        """Fail the run when a block has run longer than the block timeout."""
+        limit = self.limits.block_limit()
+        if limit is None:
+            return
+        for idx in sorted(set(pending.values())):
+            attempts = [self.running[f.key] for f in leaf_futures.get(idx, []) if f.key in self.running]
+            if not attempts:
+                continue
+            attempts.sort()
+            t0, worker = attempts[0]
+            if now - t0 <= limit:
+                continue
+            a, b = self.bounds[idx]
+            shards = f"{a}" if b - a == 1 else f"{a}-{b - 1}"
+            copies = "".join(f"; a copy has run {now - t:.1f} s on worker {w}" for t, w in attempts[1:])
+            raise PipelineError(shards, (
+                f"did not return within {now - t0:.1f} s on worker {worker} (research.montecarlo.block-timeout "
+                f"allows {limit:.1f} s; expected about {self.limits.expected_text()}){copies}: a pipeline that "
+                "hangs on these shards, or a frozen worker. A thread cannot be killed: that worker's thread stays "
+                "busy until the pipeline returns. Stored shards are kept; the same command resumes"))
+
+    def speculate_copies(self, now: float, processing: dict | None, ending: bool, finished: Container[int],
+                         leaf_futures: Mapping[int, list], copy: Callable[[int, str], None]) -> None:
+        """Copy the stragglers among the blocks in flight: ``copy(block, slow_worker)`` for each.
+
+        Only near the end (``ending``, and no unfinished block still waiting for a thread), with
+        at least two finished blocks to take a median of, and when ``processing`` was read now.
+        ``finished``: the blocks already accepted.
+        """
+        if self.speculate <= 0 or self.stopped or not ending or len(self.durations) < 2 or processing is None:
+            return
+        unfinished = [i for i in leaf_futures if i not in finished]
+        if not unfinished:
+            return
+        if any(f.key not in self.running for i in unfinished for f in leaf_futures[i]):
+            return                  # a block still waits for a thread: not the end yet
+        limit = self.speculate * (self.durations.median() or 0.0)
+        hung = self.limits.block_limit()
+        for idx in unfinished:
+            self.end_seen.setdefault(idx, now)
+            futs = leaf_futures[idx]
+            if len(futs) > 1:
+                twin = self.running.get(futs[-1].key)
+                if twin is not None and now - twin[0] > limit:
+                    self.stopped = True
+                    a, b = self.bounds[idx]
+                    self.emit("speculate-stopped", start=a, stop=b, seconds=now - twin[0])
+                    return
+                continue
+            if now - self.end_seen[idx] < limit:
+                continue
+            seen = self.running.get(futs[0].key)
+            if seen is None or (hung is not None and now - seen[0] > hung / 2):
+                continue
+            copy(idx, seen[1])

@@ -1,0 +1,252 @@
+"""The engine's parts on their own: keys, the tree folder, timing, stragglers, checks' judgement,
+the arrivals of futures, failures."""
+from __future__ import annotations
+
+import asyncio
+import statistics
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dask_research import montecarlo as mc
+from dask_research.exceptions import PipelineError, ResearchError
+from dask_research.montecarlo.arrivals import Arrivals
+from dask_research.montecarlo.checks import Checks, Producers
+from dask_research.montecarlo.failures import LOST, lost_scheduler, lost_scheduler_error, raise_if_cancelled
+from dask_research.montecarlo.folding import TreeFolder
+from dask_research.montecarlo.stragglers import Stragglers
+from dask_research.montecarlo.submission import block_kind, submit_many, task_key
+from dask_research.montecarlo.timing import Limits, RunningMedian
+from dask_research.montecarlo.tree import tree_fold
+
+# -- keys ---------------------------------------------------------------------------------------
+
+def test_block_keys_are_what_the_dashboard_parses():
+    from dask_research.dashboard.components import _KEY
+
+    tag = "0a1b2c3d4e5f-9f8e7d"
+    for kind in (block_kind(), block_kind(speculative=True), block_kind(redo=True), block_kind(retry=3)):
+        m = _KEY.match(task_key(kind, tag, 256, 512))
+        assert m and m["prefix"] == tag and (m["a"], m["b"]) == ("256", "512")
+    assert task_key("verify", tag, 7) == f"mc-verify-{tag}-7" and task_key("verify", tag, 7, moved=1).endswith("-7-m1")
+    assert not _KEY.match(task_key("verify", tag, 7))            # checks are not blocks
+
+
+def test_submit_many_is_one_map_call_over_the_columns():
+    calls = []
+    client = SimpleNamespace(map=lambda func, *cols, **kw: calls.append((func, cols, kw)) or ["f1", "f2"])
+    futs = submit_many(client, max, [(1, 2), (3, 4)], ["k1", "k2"], workers=["w"], trim=True)
+    assert futs == ["f1", "f2"]
+    (func, cols, kw), = calls
+    assert func is max and cols == ([1, 3], [2, 4])
+    assert kw == {"key": ["k1", "k2"], "pure": False, "workers": ["w"], "allow_other_workers": False, "trim": True}
+    assert submit_many(client, max, [], []) == [] and len(calls) == 1
+    client.submit = lambda func, *args, **kw: calls.append((func, args, kw)) or "f3"
+    assert submit_many(client, max, [(5, 6)], ["k3"]) == ["f3"]                  # one task: one submit
+    assert calls[-1] == (max, (5, 6), {"key": "k3", "pure": False})
+
+
+# -- the tree -----------------------------------------------------------------------------------
+
+@settings(deadline=None)
+@given(st.integers(1, 40).flatmap(lambda n: st.permutations(list(range(n)))))
+def test_the_folder_gives_the_fixed_trees_root_in_any_arrival_order(order):
+    merge = lambda a, b: f"({a} {b})"
+    folder = TreeFolder(len(order), merge)
+    for i, m in enumerate(order):
+        assert folder.root is None
+        folder.arrive(m, str(m))
+        assert (folder.root is None) == (i < len(order) - 1)
+    assert folder.root == tree_fold(merge, [str(m) for m in range(len(order))]) and not folder.nodes
+
+
+# -- timing and stragglers ------------------------------------------------------------------------
+
+@settings(deadline=None)
+@given(st.lists(st.floats(0, 1e3, allow_nan=False), max_size=60))
+def test_the_running_median_is_statistics_median(values):
+    m = RunningMedian()
+    for i, v in enumerate(values):
+        m.append(v)
+        assert m.median() == statistics.median(values[:i + 1]) and len(m) == i + 1
+    assert values or m.median() is None
+
+
+class Fut:
+    def __init__(self, key, status="pending"):
+        self.key, self.status = key, status
+
+    def done(self):
+        return self.status != "pending"
+
+
+def test_a_block_past_the_block_timeout_fails_the_run_naming_it():
+    limits = Limits(block=4)
+    limits.block_timeout = 10.0
+    s = Stragglers(None, limits, speculate=0.0, poll=0.2, bounds=[(0, 4), (4, 8)], emit=lambda *a, **k: None)
+    first, copy = Fut("mc-block-t-4-8"), Fut("mc-spec-t-4-8")
+    s.running.update({first.key: (100.0, "tcp://w1"), copy.key: (105.0, "tcp://w2")})
+    s.check_hung(109.0, {first: 1, copy: 1}, {1: [first, copy]})          # 9 s: within the limit
+    with pytest.raises(PipelineError, match=r"shard 4-7: did not return within 11\.0 s on worker tcp://w1 .*"
+                       r"allows 10\.0 s.*; a copy has run 6\.0 s on worker tcp://w2"):
+        s.check_hung(111.0, {first: 1, copy: 1}, {1: [first, copy]})
+
+
+def test_a_straggler_is_copied_once_and_a_slow_copy_stops_speculation():
+    events, copies = [], []
+    s = Stragglers(None, Limits(block=1), speculate=2.0, poll=0.2, bounds=[(0, 1), (1, 2), (2, 3)],
+                   emit=lambda kind, **d: events.append((kind, d)))
+    s.durations.extend([1.0, 1.0])
+    late = {2: [Fut("mc-block-t-2-3")]}
+    s.running[late[2][0].key] = (0.0, "tcp://slow")
+    copy = lambda idx, worker: copies.append((idx, worker)) or late[idx].append(Fut("mc-spec-t-2-3"))
+    done = {0: "state", 1: "state"}
+    s.speculate_copies(10.0, {}, True, done, late, copy)         # first seen at the end now: not yet
+    assert copies == []
+    s.speculate_copies(11.0, {}, False, done, late, copy)        # blocks left to submit: not the end
+    s.speculate_copies(12.5, None, True, done, late, copy)       # the scheduler was not read this turn
+    assert copies == []
+    s.speculate_copies(12.5, {}, True, done, late, copy)         # 2.5 s > 2 x the median
+    assert copies == [(2, "tcp://slow")]
+    s.running[late[2][1].key] = (12.5, "tcp://fast")
+    s.speculate_copies(13.0, {}, True, done, late, copy)         # the copy runs: no second copy
+    assert copies == [(2, "tcp://slow")] and not s.stopped
+    s.speculate_copies(15.0, {}, True, done, late, copy)         # the copy is as slow: stop for the run
+    assert s.stopped and events == [("speculate-stopped", {"start": 2, "stop": 3, "seconds": 2.5})]
+
+
+# -- checks' judgement -------------------------------------------------------------------------------
+
+def _checks_with(job, reducer, answers):
+    """A Checks whose checks answer ``answers[s]`` from worker ``tcp://v`` (no cluster)."""
+    events = []
+    checks = Checks(None, job, reducer, run_id=job.id, tag="t", emit=lambda kind, **d: events.append(kind),
+                    limits=Limits(block=1), poll=0.1)
+
+    def submit(s, producer, exclude=frozenset()):
+        checks.checks[s] = ({"shard": s, "producer": producer, "verifier": "tcp://v"}, None)
+        return True
+
+    checks.submit = submit
+    checks.gather = lambda: {s: (answers[s], "tcp://v") for s in checks.checks}
+    return checks, events
+
+
+def test_a_mismatch_blames_the_producer_or_for_a_reused_shard_its_stored_file():
+    job = mc.Job(lambda a: a, {"a": mc.Normal(0.0, 1.0)}, shards=8, samples_per_shard=64, seed=3, range=(-8, 8))
+    reducer = job.make_reducer(job.range)
+    truth = {s: mc.compute_shard(job, s, reducer=reducer) for s in range(8)}
+    producers = Producers(8, {s: "tcp://stored" for s in range(4)})      # 0-3 reused from the store
+    producers.record([4, 5, 6, 7], "tcp://w")
+    kept = dict(truth)
+    kept[1], kept[6] = truth[2], truth[5]                                  # an edited file, a faulty worker
+    checks, events = _checks_with(job, reducer, truth)
+    record, bad, bad_stored = checks.verify(kept, producers, {"tcp://w": 4}, [0, 1, 2, 3], 8, {0, 1, 2, 3})
+    assert bad == {"tcp://w"} and bad_stored == {1} and record["quarantined_workers"] == ["tcp://w"]
+    faulty = {m["shard"]: m["faulty"] for m in record["mismatches"]}
+    assert faulty == {1: ["the stored shard file (producer tcp://stored)"], 6: ["tcp://w"]}
+    assert events.count("check") == record["checks"] == 8 and record["reused_checked"] == [0, 1, 2, 3]
+
+
+def test_producers_are_compact_and_ordered():
+    p = Producers(6, {5: "b", 0: "a"})
+    p.record([1, 2], "b")
+    assert p.names == ["b", "a"] and p.of.tolist() == [1, 0, 0, -1, -1, 0]
+    assert p.among([5, 3, 1]) == {1: "b", 5: "b"} and p.shards_of({"b"}) == [1, 2, 5] and p.shards_of({"x"}) == []
+
+
+# -- arrivals on a cluster -------------------------------------------------------------------------
+
+def _slow_identity(x, seconds):
+    import time
+
+    time.sleep(seconds)
+    return x
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_arrivals_wake_on_the_first_end_and_gather_every_finished_one(loop):
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        arrivals = Arrivals(c, bound=lambda: 30.0)
+        fast, slow = c.submit(_slow_identity, 1, 0.0, pure=False), c.submit(_slow_identity, 2, 3.0, pure=False)
+        arrivals.track([fast, slow])
+        done, values = arrivals.collect_sync([fast, slow], 30.0)
+        assert done == [fast] and values == {fast: 1}
+        assert arrivals.collect_sync([slow], 0.05) == ([], {})               # not yet: the wait is bounded
+        done, values = arrivals.collect_sync([slow], 30.0)
+        assert done == [slow] and values == {slow: 2}
+        broken = c.submit(_slow_identity, 3, "not a number", pure=False)     # errs: ended, nothing to gather
+        arrivals.track([broken])
+        done, values = arrivals.collect_sync([broken], 30.0)
+        assert done == [broken] and values == {} and broken.status == "error"
+        assert arrivals.collect_sync({fast: 0}, 0.05) == ([], {})            # consumed: not handed out twice
+        early = c.submit(_slow_identity, 4, 0.0, pure=False)
+        early.result()
+        arrivals.track([early])                                              # tracked after it ended
+        assert arrivals.collect_sync({early: 0}, 30.0) == ([early], {early: 4})
+
+
+def test_a_result_that_could_not_be_fetched_waits_out_its_bound():
+    told = []
+    arrivals = Arrivals(None, bound=lambda: 1.0, on_unfetched=lambda key, now: told.append(key))
+    a, b = Fut("a"), Fut("b")
+    arrivals.unfetched["a"] = (float("inf"), 1.0)
+    assert arrivals.waitable([a, b]) == [b]
+    arrivals.unfetched["a"] = (0.0, 1.0)
+    assert arrivals.waitable([a, b]) == [a, b]
+    assert asyncio.run(arrivals.collect({}, 0.01)) == ([], {})
+
+
+def test_a_result_cancelled_while_it_is_fetched_is_handed_back_as_ended():
+    from dask_research._compat import FutureCancelledError
+
+    f = Fut("mc-block-t-0-1", "finished")
+
+    async def gather(futures, asynchronous=True):
+        f.status = "cancelled"                  # cancelled from outside while the gather is in flight
+        raise FutureCancelledError(f.key, reason="by-an-operator")
+
+    arrivals = Arrivals(SimpleNamespace(gather=gather), bound=lambda: 1.0)
+    arrivals._ended[f] = None                   # as_completed handed it out
+    assert asyncio.run(arrivals.collect({f: 0}, 0.01)) == ([f], {}) and f.status == "cancelled"
+    assert arrivals.unfetched == {}
+
+
+# -- failures ----------------------------------------------------------------------------------------
+
+def test_a_cancellation_from_outside_and_a_lost_scheduler_read_differently():
+    from dask_research._compat import FutureCancelledError
+
+    class Cancelled(Fut):
+        def __init__(self, reason):
+            super().__init__("mc-block-t-0-1", "cancelled")
+            self.reason = reason
+
+        def result(self, timeout=None):
+            raise FutureCancelledError(self.key, reason=self.reason)
+
+    running = SimpleNamespace(status="running")
+    with pytest.raises(ResearchError, match=r"task mc-block-t-0-1 was cancelled from outside the run "
+                       r"\(reason: by-an-operator\)"):
+        raise_if_cancelled(running, "ab" * 32, [Cancelled("by-an-operator")])
+    with pytest.raises(FutureCancelledError) as info:
+        raise_if_cancelled(running, "ab" * 32, [Cancelled(LOST)])
+    assert lost_scheduler(running, info.value)
+    assert not lost_scheduler(running, OSError("disk")) and lost_scheduler(SimpleNamespace(status="closed"), OSError())
+    msg = str(lost_scheduler_error(OSError("gone"), address="tcp://s:8786", run_id="ab" * 32, shards=10, have=4,
+                                   where="/data/store/runs/x"))
+    assert msg.startswith("run abababababab lost the connection to tcp://s:8786 (OSError: gone): the 4 of 10")
+    assert "stored in /data/store/runs/x are kept" in msg and "the missing 6" in msg
+    assert "no store= was given" in str(lost_scheduler_error(OSError(), address=None, run_id="ab" * 32, shards=10,
+                                                             have=4, where=None))
+
+
+def test_numpy_ids_of_producers_index_names():
+    p = Producers(3)
+    p.record([0, 2], "w")
+    assert isinstance(p.of, np.ndarray) and p.among(range(3)) == {0: "w", 2: "w"}
