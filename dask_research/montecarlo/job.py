@@ -14,6 +14,8 @@ Examples
 True
 >>> job.id == job.replace(seed=8).id
 False
+>>> job.range_margin == job.replace(seed=8).range_margin      # read from the config once, when built
+True
 """
 from __future__ import annotations
 
@@ -77,6 +79,10 @@ class Job:
         moments + histogram accumulator.
     name : str, optional
         A label for people; not part of the address.
+    range_margin : float, optional
+        How far the pilot widens its [min, max] into the histogram range, as a fraction of the
+        width per side (default ``research.montecarlo.range-margin``, read once, here). Part of
+        the address of a job whose ``range`` is not given.
     device : {"cpu", "gpu", "any"}
         Where shards may run (see :mod:`dask_research.montecarlo.gpu.placement`). ``"cpu"``
         (default) is the exact NumPy path; ``"gpu"`` and ``"any"`` use the portable draw
@@ -86,7 +92,7 @@ class Job:
     def __init__(self, pipeline: Callable, inputs: Mapping, shards: int | None = None,
                  samples_per_shard: int | None = None, seed: int = 0, bins: int | None = None,
                  range: tuple[float, float] | None = None, reducer: Reducer | None = None,
-                 name: str | None = None, device: str = "cpu"):
+                 name: str | None = None, device: str = "cpu", range_margin: float | None = None):
         if not callable(pipeline):
             raise InputError("pipeline", pipeline, "a callable taking one array per input", where="Job")
         self.pipeline = pipeline
@@ -97,6 +103,7 @@ class Job:
         self.seed = philox.check_seed(seed)
         self.bins = _positive_int("bins", config.get("montecarlo.bins", bins), 1 << 20)
         self.range = self._check_range(range)
+        self.range_margin = self._check_margin(config.get("montecarlo.range-margin", range_margin))
         if reducer is not None and not isinstance(reducer, Reducer):
             raise InputError("reducer", reducer, "an object with init, update, merge and finalize",
                              where="Job")
@@ -146,6 +153,17 @@ class Job:
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise InputError("range", range, "a pair (lo, hi) of finite numbers with lo < hi", where="Job")
         return (lo, hi)
+
+    @staticmethod
+    def _check_margin(margin: Any) -> float:
+        try:
+            value = float(margin) if not isinstance(margin, (bool, np.bool_)) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise InputError("range_margin", margin, "a finite, non-negative fraction of the range's width",
+                             where="Job")
+        return value
 
     def _check_signature(self) -> None:
         try:
@@ -202,8 +220,7 @@ class Job:
         elif self.range is not None:
             accumulate = {"bins": self.bins, "range": list(self.range)}
         else:
-            accumulate = {"bins": self.bins, "range": {"rule": PILOT_RULE,
-                                                       "margin": float(config.get("montecarlo.range-margin"))}}
+            accumulate = {"bins": self.bins, "range": {"rule": PILOT_RULE, "margin": self.range_margin}}
         out = {
             "pipeline": pipeline_fingerprint(self.pipeline),
             "inputs": inputs,
@@ -230,7 +247,8 @@ class Job:
         """A copy with some constructor arguments changed."""
         kwargs = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
                       samples_per_shard=self.samples_per_shard, seed=self.seed, bins=self.bins,
-                      range=self.range, reducer=self.reducer, name=self.name, device=self.device)
+                      range=self.range, reducer=self.reducer, name=self.name, device=self.device,
+                      range_margin=self.range_margin)
         kwargs.update(changes)
         return Job(**kwargs)
 
@@ -246,7 +264,3 @@ class Job:
     def __repr__(self) -> str:
         return (f"Job({self.name}, inputs={list(self.names)}, shards={self.shards}, "
                 f"samples_per_shard={self.samples_per_shard:,}, seed={self.seed}, id={self.id[:12]})")
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        return state

@@ -11,7 +11,7 @@ import pytest
 
 from dask_research import montecarlo as mc
 from dask_research.exceptions import StoreError
-from dask_research.montecarlo.store import StoreWarning, _checksum
+from dask_research.montecarlo.store import StoreWarning, checksum
 
 from .test_store import job_module, one_worker  # noqa: F401 - fixtures
 
@@ -109,7 +109,7 @@ def _edit_first_shard(store, job, edit):
     doc = json.loads(path.read_text())
     key = sorted(doc["states"])[0]
     edit(doc["states"][key]["__moments__"])
-    doc["checksum"] = _checksum(doc["states"])
+    doc["checksum"] = checksum(doc["states"])
     path.write_text(json.dumps(doc))
     return path
 

@@ -1,4 +1,6 @@
-"""Recompute stored shards alone and compare them with what the run accepted.
+"""Auditing a stored run: rebuild its job, recompute shards alone, show what the store holds.
+
+:func:`replay` recomputes stored shards alone and compares them with what the run accepted.
 
 The run id and the manifest are enough: the inputs, seed, partitioning and histogram range come
 from the manifest (plain JSON; nothing in the store is executed). The pipeline comes from the
@@ -27,8 +29,6 @@ import types
 import uuid
 from dataclasses import dataclass
 from typing import Any
-
-import dask
 
 from ..exceptions import InputError, PipelineError, ResearchError, StoreError
 from .distributions import from_spec
@@ -168,7 +168,7 @@ def _load_pipelines(origin: dict, where: str, trust_origin: bool) -> list:
     included) or, with ``trust_origin=True``, from importing what the manifest records. Whatever
     is found, the rebuilt job must have the run's content address.
     """
-    module, qualname, path = origin.get("module"), origin.get("qualname"), origin.get("file")
+    qualname = origin.get("qualname")
     if not isinstance(qualname, str) or not qualname or "<" in qualname:
         raise StoreError(where, f"the pipeline {qualname!r} cannot be found again by name; pass job= "
                          "(CLI: --job FILE:JOB or --job MODULE:JOB)")
@@ -268,12 +268,9 @@ def _rebuild(manifest: dict, pipeline: Any) -> Job:
     acc, part = d["accumulate"], d["partitioning"]
     rng = acc.get("range")
     margin = rng.get("margin") if isinstance(rng, dict) else None
-    with dask.config.set({"research.montecarlo.range-margin": margin} if margin is not None else {}):
-        job = Job(pipeline, inputs, shards=part["shards"], samples_per_shard=part["samples_per_shard"],
-                  seed=d["seed"], bins=acc.get("bins"), range=None if isinstance(rng, dict) else rng,
-                  name=manifest.get("name"))
-        job.id  # noqa: B018 - computed under the manifest's margin
-    return job
+    return Job(pipeline, inputs, shards=part["shards"], samples_per_shard=part["samples_per_shard"],
+               seed=d["seed"], bins=acc.get("bins"), range=None if isinstance(rng, dict) else rng,
+               name=manifest.get("name"), range_margin=margin)
 
 
 def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
