@@ -108,7 +108,7 @@ class Job:
             raise InputError("reducer", reducer, "an object with init, update, merge and finalize",
                              where="Job")
         self.reducer = reducer
-        self.name = name or getattr(pipeline, "__name__", "pipeline")
+        self.name: str = name if name else str(getattr(pipeline, "__name__", "pipeline"))
         # -- device (issue 19): where shards may run; non-cpu jobs need portable draws
         self.device = gpu_placement.check_device(device)
         if self.device != "cpu":
@@ -170,7 +170,7 @@ class Job:
             sig = inspect.signature(self.pipeline)
         except (TypeError, ValueError):
             return
-        params = sig.parameters.values()
+        params = list(sig.parameters.values())
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return
         accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -245,7 +245,7 @@ class Job:
 
     def replace(self, **changes: Any) -> Job:
         """A copy with some constructor arguments changed."""
-        kwargs = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
+        kwargs: dict[str, Any] = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
                       samples_per_shard=self.samples_per_shard, seed=self.seed, bins=self.bins,
                       range=self.range, reducer=self.reducer, name=self.name, device=self.device,
                       range_margin=self.range_margin)
@@ -259,7 +259,7 @@ class Job:
         rng = self.range if self.range is not None else range
         if rng is None:
             raise InputError("range", None, "a frozen histogram range; run mc.pilot(job) first", where="Job")
-        return MomentsReducer(tuple(rng), self.bins)
+        return MomentsReducer((rng[0], rng[1]), self.bins)
 
     def __repr__(self) -> str:
         return (f"Job({self.name}, inputs={list(self.names)}, shards={self.shards}, "

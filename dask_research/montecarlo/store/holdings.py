@@ -1,9 +1,10 @@
 """What a store holds of a job, asked once before a run: nothing, some shards, or all of them.
 
-A run asks its store one question before it submits anything (:func:`holdings`, under the
-run's lease, so nobody else writes meanwhile): the manifest the run continues under, and the
-accepted shard states it may reuse, each checked against the job. The answer is a
-:class:`Holdings`; the run then computes only what is missing.
+A run asks its store one question before it submits anything
+(:meth:`~.runstore.RunStore.holdings`, under the run's lease, so nobody else writes meanwhile):
+the manifest the run continues under, and the accepted shard states it may reuse, each checked
+against the job (:func:`stored_state_problem`). The answer is a :class:`Holdings`; the run then
+computes only what is missing.
 
 Examples
 --------
@@ -24,16 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...exceptions import StoreError
 from ..accumulators import Moments
-from .manifest import build_manifest, check_manifest
 
 if TYPE_CHECKING:
     from ..job import Job
-    from ..pilot import Pilot
-    from .runstore import RunStore
 
-__all__ = ["Holdings", "holdings"]
+__all__ = ["Holdings", "stored_state_problem"]
 
 
 @dataclass(frozen=True)
@@ -69,46 +66,19 @@ class Holdings:
         return "nothing" if not self.states else "complete" if self.missing == 0 else "partial"
 
 
-def holdings(store: RunStore, job: Job, pilot: Pilot | None = None) -> Holdings:
-    """Ask ``store`` once what it holds of ``job``; with ``pilot``, a missing manifest is written.
+def stored_state_problem(job: Job, s: int, state: Any, template: Any) -> str | None:
+    """Why the stored state ``state`` of shard ``s`` is not one of ``job``'s (``None``: it is).
 
-    A run with a manifest is checked against the job (:func:`.manifest.check_manifest`).
-    Shards without a manifest (a deleted manifest) are validated against the job and the
-    pilot's range, which is a deterministic function of the job, and reused; the manifest is
-    then written again. Without ``pilot`` (a reader) the manifest must exist. Every stored
-    shard must be one of the job's, with the run's histogram and sample count. The caller of a
-    writing ask holds the run's lease, so nobody else writes while this is read.
+    ``template`` is the run's fresh accumulator (``reducer.init()``; ``None``: not known yet).
+
+    >>> from dask_research.montecarlo import Job, Normal, compute_shard
+    >>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1, range=(-5, 5))
+    >>> template = job.make_reducer().init()
+    >>> stored_state_problem(job, 1, compute_shard(job, 1), template) is None
+    True
+    >>> stored_state_problem(job, 2, compute_shard(job, 1), template)
+    'holds shard 2, outside [0, 2)'
     """
-    run_dir = store.run_dir(job.id)
-    mpath = store.display(run_dir + "/manifest.json")
-    store.refuse_links(job.id)
-    if store.has_run(job.id):
-        manifest = store.read_manifest(job.id)
-        check_manifest(manifest, job, mpath)
-        orphan = False
-    elif pilot is None:
-        manifest = store.read_manifest(job.id)      # raises: does not exist
-    else:
-        manifest = build_manifest(job, pilot)
-        orphan = True
-    rng = manifest["range"]
-    stored = store.read_shards(job.id)
-    reducer = job.make_reducer(tuple(rng) if rng is not None else None) if (rng or job.frozen) else None
-    template = reducer.init() if reducer is not None else None
-    for s, (state, _, fpath) in stored.items():
-        problem = _problem(job, s, state, template)
-        if problem:
-            if orphan:
-                problem += (f"; the run's manifest is missing, so these shards cannot be reused: delete "
-                            f"{store.display(run_dir)} to compute the run again")
-            raise StoreError(store.display(fpath), problem)
-    if orphan:
-        store.write_manifest(job.id, manifest)
-    return Holdings(job.shards, manifest, {s: v[0] for s, v in stored.items()}, {s: v[1] for s, v in stored.items()})
-
-
-def _problem(job: Job, s: int, state: Any, template: Any) -> str | None:
-    """Why the stored state of shard ``s`` is not one of ``job``'s (``None``: it is)."""
     if not 0 <= s < job.shards:
         return f"holds shard {s}, outside [0, {job.shards})"
     if isinstance(template, Moments):

@@ -28,15 +28,12 @@ import sys
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ...exceptions import StoreError
 from ..address import canonical_json
-from .files import Exists, oserror
+from .files import Exists, StoreFiles, oserror
 from .layout import LEASE_FORMAT, finite_json, redact
-
-if TYPE_CHECKING:
-    from .runstore import RunStore
 
 __all__ = ["Lease"]
 
@@ -72,20 +69,24 @@ class Lease:
 
     While another live writer holds it, :meth:`acquire` waits (saying once who holds it), at
     most ``research.montecarlo.lease-wait`` seconds (``None``: as long as the holder lives).
+
+    ``registry`` (a :class:`~.runstore.RunStore`'s ``leases``) holds the lease, by run id, while
+    it is held: the store checks it before each write into the run.
     """
 
     POLL = 0.25
 
-    def __init__(self, store: RunStore, run_id: str, *, timeout: float | None = None,
-                 wait: float | None = None, announce=None):
+    def __init__(self, files: StoreFiles, run_id: str, *, registry: dict[str, Lease] | None = None,
+                 timeout: float | None = None, wait: float | None = None, announce=None):
         from ... import config
 
-        self.store, self.run_id = store, run_id
-        self.path = store.files.path(run_id, "lease.json")
-        self.lock_path = store.files.path(run_id, "lease.lock")
+        self.files, self.run_id = files, run_id
+        self.registry: dict[str, Lease] = {} if registry is None else registry
+        self.path = files.path(run_id, "lease.json")
+        self.lock_path = files.path(run_id, "lease.lock")
         self.timeout = float(config.get("montecarlo.lease-timeout", timeout))
         if not (self.timeout > 0 and self.timeout != float("inf")):
-            raise StoreError(store.display(self.path), f"lease-timeout {self.timeout!r} must be a positive, finite "
+            raise StoreError(files.display(self.path), f"lease-timeout {self.timeout!r} must be a positive, finite "
                              "number of seconds")
         w = config.get("montecarlo.lease-wait", wait)
         self.wait = None if w is None else float(w)
@@ -110,15 +111,15 @@ class Lease:
     def _raw(self) -> bytes | None:
         """The lease file's bytes (``None``: no lease); a FIFO or device is a StoreError, at once."""
         try:
-            if self.store.files.local:
-                return self.store.files.read_bytes(self.path)
-            return self.store.fs.cat_file(self.path)
+            if self.files.local:
+                return self.files.read_bytes(self.path)
+            return self.files.fs.cat_file(self.path)
         except FileNotFoundError:
             return None
         except StoreError:
             raise
         except OSError as e:
-            raise StoreError(self.store.display(self.path), f"cannot be read ({oserror(e)})") from None
+            raise StoreError(self.files.display(self.path), f"cannot be read ({oserror(e)})") from None
 
     @staticmethod
     def _parse(raw: bytes) -> dict:
@@ -154,7 +155,8 @@ class Lease:
         ok = isinstance(started, (int, float)) and not isinstance(started, bool) and 0 <= started < 1e11
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) if ok else "?"
         try:
-            ago = time.time() - float(h.get("heartbeat"))
+            beat: Any = h.get("heartbeat")   # anything: what is not a number is caught below
+            ago = time.time() - float(beat)
             # Another host's clock, or a forged value: a future or non-finite heartbeat is not a time.
             age = f", heartbeat {ago:.0f} s ago by its clock" if 0 <= ago < 1e9 else ", heartbeat unknown"
         except (TypeError, ValueError, OverflowError):
@@ -164,15 +166,15 @@ class Lease:
     @contextlib.contextmanager
     def _locked(self):
         """``flock`` on ``runs/<id>/lease.lock`` (local stores; elsewhere a no-op)."""
-        st = self.store
-        if not st.files.local:
+        st = self.files
+        if not st.local:
             yield
             return
         import fcntl
 
         parent, name = posixpath.split(self.lock_path)
         try:
-            pfd = st.files.open_dir(parent, create=True)
+            pfd = st.open_dir(parent, create=True)
         except StoreError:
             raise
         except OSError as e:
@@ -196,10 +198,10 @@ class Lease:
 
     # -- taking it --------------------------------------------------------------------------
     def _try_create(self, doc: dict) -> bool:
-        st, data = self.store, json.dumps(doc).encode()
-        if st.files.local:
+        st, data = self.files, json.dumps(doc).encode()
+        if st.local:
             try:
-                st.files.write_local(self.path, data, overwrite=False)   # tmp + hard link: whole or absent
+                st.write_local(self.path, data, overwrite=False)   # tmp + hard link: whole or absent
             except Exists:
                 return False
             return True
@@ -208,12 +210,12 @@ class Lease:
         st.fs.makedirs(posixpath.dirname(self.path), exist_ok=True)
         st.fs.pipe_file(self.path, data)
         h = self.holder()                     # the last writer of a race wins; the others see its token
-        return bool(h) and h.get("token") == self.token
+        return h is not None and bool(h) and h.get("token") == self.token
 
     def _take_over(self, seen: bytes | None = None) -> bool:
         """Remove the stale lease whose content was ``seen``; False if it changed meanwhile."""
-        st = self.store
-        if not st.files.local:
+        st = self.files
+        if not st.local:
             try:
                 if seen is None or st.fs.cat_file(self.path) == seen:
                     st.fs.rm(self.path)
@@ -224,14 +226,14 @@ class Lease:
         with self._locked():
             parent, name = posixpath.split(self.path)
             aside = f"{name}.stale-{uuid.uuid4().hex[:8]}"
-            pfd = st.files.open_dir(parent, create=False)
+            pfd = st.open_dir(parent, create=False)
             try:
                 try:
                     os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)   # one taker wins the rename
                 except FileNotFoundError:
                     return True
                 try:
-                    again = st.files.read_bytes(posixpath.join(parent, aside))
+                    again = st.read_bytes(posixpath.join(parent, aside))
                 except (StoreError, OSError):
                     again = None
                 if seen is not None and again != seen:
@@ -260,24 +262,25 @@ class Lease:
                 continue
             h = self._parse(raw)
             if self._stale(h, raw):
-                self.announce(f"{self.store.display(self.path)}: taking over a stale lease of {self.describe(h)} "
-                              f"(unchanged for {time.monotonic() - self._seen[1]:.0f} s here, or its process is dead)")
+                since = self._seen[1] if self._seen is not None else time.monotonic()   # _stale set it
+                self.announce(f"{self.files.display(self.path)}: taking over a stale lease of {self.describe(h)} "
+                              f"(unchanged for {time.monotonic() - since:.0f} s here, or its process is dead)")
                 self._take_over(raw)
                 self._seen = None
                 continue
             if not said:
                 self.waited = h
-                self.announce(f"run {self.run_id[:12]} in {redact(self.store.url)} is being written by another run: "
+                self.announce(f"run {self.run_id[:12]} in {redact(self.files.url)} is being written by another run: "
                               f"{self.describe(h)}; waiting for it, then resuming from what it stored "
                               f"(taken over if its lease does not change for {self.timeout:g} s)")
                 said = True
             if self.wait is not None and time.monotonic() - t0 > self.wait:
-                raise StoreError(self.store.display(self.path), f"run {self.run_id[:12]} is held by another run: "
+                raise StoreError(self.files.display(self.path), f"run {self.run_id[:12]} is held by another run: "
                                  f"{self.describe(h)}; gave up after waiting {self.wait:g} s "
                                  "(research.montecarlo.lease-wait)")
             time.sleep(self.POLL)
         self._held, self._lost = True, None
-        self.store.leases[self.run_id] = self
+        self.registry[self.run_id] = self
         self._thread = threading.Thread(target=self._beat, args=(started,), daemon=True,
                                         name=f"dask-research-lease-{self.run_id[:8]}")
         self._thread.start()
@@ -295,7 +298,7 @@ class Lease:
             if not h or h.get("token") != self.token:
                 self._lost = h or {"owner": "nobody", "host": "?", "pid": "?"}
         if self._lost is not None:
-            what = self.store.display(path) if path else self.store.display(self.path)
+            what = self.files.display(path) if path else self.files.display(self.path)
             raise StoreError(what, f"not written: this writer lost the lease of run {self.run_id[:12]} "
                              f"(presumed dead and taken over; now {self.describe(self._lost)}); it stops here. "
                              "What it stored is kept and the holder, or the same command later, resumes from it")
@@ -308,7 +311,7 @@ class Lease:
                     if not h or h.get("token") != self.token:
                         self._lost = h or {"owner": "nobody", "host": "?", "pid": "?"}
                         return        # taken over (we were presumed dead): stop claiming it
-                    self.store.files.write_json(self.path, self._doc(started), overwrite=True)
+                    self.files.write_json(self.path, self._doc(started), overwrite=True)
             except Exception:     # a transient store error: try again next beat
                 continue
 
@@ -316,15 +319,15 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self.store.leases.get(self.run_id) is self:
-            del self.store.leases[self.run_id]
+        if self.registry.get(self.run_id) is self:
+            del self.registry[self.run_id]
         if self._held:
             self._held = False
             try:
                 with self._locked():
                     h = self.holder()
                     if h and h.get("token") == self.token:
-                        self.store.fs.rm(self.path)
+                        self.files.fs.rm(self.path)
             except (OSError, StoreError):
                 pass
 

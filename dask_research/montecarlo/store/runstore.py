@@ -28,7 +28,7 @@ from ...exceptions import StoreError
 from ..address import canonical_json
 from ..codec import CodecError, decode, encode
 from .files import Exists, StoreFiles, oserror
-from .holdings import Holdings, holdings
+from .holdings import Holdings, stored_state_problem
 from .layout import (
     MANIFEST_FORMAT,
     RESULT_FORMAT,
@@ -45,6 +45,7 @@ from .layout import (
     shard_file_range,
 )
 from .lease import Lease
+from .manifest import build_manifest, check_manifest
 
 if TYPE_CHECKING:
     from ..job import Job
@@ -121,8 +122,42 @@ class RunStore:
 
     # -- what the store holds of a job ------------------------------------------------------
     def holdings(self, job: Job, pilot: Pilot | None = None) -> Holdings:
-        """What the store holds of ``job``, asked once before a run: see :func:`.holdings.holdings`."""
-        return holdings(self, job, pilot)
+        """Ask the store once what it holds of ``job``; with ``pilot``, a missing manifest is written.
+
+        A run with a manifest is checked against the job (:func:`.manifest.check_manifest`).
+        Shards without a manifest (a deleted manifest) are validated against the job and the
+        pilot's range, which is a deterministic function of the job, and reused; the manifest is
+        then written again. Without ``pilot`` (a reader) the manifest must exist. Every stored
+        shard must be one of the job's, with the run's histogram and sample count. The caller of a
+        writing ask holds the run's lease, so nobody else writes while this is read.
+        """
+        run_dir = self.run_dir(job.id)
+        mpath = self.display(run_dir + "/manifest.json")
+        self.refuse_links(job.id)
+        if self.has_run(job.id):
+            manifest = self.read_manifest(job.id)
+            check_manifest(manifest, job, mpath)
+            orphan = False
+        elif pilot is None:
+            manifest = self.read_manifest(job.id)      # raises: does not exist
+        else:
+            manifest = build_manifest(job, pilot)
+            orphan = True
+        rng = manifest["range"]
+        stored = self.read_shards(job.id)
+        reducer = job.make_reducer(tuple(rng) if rng is not None else None) if (rng or job.frozen) else None
+        template = reducer.init() if reducer is not None else None
+        for s, (state, _, fpath) in stored.items():
+            problem = stored_state_problem(job, s, state, template)
+            if problem:
+                if orphan:
+                    problem += (f"; the run's manifest is missing, so these shards cannot be reused: delete "
+                                f"{self.display(run_dir)} to compute the run again")
+                raise StoreError(self.display(fpath), problem)
+        if orphan:
+            self.write_manifest(job.id, manifest)
+        return Holdings(job.shards, manifest, {s: v[0] for s, v in stored.items()},
+                        {s: v[1] for s, v in stored.items()})
 
     # -- manifest ---------------------------------------------------------------------------
     def list_runs(self) -> list[str]:
@@ -183,8 +218,9 @@ class RunStore:
             body = {str(k): encoder(v) for k, v in sorted(states.items())}
         except CodecError as e:
             raise StoreError(self.display(self.run_dir(run_id)), f"cannot store the accumulator: {e}") from None
+        signed = checksum(body)
         doc = {"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker, "written": time.time(),
-               "states": body, "checksum": checksum(body)}
+               "states": body, "checksum": signed}
         path = self.files.path(run_id, "shards", shard_file_name(first, last + 1))
         try:
             self.files.write_json(path, doc)
@@ -194,7 +230,7 @@ class RunStore:
                     and canonical_json(old.get("states")) == canonical_json(json_roundtrip(body))):
                 raise StoreError(self.display(path), "already exists with different states for the same shards "
                                  "(another writer of this run disagrees); refusing to overwrite it") from None
-        return path, doc["checksum"]
+        return path, signed
 
     def shard_files(self, run_id: str) -> list[str]:
         """The shard files of a run, in name order.
@@ -286,7 +322,7 @@ class RunStore:
     def lease(self, run_id: str, *, timeout: float | None = None, wait: float | None = None,
               announce=None) -> Lease:
         """A :class:`Lease` on ``run_id``: enter it to become the run's only writer."""
-        return Lease(self, run_id, timeout=timeout, wait=wait, announce=announce)
+        return Lease(self.files, run_id, registry=self.leases, timeout=timeout, wait=wait, announce=announce)
 
     # -- result -----------------------------------------------------------------------------
     def write_result(self, run_id: str, summary: dict) -> None:
