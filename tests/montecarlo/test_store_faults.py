@@ -163,7 +163,7 @@ def test_foreign_files_in_shards_are_ignored_with_one_warning(tmp_path, job_modu
     with pytest.warns(StoreWarning) as rec2:  # once per name: a second read is quiet
         import warnings
 
-        warnings.warn("sentinel", StoreWarning)
+        warnings.warn("sentinel", StoreWarning, stacklevel=1)
         mc.show(job.id, str(store))
     assert [str(w.message) for w in rec2] == ["sentinel"]
     # A file that claims to be a shard file and is not: refused, naming it.

@@ -257,7 +257,7 @@ def test_a_forged_lease_is_taken_over_after_lease_timeout_of_our_own_clock(tmp_p
     run_dir = pathlib.Path(store) / "runs" / job.id
     run_dir.mkdir(parents=True)
     (run_dir / "lease.json").write_text('{"owner":"mallory","host":"elsewhere","pid":1,"started":0,'
-                                        '"heartbeat":%s}' % heartbeat)
+                                        f'"heartbeat":{heartbeat}}}')
     said = []
     t0 = time.monotonic()
     with dask.config.set({"research.montecarlo.lease-timeout": 1.0}):

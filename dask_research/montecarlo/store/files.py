@@ -199,6 +199,16 @@ class StoreFiles:
             os.close(fd)
             raise
 
+    def open_parent(self, path: str) -> tuple[int, str]:
+        """A descriptor of ``path``'s directory, created if missing (see :meth:`open_dir`), and its name."""
+        parent, name = posixpath.split(path)
+        try:
+            return self.open_dir(parent, create=True), name
+        except StoreError:
+            raise
+        except OSError as e:
+            raise StoreError(self.display(parent), f"cannot be created ({oserror(e)})") from None
+
     def write_json(self, path: str, obj: Any, overwrite: bool = False) -> None:
         """Write ``obj`` as compact JSON (no NaN) whole at ``path``; without ``overwrite`` an existing file is :class:`Exists`."""
         data = json.dumps(obj, indent=None, separators=(",", ":"), allow_nan=False).encode()
@@ -223,13 +233,7 @@ class StoreFiles:
         Everything happens relative to the parent directory's descriptor (see
         :meth:`open_dir`), so no path is resolved twice and no link inside the store is followed.
         """
-        parent, name = posixpath.split(path)
-        try:
-            pfd = self.open_dir(parent, create=True)
-        except StoreError:
-            raise
-        except OSError as e:
-            raise StoreError(self.display(parent), f"cannot be created ({oserror(e)})") from None
+        pfd, name = self.open_parent(path)
         tmp = f"{name}.tmp-{uuid.uuid4().hex[:8]}"
         made = False
         try:

@@ -172,13 +172,7 @@ class Lease:
             return
         import fcntl
 
-        parent, name = posixpath.split(self.lock_path)
-        try:
-            pfd = st.open_dir(parent, create=True)
-        except StoreError:
-            raise
-        except OSError as e:
-            raise StoreError(st.display(parent), f"cannot be created ({oserror(e)})") from None
+        pfd, name = st.open_parent(self.lock_path)
         try:
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=pfd)
         except OSError as e:

@@ -9,10 +9,12 @@ a corrupt, foreign or truncated file is refused with a
 Examples
 --------
 >>> import tempfile
->>> from dask_research.montecarlo.store import RunStore
+>>> from dask_research.montecarlo import Job, Normal, compute_shard
+>>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1, range=(-5, 5))
 >>> store = RunStore(tempfile.mkdtemp())
->>> store.list_runs()
-[]
+>>> path = store.write_shards(job.id, {0: compute_shard(job, 0)}, "here")
+>>> store.read_shards(job.id)[0][0] == compute_shard(job, 0), store.list_runs() == [job.id]
+(True, True)
 """
 from __future__ import annotations
 
