@@ -86,12 +86,8 @@ def _on_worker(err: PipelineError, worker: str) -> PipelineError:
 
 
 def compute_block(job, reducer: Reducer, start: int, stop: int,
-                  known: Mapping[int, Any] | None = None, tamper: Any = None) -> BlockResult:
-    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree.
-
-    ``tamper`` is a test hook: a callable ``(worker, shard, y) -> y`` applied to pipeline
-    outputs (used to simulate a faulty worker in verification tests).
-    """
+                  known: Mapping[int, Any] | None = None) -> BlockResult:
+    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree."""
     t0 = time.perf_counter()
     known = dict(known or {})
     worker = _worker_address()
@@ -103,8 +99,6 @@ def compute_block(job, reducer: Reducer, start: int, stop: int,
             continue
         try:
             y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
-            if tamper is not None:
-                y = tamper(worker, shard, y)
             states[shard] = reducer.update(reducer.init(), y)
         except PipelineError as e:
             raise _on_worker(e, worker) from e.__cause__
