@@ -142,6 +142,7 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing
+    # Pilot, ask the store once what it holds of the job, execute the rest.
     p = pilot if pilot is not None else _pilot(job)
     # One writer per run: a second client of the same job on the same store waits here for the
     # first, then resumes from what it stored (so it computes nothing the first one finished).
