@@ -17,6 +17,7 @@ Examples
 >>> result.mean, result.stderr, result.interval(0.95), result.linearized   # doctest: +SKIP
 """
 from .accumulators import Moments, MomentsReducer, Reducer, merge_moments
+from .audit import ReplayReport, load_job, replay, replay_many, show
 from .distributions import (
                             Beta,
                             Distribution,
@@ -33,7 +34,6 @@ from .linearize import Linearized, linearize
 from .mergers import MergerReport, check_merger
 from .pilot import Pilot, Plan, pilot
 from .power import PowerPolicy, power_state
-from .replay import ReplayReport, load_job, replay, replay_many, show
 from .result import Interval, Result
 from .run import run
 from .shard import compute_shard

@@ -24,7 +24,7 @@ import math
 import textwrap
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,7 +64,7 @@ def _value_fingerprint(value: Any) -> Any:
     return None
 
 
-def pipeline_fingerprint(fn: Callable, _seen: set | None = None) -> dict[str, Any]:
+def pipeline_fingerprint(fn: Callable | object, _seen: set | None = None) -> dict[str, Any]:
     """Describe ``fn`` for the content address: name, source and what it refers to.
 
     Module-level constants (numbers, strings, small tuples, numpy arrays) are included by value
@@ -72,7 +72,7 @@ def pipeline_fingerprint(fn: Callable, _seen: set | None = None) -> dict[str, An
     from installed libraries are included by name only.
     """
     _seen = set() if _seen is None else _seen
-    target = inspect.unwrap(fn)
+    target = inspect.unwrap(cast(Callable, fn))   # follows __wrapped__ on any object (a reducer too)
     if not isinstance(target, types.FunctionType):
         # Anything but a plain function is described by what it *is*, not by its type's name
         # alone: two bound methods, two builtins or two partials never share an address.

@@ -76,7 +76,7 @@ class Distribution:
 
     def spec(self) -> dict:
         """JSON description used in the content address (kind + parameters)."""
-        out = {"kind": type(self).__name__}
+        out: dict[str, Any] = {"kind": type(self).__name__}
         for k, v in self.__dict__.items():
             if k.startswith("_"):
                 continue

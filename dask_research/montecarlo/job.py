@@ -14,6 +14,8 @@ Examples
 True
 >>> job.id == job.replace(seed=8).id
 False
+>>> job.range_margin == job.replace(seed=8).range_margin      # read from the config once, when built
+True
 """
 from __future__ import annotations
 
@@ -77,6 +79,10 @@ class Job:
         moments + histogram accumulator.
     name : str, optional
         A label for people; not part of the address.
+    range_margin : float, optional
+        How far the pilot widens its [min, max] into the histogram range, as a fraction of the
+        width per side (default ``research.montecarlo.range-margin``, read once, here). Part of
+        the address of a job whose ``range`` is not given.
     device : {"cpu", "gpu", "any"}
         Where shards may run (see :mod:`dask_research.montecarlo.gpu.placement`). ``"cpu"``
         (default) is the exact NumPy path; ``"gpu"`` and ``"any"`` use the portable draw
@@ -86,7 +92,7 @@ class Job:
     def __init__(self, pipeline: Callable, inputs: Mapping, shards: int | None = None,
                  samples_per_shard: int | None = None, seed: int = 0, bins: int | None = None,
                  range: tuple[float, float] | None = None, reducer: Reducer | None = None,
-                 name: str | None = None, device: str = "cpu"):
+                 name: str | None = None, device: str = "cpu", range_margin: float | None = None):
         if not callable(pipeline):
             raise InputError("pipeline", pipeline, "a callable taking one array per input", where="Job")
         self.pipeline = pipeline
@@ -97,11 +103,12 @@ class Job:
         self.seed = philox.check_seed(seed)
         self.bins = _positive_int("bins", config.get("montecarlo.bins", bins), 1 << 20)
         self.range = self._check_range(range)
+        self.range_margin = self._check_margin(config.get("montecarlo.range-margin", range_margin))
         if reducer is not None and not isinstance(reducer, Reducer):
             raise InputError("reducer", reducer, "an object with init, update, merge and finalize",
                              where="Job")
         self.reducer = reducer
-        self.name = name or getattr(pipeline, "__name__", "pipeline")
+        self.name: str = name if name else str(getattr(pipeline, "__name__", "pipeline"))
         # -- device (issue 19): where shards may run; non-cpu jobs need portable draws
         self.device = gpu_placement.check_device(device)
         if self.device != "cpu":
@@ -147,12 +154,23 @@ class Job:
             raise InputError("range", range, "a pair (lo, hi) of finite numbers with lo < hi", where="Job")
         return (lo, hi)
 
+    @staticmethod
+    def _check_margin(margin: Any) -> float:
+        try:
+            value = float(margin) if not isinstance(margin, (bool, np.bool_)) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise InputError("range_margin", margin, "a finite, non-negative fraction of the range's width",
+                             where="Job")
+        return value
+
     def _check_signature(self) -> None:
         try:
             sig = inspect.signature(self.pipeline)
         except (TypeError, ValueError):
             return
-        params = sig.parameters.values()
+        params = list(sig.parameters.values())
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return
         accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -202,8 +220,7 @@ class Job:
         elif self.range is not None:
             accumulate = {"bins": self.bins, "range": list(self.range)}
         else:
-            accumulate = {"bins": self.bins, "range": {"rule": PILOT_RULE,
-                                                       "margin": float(config.get("montecarlo.range-margin"))}}
+            accumulate = {"bins": self.bins, "range": {"rule": PILOT_RULE, "margin": self.range_margin}}
         out = {
             "pipeline": pipeline_fingerprint(self.pipeline),
             "inputs": inputs,
@@ -228,9 +245,10 @@ class Job:
 
     def replace(self, **changes: Any) -> Job:
         """A copy with some constructor arguments changed."""
-        kwargs = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
+        kwargs: dict[str, Any] = dict(pipeline=self.pipeline, inputs=self.inputs, shards=self.shards,
                       samples_per_shard=self.samples_per_shard, seed=self.seed, bins=self.bins,
-                      range=self.range, reducer=self.reducer, name=self.name, device=self.device)
+                      range=self.range, reducer=self.reducer, name=self.name, device=self.device,
+                      range_margin=self.range_margin)
         kwargs.update(changes)
         return Job(**kwargs)
 
@@ -241,12 +259,8 @@ class Job:
         rng = self.range if self.range is not None else range
         if rng is None:
             raise InputError("range", None, "a frozen histogram range; run mc.pilot(job) first", where="Job")
-        return MomentsReducer(tuple(rng), self.bins)
+        return MomentsReducer((rng[0], rng[1]), self.bins)
 
     def __repr__(self) -> str:
         return (f"Job({self.name}, inputs={list(self.names)}, shards={self.shards}, "
                 f"samples_per_shard={self.samples_per_shard:,}, seed={self.seed}, id={self.id[:12]})")
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        return state

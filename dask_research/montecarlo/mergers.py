@@ -194,7 +194,7 @@ def check_merger(merge: Callable[[Any, Any], Any], states: Sequence[Any], *,
         report.count("commutative")
 
     triples = [(i, (i + 1) % n, (i + 2) % n) for i in range(n)]
-    triples += [tuple(rng.sample(range(n), 3)) for _ in range(n)]
+    triples += [(a, b, c) for a, b, c in (rng.sample(range(n), 3) for _ in range(n))]
     for i, j, k in triples:
         left = merge(merge(states[i], states[j]), states[k])
         right = merge(states[i], merge(states[j], states[k]))

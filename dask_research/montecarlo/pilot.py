@@ -2,9 +2,9 @@
 
 It validates the pipeline (shape, finiteness) before work is submitted, measures the spread
 ``sigma`` and the time per shard, and freezes the histogram range (the pilot's [min, max]
-widened by ``research.montecarlo.range-margin`` and rounded outward to three significant
-digits of the width, so the range, and with it the content of every shard, is a deterministic
-function of the job). :meth:`Pilot.plan` turns a target standard error into a shard count and
+widened by the job's ``range_margin``, the ``research.montecarlo.range-margin`` of when the job
+was built, and rounded outward to three significant digits of the width, so the range, and
+with it the content of every shard, is a deterministic function of the job). :meth:`Pilot.plan` turns a target standard error into a shard count and
 an estimated wall time on the current pool.
 
 Examples
@@ -28,9 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
 from . import philox
-from .shard import evaluate
+from .evaluate import evaluate
 
 __all__ = ["pilot", "Pilot", "Plan", "freeze_range"]
 
@@ -149,7 +148,7 @@ def pilot(job, samples: int | None = None, pieces: int = 8) -> Pilot:
     elif job.range is not None:
         rng = job.range
     else:
-        rng = freeze_range(lo, hi, float(config.get("montecarlo.range-margin")))
+        rng = freeze_range(lo, hi, job.range_margin)
     reducer = job.make_reducer(rng)
     # Time one full shard (draw, pipeline, accumulate) after the warm-up above.
     t0 = time.perf_counter()

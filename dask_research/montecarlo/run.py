@@ -12,27 +12,21 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import math
-import platform
 import time
 import weakref
 from typing import Any
 
-import numpy as np
-
 from .. import config
 from .._cluster import get_client, workers_info
-from .._version import __version__
 from ..exceptions import InputError, StoreError
-from .accumulators import Moments
 from .engine import Execution
-from .job import ENGINE, Job
+from .job import Job
 from .linearize import linearize
 from .mergers import check_merger as _check_merger
 from .pilot import Pilot
 from .pilot import pilot as _pilot
 from .result import Result
-from .store import RunStore
+from .store import Holdings, RunStore
 from .tree import choose_block
 
 __all__ = ["run", "plan_blocks", "open_store"]
@@ -106,106 +100,10 @@ def remember_job(job: Job) -> None:
     _JOBS[job.id] = job
 
 
-def _manifest(job: Job, p: Pilot, origin: dict | None) -> dict:
-    import dask
-    import distributed
-
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as feats
-
-        features = sorted(k for k, v in feats.items() if v)
-    except Exception:  # pragma: no cover - numpy internals moved
-        features = []
-    return {
-        "job": job.describe(),
-        "name": job.name,
-        "range": list(p.range) if p.range else None,
-        "pilot": p.to_dict(),
-        "engine": dict(ENGINE),
-        "versions": {"dask_research": __version__, "numpy": np.__version__, "dask": dask.__version__,
-                     "distributed": distributed.__version__, "python": platform.python_version()},
-        "cpu_features": features,
-        "origin": origin or _origin(job),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def _origin(job: Job) -> dict:
-    import inspect
-
-    fn = job.pipeline
-    try:
-        path = inspect.getsourcefile(fn)
-    except TypeError:
-        path = None
-    return {"module": getattr(fn, "__module__", None), "qualname": getattr(fn, "__qualname__", None),
-            "file": path}
-
-
-def _load_existing(store: RunStore, job: Job) -> tuple[dict, dict[int, Any], dict[int, str]]:
-    """:func:`_holdings` of a run that must have its manifest (nothing is written)."""
-    return _holdings(store, job, None, None)
-
-
-def _holdings(store: RunStore, job: Job, p: Pilot | None, origin: dict | None) -> tuple[dict, dict[int, Any], dict[int, str]]:
-    """Ask the store once what it holds of ``job``: nothing, or these valid shards under this manifest.
-
-    A run with a manifest is checked against the job. Shards without a manifest (a deleted
-    manifest) are validated against the job and the pilot's range, which is a deterministic
-    function of the job, and reused; the manifest is then written again. The caller holds the
-    run's lease, so nobody else writes while this is read.
-    """
-    mpath = store.display(store.run_dir(job.id) + "/manifest.json")
-    store.refuse_links(job.id)
-    if store.has_run(job.id):
-        manifest = store.read_manifest(job.id)
-        if manifest["engine"] != ENGINE:
-            raise StoreError(mpath, f"was written by engine {manifest['engine']}; this is {ENGINE}: "
-                             "results of different engines are never mixed (use another store)")
-        if manifest["job"] != job.describe():
-            raise StoreError(mpath, "describes a different job than the one with this id (edited or corrupt)")
-        rng = manifest["range"]
-        if rng is not None and not (isinstance(rng, list) and len(rng) == 2
-                                    and all(isinstance(v, (int, float)) and math.isfinite(v) for v in rng)
-                                    and rng[0] < rng[1]):
-            raise StoreError(mpath, f"has range {rng!r}; expected [lo, hi] with finite lo < hi")
-        orphan = False
-    elif p is None:
-        manifest = store.read_manifest(job.id)      # raises: does not exist
-    else:
-        manifest = _manifest(job, p, origin)
-        rng = manifest["range"]
-        orphan = True
-    stored = store.read_shards(job.id)
-    reducer = job.make_reducer(tuple(rng) if rng is not None else None) if (rng or job.frozen) else None
-    template = reducer.init() if reducer is not None else None
-    for s, (state, _, fpath) in stored.items():
-        problem = None
-        if not 0 <= s < job.shards:
-            problem = f"holds shard {s}, outside [0, {job.shards})"
-        elif isinstance(template, Moments):
-            if not isinstance(state, Moments):
-                problem = f"holds a {type(state).__name__} for shard {s}, not an accumulator"
-            elif (state.lo, state.hi, state.bins) != (template.lo, template.hi, template.bins):
-                problem = f"shard {s} has histogram [{state.lo}, {state.hi}) x {state.bins}, not the run's"
-            elif state.n != job.samples_per_shard:
-                problem = f"shard {s} counts {state.n:,} samples, not {job.samples_per_shard:,}"
-        elif template is not None and type(state) is not type(template):
-            problem = f"holds a {type(state).__name__} for shard {s}; the reducer's state is a {type(template).__name__}"
-        if problem:
-            if orphan:
-                problem += (f"; the run's manifest is missing, so these shards cannot be reused: delete "
-                            f"{store.display(store.run_dir(job.id))} to compute the run again")
-            raise StoreError(store.display(fpath), problem)
-    if orphan:
-        store.write_manifest(job.id, manifest)
-    return manifest, {s: v[0] for s, v in stored.items()}, {s: v[1] for s, v in stored.items()}
-
-
 def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         shards_per_task: int | None = None, progress: bool | None = None,
         check_merger: bool | None = None, pilot: Pilot | None = None,
-        speculate: float | None = None, window: int | None = None, origin: dict | None = None) -> Result:
+        speculate: float | None = None, window: int | None = None) -> Result:
     """Run ``job`` and return its verified :class:`Result`.
 
     Parameters
@@ -244,27 +142,26 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing
+    # Pilot, ask the store once what it holds of the job, execute the rest.
     p = pilot if pilot is not None else _pilot(job)
     # One writer per run: a second client of the same job on the same store waits here for the
     # first, then resumes from what it stored (so it computes nothing the first one finished).
     with rs.lease(job.id) if rs is not None else contextlib.nullcontext() as lease:
-        known: dict[int, Any] = {}
-        producers: dict[int, str] = {}
-        if rs is not None:
-            manifest, known, producers = _holdings(rs, job, p, origin)
-            if manifest["range"] is not None:
-                p.range = tuple(manifest["range"])
+        held = rs.holdings(job, p) if rs is not None else Holdings(job.shards)
+        if held.range is not None:
+            p.range = held.range
         reducer = job.make_reducer(p.range)
         if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
             _check_merger(reducer.merge, p.states, identity=reducer.init())
-        result = _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_task,
+        result = _execute(job, client, p, reducer, rs, held, verify, shards_per_task,
                           progress, speculate, window, store_token=getattr(lease, "token", None))
     remember_job(job)
     return result
 
 
-def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_task, progress,
-             speculate, window, store_token=None) -> Result:
+def _execute(job: Job, client, p: Pilot, reducer, rs: RunStore | None, held: Holdings, verify: int,
+             shards_per_task: int | None, progress: bool, speculate: float, window: int | None,
+             store_token: str | None = None) -> Result:
     with get_client(client) as c:
         check_memory(c, p)
         t0 = time.perf_counter()
@@ -273,8 +170,9 @@ def _execute(job, client, p, reducer, rs, known, producers, verify, shards_per_t
         win = config.get("montecarlo.window", window) or max(16, 8 * threads)
         bar = _progress_bar(job.shards, progress, f"mc {job.name}")
         try:
-            ex = Execution(c, job, reducer, block, run_id=job.id, known=known, known_producers=producers,
-                           store=rs, verify=verify, window=win, speculate=speculate, progress=bar,
+            ex = Execution(c, job, reducer, block, run_id=job.id, known=dict(held.states),
+                           known_producers=dict(held.producers), store=rs, verify=verify, window=win,
+                           speculate=speculate, progress=bar,
                            shard_seconds=p.shard_seconds,   # the block timeout from the first block on
                            store_token=store_token)         # the workers' probe of the store (issue 20)
             state, outcome = ex.execute()

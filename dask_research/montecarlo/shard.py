@@ -1,8 +1,8 @@
-"""What runs on a worker: draw a shard's inputs, evaluate the pipeline, accumulate.
+"""What runs on a worker: a shard's or a block of shards' accumulators.
 
 A task computes an aligned block of shards and folds them with the fixed tree, so the split
 into tasks never changes the bits. Any shard can be recomputed alone with
-:func:`compute_shard`.
+:func:`compute_shard`. Drawing the inputs and running the pipeline is :mod:`.evaluate`.
 
 Examples
 --------
@@ -11,114 +11,40 @@ Examples
 ...           seed=1, range=(-8, 8))
 >>> compute_shard(job, 3) == compute_shard(job, 3)
 True
+>>> block = compute_block(job, job.make_reducer(), 0, 4)
+>>> block.computed, block.shard_states[3] == compute_shard(job, 3)
+([0, 1, 2, 3], True)
 """
 from __future__ import annotations
 
-import os
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from ..exceptions import PipelineError
+from ..exceptions import InputError, PipelineError
 from . import philox
 from .accumulators import Reducer
+from .evaluate import describe_error, evaluate
+from .evaluate import draw_inputs as draw_inputs  # noqa: F401 - still imported from here by dask_research.testing
+from .pilot import pilot as run_pilot
 from .tree import tree_fold
 
-__all__ = ["draw_inputs", "evaluate", "compute_shard", "compute_block", "BlockResult"]
-
-
-def draw_inputs(job, gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    """Draw ``n`` samples of every input, in declared order, from one stream."""
-    out: dict[str, np.ndarray] = {}
-    for key, dist in job.inputs.items():
-        x = dist.draw(gen, n)
-        if isinstance(key, tuple):
-            for i, name in enumerate(key):
-                out[name] = x[i]
-        else:
-            out[key] = x
-    return out
-
-
-def check_output(y: Any, n: int, shard: int | str, scalar: bool = True) -> np.ndarray:
-    """Validate a pipeline's output: one finite value per sample."""
-    arr = np.asarray(y)
-    if arr.ndim == 0 or arr.shape[0] != n or (scalar and arr.ndim != 1):
-        expected = f"({n},)" if scalar else f"({n}, ...)"
-        raise PipelineError(shard, f"returned shape {arr.shape}; expected {expected}, one value per "
-                            f"sample (a vector-valued pipeline needs a reducer=)")
-    if arr.dtype.kind not in "fiub":
-        raise PipelineError(shard, f"returned dtype {arr.dtype}; expected real numbers")
-    arr = arr.astype(np.float64, copy=False)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        bad = ~finite
-        count = int(bad.sum())
-        first = int(np.flatnonzero(bad.reshape(n, -1).any(axis=1))[0])
-        kinds = "nan" if np.isnan(arr).any() else "inf"
-        raise PipelineError(shard, f"{count:,} of {arr.size:,} values are not finite ({kinds}); the "
-                            f"first is sample {first}", count=count)
-    return arr
-
-
-def evaluate(job, gen: np.random.Generator, n: int, shard: int | str) -> np.ndarray:
-    """Draw inputs from ``gen`` and run the pipeline; the checked output.
-
-    An exception raised by the pipeline becomes a :class:`PipelineError` naming the shard and
-    the original error (type and message; the original is its ``__cause__``).
-    """
-    draws = draw_inputs(job, gen, n)
-    try:
-        y = job.pipeline(**draws)
-    except Exception as e:
-        raise PipelineError(shard, f"the pipeline raised {_describe(e)}{_hint(e)}") from e
-    return check_output(y, n, shard, scalar=job.reducer is None)
-
-
-#: What numpy says when a scalar-only function (``math.exp``, ``float(x)``) meets an array.
-_SCALAR_ONLY = ("only 0-dimensional arrays can be converted", "only length-1 arrays can be converted",
-                "only size-1 arrays can be converted", "truth value of an array with more than one element")
-
-
-def _hint(e: BaseException) -> str:
-    """A pointer for the usual first mistake: a pipeline written for one sample, not arrays."""
-    if isinstance(e, (TypeError, ValueError)) and any(m in str(e) for m in _SCALAR_ONLY):
-        return ("; the pipeline is called with one array per input (all samples of a shard at once): "
-                "use numpy's vectorised functions (np.exp, np.where) instead of math.* or if/else on values")
-    return ""
-
-
-def _describe(e: BaseException) -> str:
-    """``Type: message (at file.py:line)`` of an exception, on one line.
-
-    The line is where it was raised: Dask ships the traceback of the error a task raises, not
-    of its cause, so the pipeline's own frame is named here.
-    """
-    msg = " ".join(str(e).split())
-    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-    frames = traceback.extract_tb(e.__traceback__)
-    if frames:
-        f = frames[-1]
-        where = f"line {f.lineno}" if f.filename.startswith("<") else f"{os.path.basename(f.filename)}:{f.lineno}"
-        text += f" (in {f.name}, {where})"
-    return text
+__all__ = ["compute_shard", "compute_block", "BlockResult"]
 
 
 def compute_shard(job, shard: int, reducer: Reducer | None = None,
                   range: tuple[float, float] | None = None) -> Any:
-    """Recompute shard ``shard`` alone; the same bits as inside any run on this machine."""
-    if not 0 <= shard < job.shards:
-        from ..exceptions import InputError
+    """Recompute shard ``shard`` alone; the same bits as inside any run on this machine.
 
+    The accumulator is ``reducer``'s, else the job's on ``range``, else, for a job whose
+    histogram range is not frozen, on the range of its pilot (:func:`.pilot.pilot`, run here:
+    a deterministic function of the job).
+    """
+    if not 0 <= shard < job.shards:
         raise InputError("shard", shard, f"an index in [0, {job.shards})", where=repr(job))
     if reducer is None and range is None and not job.frozen:
-        from .pilot import pilot
-
-        range = pilot(job).range
+        range = run_pilot(job).range
     reducer = reducer or job.make_reducer(range)
     y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
     return reducer.update(reducer.init(), y)
@@ -160,12 +86,8 @@ def _on_worker(err: PipelineError, worker: str) -> PipelineError:
 
 
 def compute_block(job, reducer: Reducer, start: int, stop: int,
-                  known: Mapping[int, Any] | None = None, tamper: Any = None) -> BlockResult:
-    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree.
-
-    ``tamper`` is a test hook: a callable ``(worker, shard, y) -> y`` applied to pipeline
-    outputs (used to simulate a faulty worker in verification tests).
-    """
+                  known: Mapping[int, Any] | None = None) -> BlockResult:
+    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree."""
     t0 = time.perf_counter()
     known = dict(known or {})
     worker = _worker_address()
@@ -177,13 +99,11 @@ def compute_block(job, reducer: Reducer, start: int, stop: int,
             continue
         try:
             y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
-            if tamper is not None:
-                y = tamper(worker, shard, y)
             states[shard] = reducer.update(reducer.init(), y)
         except PipelineError as e:
             raise _on_worker(e, worker) from e.__cause__
         except Exception as e:       # the reducer's update, a MemoryError, ...
-            raise _on_worker(PipelineError(shard, f"accumulating it raised {_describe(e)}"), worker) from e
+            raise _on_worker(PipelineError(shard, f"accumulating it raised {describe_error(e)}"), worker) from e
         computed.append(shard)
     folded = tree_fold(reducer.merge, [states[s] for s in range(start, stop)])
     return BlockResult(start, stop, folded, states, computed, worker, time.perf_counter() - t0)

@@ -19,28 +19,25 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["tree_fold", "tree_levels", "block_bounds", "choose_block"]
+__all__ = ["tree_fold", "block_bounds", "choose_block"]
 
 T = TypeVar("T")
 
 
-def tree_levels(items: Sequence[T], merge: Callable[[T, T], T]) -> list[list[T]]:
-    """All levels of the tree, leaves first (``merge`` may build futures instead of values)."""
+def tree_fold(merge: Callable[[T, T], T], items: Sequence[T]) -> T:
+    """Fold ``items`` with the fixed pairwise tree, holding one level at a time.
+
+    ``merge`` may build futures instead of values.
+    """
     if not items:
         raise ValueError("the reduction tree needs at least one leaf")
-    levels = [list(items)]
-    while len(levels[-1]) > 1:
-        cur = levels[-1]
-        nxt = [merge(cur[i], cur[i + 1]) for i in range(0, len(cur) - 1, 2)]
-        if len(cur) % 2:
-            nxt.append(cur[-1])
-        levels.append(nxt)
-    return levels
-
-
-def tree_fold(merge: Callable[[T, T], T], items: Sequence[T]) -> T:
-    """Fold ``items`` with the fixed pairwise tree."""
-    return tree_levels(items, merge)[-1][0]
+    level = list(items)
+    while len(level) > 1:
+        nxt = [merge(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
 
 
 def block_bounds(shards: int, block: int) -> list[tuple[int, int]]:

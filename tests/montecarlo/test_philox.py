@@ -49,7 +49,7 @@ def test_shard_alone_equals_the_shard_inside_a_block(small_job):
 
 
 def test_shard_draws_are_the_declared_philox_stream(small_job):
-    from dask_research.montecarlo.shard import draw_inputs
+    from dask_research.montecarlo.evaluate import draw_inputs
 
     draws = draw_inputs(small_job, philox.shard_generator(small_job.key, 5), 16)
     gen = np.random.Generator(np.random.Philox(key=philox.root_key(2026), counter=5 << 64))

@@ -134,7 +134,7 @@ def test_user_reducer_for_a_vector_valued_pipeline(one_worker):
     np.testing.assert_allclose(res.value, [1.0, 2.0], atol=0.01)
     assert res.state["n"] == 8 * 4096 and res.linearized is None
     with pytest.raises(TypeError, match="user reducer"):
-        res.mean
+        _ = res.mean
 
 
 def test_shards_per_task_must_be_a_power_of_two(one_worker):
@@ -251,7 +251,8 @@ def test_a_block_lost_after_it_finished_is_recomputed_not_dropped(loop, monkeypa
             Client(cl, set_as_default=False) as c:
         expected = mc.run(job, client=c, shards_per_task=1, progress=False, verify=0)
         monkeypatch.setattr(engine.Execution, "_leaf_done", lose_a_finished_block_once)
-        for runs in range(1, 4):   # the interleaving is up to the cluster; three tries to reach it
+        # the interleaving is up to the cluster: three tries to reach it (the closure above reads runs)
+        for runs in range(1, 4):  # noqa: B007
             res = mc.run(job, client=c, shards_per_task=1, progress=False, verify=0, window=8)
             assert res.state == expected.state and res.computed_shards >= 16
             if reached[-1]:

@@ -126,9 +126,9 @@ def test_foreign_engine_and_edited_manifest_are_refused(tmp_path, job_module, on
     path.write_text(json.dumps(doc))
     with pytest.raises(StoreError, match="manifest.json: checksum does not match"):
         mc.run(job, client=one_worker, store=str(store), progress=False)
-    from dask_research.montecarlo.store import _checksum
+    from dask_research.montecarlo.store import checksum
 
-    doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
+    doc["checksum"] = checksum({k: v for k, v in doc.items() if k != "checksum"})
     path.write_text(json.dumps(doc))
     with pytest.raises(StoreError, match="was written by engine .*'numpy': '1.0.0'"):
         mc.run(job, client=one_worker, store=str(store), progress=False)
@@ -204,12 +204,12 @@ def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker):
     evil.write_text("import pathlib; pathlib.Path(__file__).with_suffix('.ran').write_text('x')\n"
                     "def sat(a, b, c):\n    return a\n")
     from dask_research.montecarlo.run import _JOBS
-    from dask_research.montecarlo.store import _checksum
+    from dask_research.montecarlo.store import checksum
 
     mpath = tmp_path / "store" / "runs" / job.id / "manifest.json"
     doc = json.loads(mpath.read_text())
     doc["origin"] = {"module": "evil_planted", "qualname": "sat", "file": str(evil)}
-    doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
+    doc["checksum"] = checksum({k: v for k, v in doc.items() if k != "checksum"})
     mpath.write_text(json.dumps(doc))
     _JOBS.clear()            # as if this process had not run it
     with pytest.raises(StoreError, match="has not imported.*pass job=.*--trust-origin"):

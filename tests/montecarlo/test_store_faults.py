@@ -11,7 +11,7 @@ import pytest
 
 from dask_research import montecarlo as mc
 from dask_research.exceptions import StoreError
-from dask_research.montecarlo.store import StoreWarning, _checksum
+from dask_research.montecarlo.store import StoreWarning, checksum
 
 from .test_store import job_module, one_worker  # noqa: F401 - fixtures
 
@@ -109,7 +109,7 @@ def _edit_first_shard(store, job, edit):
     doc = json.loads(path.read_text())
     key = sorted(doc["states"])[0]
     edit(doc["states"][key]["__moments__"])
-    doc["checksum"] = _checksum(doc["states"])
+    doc["checksum"] = checksum(doc["states"])
     path.write_text(json.dumps(doc))
     return path
 
@@ -163,7 +163,7 @@ def test_foreign_files_in_shards_are_ignored_with_one_warning(tmp_path, job_modu
     with pytest.warns(StoreWarning) as rec2:  # once per name: a second read is quiet
         import warnings
 
-        warnings.warn("sentinel", StoreWarning)
+        warnings.warn("sentinel", StoreWarning, stacklevel=1)
         mc.show(job.id, str(store))
     assert [str(w.message) for w in rec2] == ["sentinel"]
     # A file that claims to be a shard file and is not: refused, naming it.

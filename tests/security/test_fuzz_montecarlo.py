@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from dask_research import montecarlo as mc
 from dask_research.exceptions import ResearchError
-from dask_research.montecarlo import store as store_mod
-from dask_research.montecarlo.run import _load_existing, _manifest
-from dask_research.montecarlo.store import RunStore, _checksum
+from dask_research.montecarlo.store import RunStore, checksum
+from dask_research.montecarlo.store import files as store_files
+from dask_research.montecarlo.store.manifest import build_manifest
 from dask_research.testing import corruption
 
 CASES = {"count": 0}
@@ -33,7 +33,7 @@ def pristine():
     """A complete, valid store written through the public store API (no cluster needed)."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-mc-"))
     rs = RunStore(str(root))
-    rs.write_manifest(JOB.id, _manifest(JOB, mc.pilot(JOB), None))
+    rs.write_manifest(JOB.id, build_manifest(JOB, mc.pilot(JOB)))
     states = {s: mc.compute_shard(JOB, s) for s in range(6)}
     rs.write_shards(JOB.id, {s: states[s] for s in range(3)}, "tcp://w1")
     rs.write_shards(JOB.id, {s: states[s] for s in range(3, 6)}, "tcp://w2")
@@ -83,12 +83,12 @@ def _apply(path: pathlib.Path, how: str, rnd: random.Random, value, monkeypatch)
         doc = _set(doc, rnd.choice(paths), value)
         if how == "retype-signed" and isinstance(doc, dict):  # an attacker who recomputes checksums
             if "states" in doc:
-                doc["checksum"] = _checksum(doc["states"]) if isinstance(doc["states"], dict) else "x"
+                doc["checksum"] = checksum(doc["states"]) if isinstance(doc["states"], dict) else "x"
             else:
-                doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
+                doc["checksum"] = checksum({k: v for k, v in doc.items() if k != "checksum"})
         path.write_text(json.dumps(doc))
     elif how == "oversize":
-        monkeypatch.setattr(store_mod, "MAX_FILE_BYTES", len(raw) // 2)
+        monkeypatch.setattr(store_files, "MAX_FILE_BYTES", len(raw) // 2)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -102,7 +102,7 @@ def test_fuzzed_store_files(pristine, monkeypatch, mutation):
         with monkeypatch.context() as m:
             _apply(path, how, rnd, value, m)
             rs = RunStore(str(work))
-            for load in (lambda: _load_existing(rs, JOB), lambda: mc.show(JOB.id[:8], str(work)),
+            for load in (lambda: rs.holdings(JOB), lambda: mc.show(JOB.id[:8], str(work)),
                          lambda: mc.replay(JOB.id, 4, str(work), job=JOB)):
                 try:
                     load()

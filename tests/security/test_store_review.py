@@ -30,7 +30,7 @@ import pytest
 from dask_research import montecarlo as mc
 from dask_research.exceptions import InputError, PipelineError, StoreError
 from dask_research.montecarlo.address import pipeline_fingerprint
-from dask_research.montecarlo.store import RunStore, StoreWarning, _checksum
+from dask_research.montecarlo.store import RunStore, StoreWarning, checksum
 from dask_research.testing.processes import run_python, subprocess_env
 
 
@@ -127,7 +127,7 @@ def test_a_manifest_never_makes_replay_call_a_builtin_or_library_function(tmp_pa
 def test_only_plain_user_functions_are_found_and_never_through_getattr(tmp_path, monkeypatch):
     import importlib
 
-    replay = importlib.import_module("dask_research.montecarlo.replay")
+    replay = importlib.import_module("dask_research.montecarlo.audit")
     mod = tmp_path / "usermod.py"
     mod.write_text(textwrap.dedent('''
         CALLS = []
@@ -221,7 +221,7 @@ def test_the_address_of_a_plain_function_is_unchanged():
 def _edit(path, shard, change):
     doc = json.loads(pathlib.Path(path).read_text())
     change(doc["states"][str(shard)]["__moments__"])
-    doc["checksum"] = _checksum(doc["states"])
+    doc["checksum"] = checksum(doc["states"])
     pathlib.Path(path).write_text(json.dumps(doc))
 
 
@@ -257,7 +257,7 @@ def test_a_forged_lease_is_taken_over_after_lease_timeout_of_our_own_clock(tmp_p
     run_dir = pathlib.Path(store) / "runs" / job.id
     run_dir.mkdir(parents=True)
     (run_dir / "lease.json").write_text('{"owner":"mallory","host":"elsewhere","pid":1,"started":0,'
-                                        '"heartbeat":%s}' % heartbeat)
+                                        f'"heartbeat":{heartbeat}}}')
     said = []
     t0 = time.monotonic()
     with dask.config.set({"research.montecarlo.lease-timeout": 1.0}):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dask_research import montecarlo as mc
-from dask_research.montecarlo.store import _checksum
+from dask_research.montecarlo.store import checksum
 from dask_research.testing.processes import run_python, subprocess_env
 
 JOB_SOURCE = '''
@@ -61,7 +61,7 @@ def _plant(store: pathlib.Path, run_id: str, origin: dict) -> None:
     mpath = store / "runs" / run_id / "manifest.json"
     doc = json.loads(mpath.read_text())
     doc["origin"] = origin
-    doc["checksum"] = _checksum({k: v for k, v in doc.items() if k != "checksum"})
+    doc["checksum"] = checksum({k: v for k, v in doc.items() if k != "checksum"})
     mpath.write_text(json.dumps(doc))
 
 

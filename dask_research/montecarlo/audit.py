@@ -1,4 +1,6 @@
-"""Recompute stored shards alone and compare them with what the run accepted.
+"""Auditing a stored run: rebuild its job, recompute shards alone, show what the store holds.
+
+:func:`replay` recomputes stored shards alone and compares them with what the run accepted.
 
 The run id and the manifest are enough: the inputs, seed, partitioning and histogram range come
 from the manifest (plain JSON; nothing in the store is executed). The pipeline comes from the
@@ -28,13 +30,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import dask
-
 from ..exceptions import InputError, PipelineError, ResearchError, StoreError
 from .distributions import from_spec
 from .job import Job
 from .run import _JOBS, open_store, remember_job
 from .shard import compute_shard
+from .store import RunStore
 from .verify import TOLERANCE, hash_order, states_match
 
 __all__ = ["replay", "replay_many", "ReplayReport", "load_job", "show"]
@@ -151,10 +152,12 @@ def _import_origin(origin: dict, where: str) -> Any:
         # Loaded under a private name, so a script's ``if __name__ == "__main__":`` block does not run.
         name = f"_dask_research_replay_{uuid.uuid4().hex[:8]}"
         file_spec = importlib.util.spec_from_file_location(name, path)
+        if file_spec is None or file_spec.loader is None:
+            raise StoreError(where, f"records its pipeline in {path!r}, which cannot be loaded as a module; pass job=")
         mod = importlib.util.module_from_spec(file_spec)
         sys.modules[name] = mod
         file_spec.loader.exec_module(mod)
-    obj = _walk(mod, qualname)
+    obj = _walk(mod, str(qualname))
     if not callable(obj):
         raise StoreError(where, f"{path or module} has no {qualname!r} any more; pass job=")
     return obj
@@ -168,7 +171,7 @@ def _load_pipelines(origin: dict, where: str, trust_origin: bool) -> list:
     included) or, with ``trust_origin=True``, from importing what the manifest records. Whatever
     is found, the rebuilt job must have the run's content address.
     """
-    module, qualname, path = origin.get("module"), origin.get("qualname"), origin.get("file")
+    qualname = origin.get("qualname")
     if not isinstance(qualname, str) or not qualname or "<" in qualname:
         raise StoreError(where, f"the pipeline {qualname!r} cannot be found again by name; pass job= "
                          "(CLI: --job FILE:JOB or --job MODULE:JOB)")
@@ -189,6 +192,14 @@ def _recorded(origin: dict) -> str:
     if isinstance(module, str) and module and not module.startswith("_dask_research_"):
         where.append(f"module {module}")
     return f"{qualname!r}" + (f" ({', '.join(where)})" if where else "")
+
+
+def _existing_store(store: Any, where: str) -> RunStore:
+    """The store a run was written to, opened; it must exist."""
+    rs = open_store(store, must_exist=True)
+    if rs is None:
+        raise InputError("store", store, "the run store the run was written to", where=where)
+    return rs
 
 
 def load_job(run_id: str, store: Any, job: Job | None = None,
@@ -217,9 +228,7 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
         No such run, the pipeline is not available here (the message says to pass ``job=``,
         ``--job FILE:JOB`` or ``--trust-origin``), or the job found is not the one that ran.
     """
-    rs = open_store(store, must_exist=True)
-    if rs is None:
-        raise InputError("store", store, "the run store the run was written to", where="replay")
+    rs = _existing_store(store, "replay")
     run_id = rs.resolve(run_id)
     manifest = rs.read_manifest(run_id)
     where = rs.display(rs.run_dir(run_id) + "/manifest.json")
@@ -228,8 +237,8 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     if job is None:
         job = _rebuild_matching(manifest, run_id, where, bool(trust_origin))
     if job.id != run_id:
-        d = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
-        part = d.get("partitioning") if isinstance(d.get("partitioning"), dict) else {}
+        d: dict = manifest["job"] if isinstance(manifest.get("job"), dict) else {}
+        part: dict = d["partitioning"] if isinstance(d.get("partitioning"), dict) else {}
         raise StoreError(where, f"the job given or found ({job.id[:12]}) is not the one that ran ({run_id[:12]}): "
                          f"the run recorded pipeline {_recorded(manifest.get('origin') or {})}, "
                          f"{part.get('shards')} shards of {part.get('samples_per_shard')} samples, seed "
@@ -243,7 +252,7 @@ def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: boo
     if not isinstance(origin, dict):
         raise StoreError(where, "has an 'origin' entry that is not an object (edited or corrupt)")
     candidates = _load_pipelines(origin, where, trust_origin)
-    job = None
+    job: Job | None = None
     for pipeline in candidates + ([None] if trust_origin else []):
         if pipeline is None:   # trusted, and nothing in this process matched: import what is recorded
             pipeline = _import_origin(origin, where)
@@ -255,6 +264,7 @@ def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: boo
             raise StoreError(where, f"cannot rebuild the job from it ({type(e).__name__}: {e})") from None
         if job.id == run_id:
             return job
+    assert job is not None   # _load_pipelines found a candidate, or the origin is trusted (one import)
     return job  # the caller reports that it is not the one that ran
 
 
@@ -268,12 +278,9 @@ def _rebuild(manifest: dict, pipeline: Any) -> Job:
     acc, part = d["accumulate"], d["partitioning"]
     rng = acc.get("range")
     margin = rng.get("margin") if isinstance(rng, dict) else None
-    with dask.config.set({"research.montecarlo.range-margin": margin} if margin is not None else {}):
-        job = Job(pipeline, inputs, shards=part["shards"], samples_per_shard=part["samples_per_shard"],
-                  seed=d["seed"], bins=acc.get("bins"), range=None if isinstance(rng, dict) else rng,
-                  name=manifest.get("name"))
-        job.id  # noqa: B018 - computed under the manifest's margin
-    return job
+    return Job(pipeline, inputs, shards=part["shards"], samples_per_shard=part["samples_per_shard"],
+               seed=d["seed"], bins=acc.get("bins"), range=None if isinstance(rng, dict) else rng,
+               name=manifest.get("name"), range_margin=margin)
 
 
 def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
@@ -284,7 +291,7 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
     comes from this process, never from importing what the store names (unless
     ``trust_origin=True``).
     """
-    rs = open_store(store, must_exist=True)
+    rs = _existing_store(store, "replay")
     job, manifest = load_job(run_id, rs, job, trust_origin)
     run_id = job.id                    # the whole id, if a prefix was given
     if not isinstance(shard, int) or not 0 <= shard < job.shards:
@@ -309,7 +316,7 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
 def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int = 4,
                 job: Job | None = None, trust_origin: bool | None = None) -> list[ReplayReport]:
     """Replay the given shards, or ``k`` chosen from the hash of the run id (see :func:`replay`)."""
-    rs = open_store(store, must_exist=True)
+    rs = _existing_store(store, "replay")
     job, _ = load_job(run_id, rs, job, trust_origin)
     run_id = job.id
     picks = shards if shards is not None else hash_order(run_id, job.shards, k)
@@ -321,7 +328,7 @@ def show(run_id: str | None, store: Any) -> dict:
 
     Raises :class:`~dask_research.exceptions.StoreError` if the store does not exist.
     """
-    rs = open_store(store, must_exist=True)
+    rs = _existing_store(store, "show")
     if run_id is None:
         return {"store": repr(rs), "runs": rs.list_runs()}
     rid = rs.resolve(run_id)

@@ -1,0 +1,23 @@
+"""The run store: a manifest, accepted shard accumulators as they arrive, and the result.
+
+One module per job: :mod:`.layout` (what the files are called and how documents are signed),
+:mod:`.files` (reading and writing them without trusting the store), :mod:`.lease` (one writer
+per run), :mod:`.manifest` (what a run's manifest says), :mod:`.holdings` (what a store holds of
+a job, asked once before a run) and :mod:`.runstore` (the :class:`RunStore` that ties them).
+
+Examples
+--------
+>>> import tempfile
+>>> from dask_research.montecarlo.store import RunStore
+>>> store = RunStore(tempfile.mkdtemp())
+>>> store.list_runs()
+[]
+"""
+from .files import StoreFiles
+from .holdings import Holdings
+from .layout import MANIFEST_FORMAT, RESULT_FORMAT, SHARDS_FORMAT, StoreWarning, checksum, redact
+from .lease import Lease
+from .runstore import RunStore
+
+__all__ = ["RunStore", "Lease", "Holdings", "StoreFiles", "StoreWarning", "MANIFEST_FORMAT", "SHARDS_FORMAT",
+           "RESULT_FORMAT", "checksum", "redact"]

@@ -1,0 +1,165 @@
+"""The store's one answer before a run (RunStore.holdings), the store's modules, and the job's margin."""
+import os
+
+import dask
+import pytest
+
+from dask_research import montecarlo as mc
+from dask_research.exceptions import InputError, StoreError
+from dask_research.montecarlo.store import Holdings, RunStore, StoreFiles
+from dask_research.montecarlo.store.files import Exists
+from dask_research.montecarlo.store.holdings import stored_state_problem
+from dask_research.montecarlo.store.layout import (
+    classify_shard_name,
+    is_run_id,
+    shard_file_name,
+    shard_file_range,
+)
+from dask_research.montecarlo.store.manifest import build_manifest, check_manifest
+from dask_research.montecarlo.tree import tree_fold
+
+
+def double(a):
+    return 2 * a
+
+
+def _job(**kw):
+    return mc.Job(double, {"a": mc.Normal(0.0, 1.0)}, shards=4, samples_per_shard=128, seed=5, **kw)
+
+
+# -- holdings ----------------------------------------------------------------------------------
+def test_a_new_run_holds_nothing_and_its_manifest_is_written_once_asked(tmp_path):
+    job, store = _job(), RunStore(str(tmp_path))
+    p = mc.pilot(job)
+    held = store.holdings(job, p)
+    assert (held.status, held.missing, held.states, held.producers) == ("nothing", 4, {}, {})
+    assert held.range == p.range and store.has_run(job.id)
+    assert store.read_manifest(job.id)["job"] == job.describe()
+
+
+def test_partial_and_complete_holdings_carry_the_states_and_their_producers(tmp_path):
+    job, store = _job(range=(-9.0, 9.0)), RunStore(str(tmp_path))
+    store.holdings(job, mc.pilot(job))
+    store.write_shards(job.id, {0: mc.compute_shard(job, 0), 1: mc.compute_shard(job, 1)}, "tcp://w1")
+    held = store.holdings(job)
+    assert (held.status, sorted(held.states), held.producers) == ("partial", [0, 1], {0: "tcp://w1", 1: "tcp://w1"})
+    assert held.states[1] == mc.compute_shard(job, 1) and held.range == (-9.0, 9.0)
+    store.write_shards(job.id, {2: mc.compute_shard(job, 2), 3: mc.compute_shard(job, 3)}, "tcp://w2")
+    assert store.holdings(job).status == "complete" and store.holdings(job).missing == 0
+
+
+def test_a_reader_asks_only_a_run_that_has_a_manifest(tmp_path):
+    job = _job()
+    with pytest.raises(StoreError, match="manifest.json: does not exist"):
+        RunStore(str(tmp_path)).holdings(job)
+
+
+def test_shards_of_another_histogram_are_refused_naming_the_file(tmp_path):
+    job, other = _job(range=(-9.0, 9.0)), _job(range=(-1.0, 1.0))
+    store = RunStore(str(tmp_path))
+    store.holdings(job, mc.pilot(job))
+    store.write_shards(job.id, {0: mc.compute_shard(other, 0)}, "w")
+    with pytest.raises(StoreError, match=r"000000000000-000000000001\.json: shard 0 has histogram"):
+        store.holdings(job)
+
+
+def test_no_store_holds_nothing():
+    assert (Holdings(3).status, Holdings(3).missing, Holdings(3).range) == ("nothing", 3, None)
+
+
+def test_stored_state_problem_names_what_is_wrong():
+    job = _job(range=(-9.0, 9.0))
+    template = job.make_reducer().init()
+    assert stored_state_problem(job, 0, mc.compute_shard(job, 0), template) is None
+    small = _job(range=(-9.0, 9.0)).replace(samples_per_shard=64)
+    assert "counts 64 samples, not 128" in stored_state_problem(job, 0, mc.compute_shard(small, 0), template)
+    assert "not an accumulator" in stored_state_problem(job, 0, {"n": 1}, template)
+    assert stored_state_problem(job, 0, {"n": 1}, None) is None     # nothing to compare with yet
+
+
+# -- manifest ----------------------------------------------------------------------------------
+def test_a_manifest_is_checked_against_the_job_and_the_engine():
+    job = _job()
+    manifest = build_manifest(job, mc.pilot(job))
+    assert manifest["origin"]["qualname"] == "double" and manifest["engine"] == job.describe()["engine"]
+    check_manifest(manifest, job, "m.json")
+    with pytest.raises(StoreError, match="m.json: describes a different job"):
+        check_manifest(manifest, job.replace(seed=6), "m.json")
+    with pytest.raises(StoreError, match="m.json: was written by engine"):
+        check_manifest({**manifest, "engine": {"numpy": "0"}}, job, "m.json")
+
+
+# -- layout and files --------------------------------------------------------------------------
+def test_layout_names():
+    assert shard_file_name(8, 16) == "000000000008-000000000016.json"
+    assert shard_file_range(shard_file_name(8, 16)) == (8, 16) and shard_file_range("8-16.json") is None
+    assert classify_shard_name("8-16.json") == "bad" and classify_shard_name("notes.txt") == "foreign"
+    assert is_run_id("0" * 64) and not is_run_id("0" * 63) and not is_run_id(None)
+
+
+def test_store_files_never_overwrite_unasked_and_refuse_links(tmp_path):
+    files = StoreFiles(str(tmp_path / "s")).prepare()
+    path = files.path("a" * 64, "result.json")
+    files.write_json(path, {"v": 1})
+    with pytest.raises(Exists):
+        files.write_json(path, {"v": 2})
+    files.write_json(path, {"v": 2}, overwrite=True)
+    assert files.read_json(path) == {"v": 2}
+    os.symlink(tmp_path, tmp_path / "s" / "runs" / ("b" * 64))
+    with pytest.raises(StoreError, match="symbolic link inside the store"):
+        files.write_json(files.path("b" * 64, "x.json"), {})
+    with pytest.raises(StoreError, match="symbolic link inside the store"):
+        files.refuse_links_under(files.run_dir("b" * 64))
+
+
+def test_store_files_call_the_guard_before_each_write(tmp_path):
+    seen = []
+    files = StoreFiles(str(tmp_path), guard=seen.append)
+    files.write_json(files.path("c" * 64, "a.json"), {})
+    assert seen == [files.path("c" * 64, "a.json")]
+
+
+def test_a_held_lease_is_in_its_store_registry(tmp_path):
+    store = RunStore(str(tmp_path))
+    with store.lease("d" * 64, timeout=60) as lease:
+        assert store.leases == {"d" * 64: lease} and lease.files is store.files
+    assert store.leases == {}
+
+
+# -- the job's margin --------------------------------------------------------------------------
+def test_the_margin_is_read_once_when_the_job_is_built():
+    job = _job()
+    before = job.id
+    with dask.config.set({"research.montecarlo.range-margin": 0.5}):
+        assert mc.Job(double, job.inputs, shards=4, samples_per_shard=128, seed=5).range_margin == 0.5
+        fresh = _job(range_margin=0.25)
+        assert job.describe()["accumulate"]["range"]["margin"] == 0.25 and job.replace(seed=5).id == before
+        assert fresh.id == before                       # the same job and margin: the same id
+    assert _job(range_margin=0.5).id != before
+    assert _job(range=(-9.0, 9.0), range_margin=0.5).id == _job(range=(-9.0, 9.0)).id   # margin unused
+
+
+def test_the_pilot_widens_by_the_jobs_margin():
+    narrow, wide = mc.pilot(_job(range_margin=0.0)), mc.pilot(_job(range_margin=1.0))
+    assert wide.range[0] < narrow.range[0] and wide.range[1] > narrow.range[1]
+
+
+@pytest.mark.parametrize("margin", [-0.1, float("nan"), float("inf"), "wide", True])
+def test_a_margin_that_is_not_a_fraction_is_refused(margin):
+    with pytest.raises(InputError, match="range_margin"):
+        _job(range_margin=margin)
+
+
+# -- tree, module names ------------------------------------------------------------------------
+def test_tree_fold_is_the_fixed_pairwise_tree():
+    assert tree_fold(lambda a, b: f"({a}{b})", list("abcdefg")) == "(((ab)(cd))((ef)g))"
+    assert tree_fold(lambda a, b: a + b, ["x"]) == "x"
+    with pytest.raises(ValueError, match="at least one leaf"):
+        tree_fold(lambda a, b: a, [])
+
+
+def test_mc_replay_is_the_function_and_its_module_is_audit():
+    import importlib
+
+    assert callable(mc.replay) and mc.replay.__module__ == "dask_research.montecarlo.audit"
+    assert importlib.import_module("dask_research.montecarlo.audit").replay is mc.replay
