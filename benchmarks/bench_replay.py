@@ -424,7 +424,7 @@ def exposed_latency(plane: replay.ExperiencePlane, batches: int, to: str) -> dic
     while True:
         x = np.random.default_rng(0).random(m)
         y = np.empty_like(x)
-        t = median_time(lambda: np.sqrt(x, out=y), repeat=3, number=200)
+        t = median_time(lambda x=x, y=y: np.sqrt(x, out=y), repeat=3, number=200)
         if t >= produce or m > 1 << 26:
             break
         m = int(m * 1.3)

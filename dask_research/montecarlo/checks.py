@@ -27,8 +27,8 @@ import numpy as np
 from .._cluster import workers_info
 from .arrivals import Arrivals
 from .failures import raise_if_cancelled
+from .keys import verify_key
 from .shard import compute_shard
-from .submission import task_key
 from .timing import Limits
 from .verify import TOLERANCE, choose_shards, states_match
 
@@ -174,7 +174,7 @@ class Checks:
         # allow_other_workers: if the target dies the check still runs (the worker that
         # really ran it is recorded, and a same-worker check is marked as such).
         fut = self.client.submit(verify_shard, self.job, self.reducer, s, pure=False,
-                                 key=task_key("verify", self.tag, s, moved=len(attempts)),
+                                 key=verify_key(self.tag, s, attempt=len(attempts)),
                                  workers=[target], allow_other_workers=True)
         self.arrivals.track([fut])
         attempts.append((fut, target, time.monotonic()))

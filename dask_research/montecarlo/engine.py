@@ -41,9 +41,10 @@ from .checks import Checks, Producers, alive_workers
 from .events import EventOutbox, RunningEstimate
 from .failures import lost_scheduler, lost_scheduler_error, one_line, raise_if_cancelled
 from .folding import TreeFolder
+from .keys import block_key
 from .shard import BlockResult, compute_block
 from .stragglers import Stragglers
-from .submission import block_kind, submit_many, task_key
+from .submission import submit_many
 from .timing import Limits
 from .tree import block_bounds, tree_fold
 from .verify import choose_reused, hash_order, reused_count
@@ -225,14 +226,14 @@ class Execution:
     def _submit_leaves(self, idxs: list[int], workers=None, speculative: bool = False, retry: int = 0) -> None:
         """Submit blocks ``idxs`` as one graph (restricted to ``workers`` if given)."""
         # Distinct keys for duplicates and recomputations: Dask would hand back a cached value.
-        kind = block_kind(speculative=speculative, redo=self.tree is None, retry=retry)
         writes_or_none = self.target is not None or self.store is None
         argsets: list[tuple] = []
         keys: list[str] = []
         for idx in idxs:
             a, b = self.bounds[idx]
             known = {s: self.known[s] for s in range(a, b) if s in self.known} if self.known else {}
-            keys.append(task_key(kind, self.tag, a, b))
+            keys.append(block_key(self.tag, a, b, speculative=speculative, tree=self.tree is not None,
+                                  retry=retry))
             if writes_or_none:
                 # The block's task writes the store, or there is none: only the states the client
                 # keeps for verification come back with the block's root (see .blocks).

@@ -26,7 +26,6 @@ from ..exceptions import InputError, PipelineError
 from . import philox
 from .accumulators import Reducer
 from .evaluate import describe_error, evaluate
-from .evaluate import draw_inputs as draw_inputs  # noqa: F401 - still imported from here by dask_research.testing
 from .pilot import pilot as run_pilot
 from .tree import tree_fold
 

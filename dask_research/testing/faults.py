@@ -49,7 +49,7 @@ def broken_here(a, b):
 def marked_shards(job) -> list[int]:
     """The shards of ``job`` that :func:`hang_on_marked` hangs on (first draw of ``a`` > MARK)."""
     from dask_research.montecarlo import philox
-    from dask_research.montecarlo.shard import draw_inputs
+    from dask_research.montecarlo.evaluate import draw_inputs
 
     return [s for s in range(job.shards)
             if draw_inputs(job, philox.shard_generator(job.key, s), job.samples_per_shard)["a"][0] > MARK]

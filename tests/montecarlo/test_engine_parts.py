@@ -18,22 +18,25 @@ from dask_research.montecarlo.arrivals import Arrivals
 from dask_research.montecarlo.checks import Checks, Producers
 from dask_research.montecarlo.failures import LOST, lost_scheduler, lost_scheduler_error, raise_if_cancelled
 from dask_research.montecarlo.folding import TreeFolder
+from dask_research.montecarlo.keys import block_key, parse_block_key, verify_key
 from dask_research.montecarlo.stragglers import Stragglers
-from dask_research.montecarlo.submission import block_kind, submit_many, task_key
+from dask_research.montecarlo.submission import submit_many
 from dask_research.montecarlo.timing import Limits, RunningMedian
 from dask_research.montecarlo.tree import tree_fold
 
 # -- keys ---------------------------------------------------------------------------------------
 
 def test_block_keys_are_what_the_dashboard_parses():
-    from dask_research.dashboard.components import _KEY
-
     tag = "0a1b2c3d4e5f-9f8e7d"
-    for kind in (block_kind(), block_kind(speculative=True), block_kind(redo=True), block_kind(retry=3)):
-        m = _KEY.match(task_key(kind, tag, 256, 512))
-        assert m and m["prefix"] == tag and (m["a"], m["b"]) == ("256", "512")
-    assert task_key("verify", tag, 7) == f"mc-verify-{tag}-7" and task_key("verify", tag, 7, moved=1).endswith("-7-m1")
-    assert not _KEY.match(task_key("verify", tag, 7))            # checks are not blocks
+    variants = [{}, {"speculative": True}, {"tree": False}, {"retry": 3}]
+    kinds = []
+    for kw in variants:
+        parsed = parse_block_key(block_key(tag, 256, 512, **kw))
+        assert parsed and parsed.tag == tag and (parsed.start, parsed.stop) == (256, 512)
+        kinds.append(parsed.kind)
+    assert kinds == ["block", "spec", "redo", "retry3"]
+    assert verify_key(tag, 7) == f"mc-verify-{tag}-7" and verify_key(tag, 7, attempt=1).endswith("-7-m1")
+    assert parse_block_key(verify_key(tag, 7)) is None            # checks are not blocks
 
 
 def test_submit_many_is_one_map_call_over_the_columns():
