@@ -116,11 +116,13 @@ def embedded_cluster() -> Iterator:
         settings.update(process_worker_environ())
     else:
         tune_malloc()       # the workers are threads of this process: see dask_research.malloc
-        if kwargs.get("dashboard_address") is not None:
-            try:  # the research pages are part of the embedded dashboard (needs bokeh)
-                import dask_research.dashboard  # noqa: F401
-            except ImportError:
-                pass
+    if kwargs.get("dashboard_address") is not None:
+        # The research pages are part of the embedded dashboard: Dask's scheduler preload imports
+        # dask_research.dashboard (which registers them; a no-op without bokeh) before the
+        # scheduler starts its dashboard, so this low module needs no import of the pages.
+        scheduler_kwargs = dict(kwargs.get("scheduler_kwargs") or {})
+        scheduler_kwargs["preload"] = [*scheduler_kwargs.get("preload", []), "dask_research.dashboard"]
+        kwargs["scheduler_kwargs"] = scheduler_kwargs
     with dask.config.set(settings), LocalCluster(**kwargs) as cluster, Client(cluster) as c:
         yield c
 

@@ -75,3 +75,26 @@ def test_an_error_inside_a_run_on_the_default_client_is_the_callers(loop):
             Client(cl):         # the default client
         with pytest.raises(ValueError, match="boom on a worker"):
             mc.run(job, progress=False)
+
+
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("processes", [False, True])
+def test_the_embedded_dashboard_serves_the_research_pages_in_a_fresh_process(tmp_path, processes):
+    """The pages are registered by the scheduler's preload, not by an import the caller made."""
+    pytest.importorskip("bokeh")
+    from dask_research.testing.processes import run_python
+
+    out = run_python(f"""
+        import sys, urllib.request
+        import dask
+        from dask_research._cluster import embedded_cluster
+        assert "dask_research.dashboard" not in sys.modules
+        settings = {{"research.cluster.dashboard-address": "127.0.0.1:0", "research.cluster.n-workers": 1,
+                     "research.cluster.processes": {processes}}}
+        with dask.config.set(settings), embedded_cluster() as client:
+            port = client.scheduler_info()["services"]["dashboard"]
+            page = urllib.request.urlopen(f"http://127.0.0.1:{{port}}/individual-research-shards", timeout=30)
+            print(page.status, "Research Shards" in page.read().decode())
+    """, tmp_path, timeout=150)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["200", "True"], out.stdout
