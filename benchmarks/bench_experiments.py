@@ -7,7 +7,7 @@ its own (one subject each), which refreshes only its figures:
    1,000 branches (goal < 100 us): the decision alone and the live loop's result-to-refill gap.
 2. ``bench_experiments_occupancy.py``: slot occupancy while work is queued (goal >= 99 %),
    asyncio tasks and Dask futures, with the runner share and the hand-off cost.
-3. ``bench_experiments_bandit.py``: the bandit problem of PEERS.md section 2 (UCB1, round-robin,
+3. ``bench_experiments_bandit.py``: the peers' bandit problem (UCB1, round-robin,
    greedy, Optuna TPE ask/tell; horizons 300 and 3000).
 4. ``bench_experiments_suite.py``: the research-problem suite of issue 6 (four scenarios, every
    strategy and policy, 30 seeds by default); regret curves to ``docs/_static/regret_curves.html``.

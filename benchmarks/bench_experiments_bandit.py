@@ -1,4 +1,4 @@
-"""Benchmark of ``dask_research.experiments``: the bandit problem of PEERS.md section 2.
+"""Benchmark of ``dask_research.experiments``: the peers' bandit problem (20 Beta(2, 5) arms, horizon 300; docs/experiments.rst).
 
 20 Beta(2, 5) arms, horizon 300, common random numbers, seeds 0-9: pseudo-regret and decision
 time of our UCB1 (c = sqrt 2, the default), round-robin, greedy and Optuna TPE ask/tell, plus
@@ -143,7 +143,7 @@ def measure(args: argparse.Namespace) -> dict:
     reps = 1 if args.quick else 3
     figures: dict = {}
     with_optuna = require("optuna", benchmark="bench_experiments_bandit", skipping="the Optuna column")
-    print("\n3. bandit of PEERS.md section 2: 20 Beta(2,5) arms, horizon 300, seeds 0-9")
+    print("\n3. the peers' bandit: 20 Beta(2,5) arms, horizon 300, seeds 0-9")
     figures["bandit_300"] = b = bandit(range(10), 300, reps, with_optuna)
     ours = b["ucb1 (c=sqrt 2)"]
     rows = []

@@ -351,7 +351,7 @@ def torchrl_status() -> dict[str, Any]:
         out["note"] = (f"TorchRL's PrioritizedSampler does not run with this torch "
                        f"({type(e).__name__}: {msg}); its compiled extension torchrl._torchrl "
                        "was built against another torch ABI. TorchRL prioritized figures are "
-                       "skipped in this run (PEERS.md section 3 has figures measured with a "
+                       "skipped in this run (docs/replay.rst quotes figures measured with a "
                        "rebuilt extension).")
     return out
 

@@ -1,4 +1,4 @@
-"""The experience data plane for reinforcement learning (DESIGN.md section 3).
+"""The experience data plane for reinforcement learning.
 
 Ingest from actors, placement over tiers (GPU, host, disk) by heat and bandwidth, samplers
 (uniform, prioritized, most-recent), a samples-per-insert rate limiter, prefetched delivery to
