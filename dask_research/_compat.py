@@ -26,7 +26,7 @@ DISTRIBUTED_VERSION: str = distributed.__version__
 __all__ = [
     "DISTRIBUTED_VERSION", "DaskCompatError", "CommClosedError", "FutureCancelledError",
     "FuturesCancelledError", "in_async_call", "wait_futures", "scheduler_log_event",
-    "scheduler_identity", "worker_stream_open", "guard_memory_pause", "bandwidth_workers",
+    "scheduler_identity", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend",
 ]
@@ -159,6 +159,14 @@ def bandwidth_workers(scheduler: Any) -> dict[tuple[str, str], float]:
         return dict(scheduler.bandwidth_workers)
     except AttributeError as e:
         raise _moved("Scheduler.bandwidth_workers", e) from None
+
+
+def total_bandwidth(scheduler: Any) -> float:
+    """The scheduler's overall bandwidth estimate in bytes/s (``Scheduler.bandwidth``)."""
+    try:
+        return float(scheduler.bandwidth)
+    except AttributeError as e:
+        raise _moved("Scheduler.bandwidth", e) from None
 
 
 # ----------------------------------------------------------------------------- dashboard (bokeh)

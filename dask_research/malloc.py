@@ -42,7 +42,7 @@ import sys
 import threading
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed import WorkerPlugin
 
 from . import config
 from .events import envelope, worker_emit

@@ -57,6 +57,9 @@ async def test_client_side_internals(c: Client, s, a: Worker, b: Worker):
     assert _compat.worker_stream_open(a) and _compat.worker_stream_open(b)
     assert _compat.worker_stream_open(object()) is False
     assert isinstance(_compat.bandwidth_workers(s), dict)
+    assert _compat.total_bandwidth(s) > 0
+    with pytest.raises(DaskCompatError, match="Scheduler.bandwidth"):
+        _compat.total_bandwidth(object())
 
 
 def test_scheduler_identity_lists_every_worker():

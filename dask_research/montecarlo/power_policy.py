@@ -13,8 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from distributed import Status
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed import Status, WorkerPlugin
 
 from .. import config, events
 from .._compat import guard_memory_pause, worker_stream_open

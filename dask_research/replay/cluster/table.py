@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._compat import bandwidth_workers
+from ..._compat import bandwidth_workers, total_bandwidth
 from ...exceptions import InputError
 from ..batch import Batch
 from ..plane import EmptyPlaneError
@@ -103,7 +103,7 @@ def scheduler_bandwidth(dask_scheduler: Any = None) -> dict[str, Any]:
     for (a, b), bw in bandwidth_workers(dask_scheduler).items():
         per.setdefault(a, []).append(bw)
         per.setdefault(b, []).append(bw)
-    return {"total": float(dask_scheduler.bandwidth),
+    return {"total": total_bandwidth(dask_scheduler),
             "workers": {k: float(np.mean(v)) for k, v in per.items()}}
 
 
