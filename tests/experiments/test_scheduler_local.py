@@ -64,16 +64,16 @@ def test_three_experiments_really_overlap():
     runner = make_deterministic_runner({"a": 0.5, "b": 0.5, "c": 0.5}, delay_ms=30)
     sched = IterationScheduler(runner, slots=3, progress=False)
     sched.add(_hyps("abc", 3))
-    t0 = time.perf_counter()
     report = sched.run()
-    wall = time.perf_counter() - t0
     ivs = report.events.intervals()
     assert len(ivs) == 9 and report.events.max_concurrency() == 3
     first = sorted(ivs, key=lambda iv: iv.start)[:3]
-    overlap = min(iv.end for iv in first) - max(iv.start for iv in first)
-    assert overlap > 0.02                              # all three in flight together
+    # All three in flight together: each of the first three started before any of them ended
+    # (asserted on the trace, not on the clock, so a loaded machine cannot fail it).
+    assert max(iv.start for iv in first) < min(iv.end for iv in first)
     assert {iv.slot for iv in first} == {0, 1, 2}
-    assert wall < 0.8 * 9 * 0.030                      # serial would take 9 x 30 ms
+    span = max(iv.end for iv in ivs) - min(iv.start for iv in ivs)
+    assert span < 0.8 * sum(iv.end - iv.start for iv in ivs)   # serial: span >= the sum
     assert report.occupancy > 0.8                      # serial would give 1/3
 
 
