@@ -116,15 +116,37 @@ def embedded_cluster() -> Iterator:
         settings.update(process_worker_environ())
     else:
         tune_malloc()       # the workers are threads of this process: see dask_research.malloc
-    if kwargs.get("dashboard_address") is not None:
-        # The research pages are part of the embedded dashboard: Dask's scheduler preload imports
-        # dask_research.dashboard (which registers them; a no-op without bokeh) before the
-        # scheduler starts its dashboard, so this low module needs no import of the pages.
-        scheduler_kwargs = dict(kwargs.get("scheduler_kwargs") or {})
-        scheduler_kwargs["preload"] = [*scheduler_kwargs.get("preload", []), "dask_research.dashboard"]
-        kwargs["scheduler_kwargs"] = scheduler_kwargs
-    with dask.config.set(settings), LocalCluster(**kwargs) as cluster, Client(cluster) as c:
-        yield c
+    with dask.config.set(settings):
+        kwargs["scheduler_kwargs"] = with_research_preloads(
+            kwargs.get("scheduler_kwargs"), dashboard=kwargs.get("dashboard_address") is not None)
+        with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+            yield c
+
+
+def with_research_preloads(scheduler_kwargs: dict | None, dashboard: bool) -> dict:
+    """``scheduler_kwargs`` whose ``preload`` adds this package's scheduler hooks to what the
+    user configured (``distributed.scheduler.preload``, read now: an explicit ``preload=``
+    replaces the configured one in Dask, so it is carried over here).
+
+    ``dask_research.events`` installs the events handler; ``dask_research.dashboard`` (with a
+    dashboard) registers the research pages before the scheduler starts its dashboard, and
+    installs the handler too, so this low module needs no import of the pages.
+
+    >>> with_research_preloads({"preload": "mine.py"}, dashboard=True)["preload"]
+    ['mine.py', 'dask_research.dashboard']
+    >>> with_research_preloads(None, dashboard=False)["preload"]
+    ['dask_research.events']
+    """
+    import dask
+
+    out = dict(scheduler_kwargs or {})
+    given = out.get("preload") or dask.config.get("distributed.scheduler.preload", default=None) or []
+    preload = [given] if isinstance(given, str) else list(given)
+    ours = "dask_research.dashboard" if dashboard else "dask_research.events"
+    if ours not in preload:
+        preload.append(ours)
+    out["preload"] = preload
+    return out
 
 
 def workers_info(client) -> dict:

@@ -26,7 +26,7 @@ DISTRIBUTED_VERSION: str = distributed.__version__
 __all__ = [
     "DISTRIBUTED_VERSION", "DaskCompatError", "CommClosedError", "FutureCancelledError",
     "FuturesCancelledError", "in_async_call", "wait_futures", "scheduler_log_event",
-    "scheduler_identity", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
+    "scheduler_identity", "scheduler_call", "add_scheduler_handler", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend",
 ]
@@ -104,6 +104,25 @@ def scheduler_identity(client: Any) -> dict:
         return dict(client.sync(client.scheduler.identity, n_workers=-1))
     except TypeError:   # distributed before n_workers= existed: identity() has every worker
         return dict(client.sync(client.scheduler.identity))
+
+
+async def scheduler_call(client: Any, op: str, **kwargs: Any) -> Any:
+    """Call the scheduler's comm handler ``op`` from a coroutine on the client's loop.
+
+    A scheduler without the handler answers ``None`` (and logs that it has none).
+    """
+    handler = getattr(client, "scheduler", None)
+    if handler is None:
+        raise _moved("Client.scheduler (the scheduler rpc)")
+    return await getattr(handler, op)(**kwargs)
+
+
+def add_scheduler_handler(scheduler: Any, op: str, func: Callable[..., Any]) -> None:
+    """Make ``func`` the scheduler's comm handler ``op`` (what extensions do on ``handlers``)."""
+    handlers = getattr(scheduler, "handlers", None)
+    if not isinstance(handlers, dict):
+        raise _moved("Scheduler.handlers (the comm handler table)")
+    handlers[op] = func
 
 
 # ----------------------------------------------------------------------------- worker side

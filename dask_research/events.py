@@ -33,6 +33,7 @@ Examples
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -42,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import config
-from ._compat import scheduler_log_event
+from ._compat import add_scheduler_handler, scheduler_call, scheduler_log_event
 
 logger = logging.getLogger(__name__)
 
@@ -131,16 +132,38 @@ def worker_emit(worker: Any, msg: dict) -> bool:
         return False
 
 
-def _log_each(topic_: str, msgs: list, dask_scheduler: Any = None) -> int:
-    """Run on the scheduler: log ``msgs`` one entry each, in order (one round trip for all)."""
-    for msg in msgs:
-        dask_scheduler.log_event(topic_, msg)
-    return len(msgs)
+#: The scheduler comm handler that logs a shipment of events one log entry each, in order:
+#: installed by :func:`dask_setup` (``dask scheduler --preload dask_research.events``; the
+#: ``dask_research.dashboard`` preload and the embedded cluster install it too).
+HANDLER = "research_log_events"
 
 
-#: Per scheduler address: whether it runs :func:`_log_each` (``run_on_scheduler``). A scheduler
-#: that cannot (one without this package installed) gets one ``log_event`` per event, as before
-#: the outbox batched.
+def install(scheduler: Any) -> None:
+    """Install :data:`HANDLER` on ``scheduler``: one round trip logs many events.
+
+    >>> class Scheduler:
+    ...     handlers, log = {}, []
+    ...     def log_event(self, topic, msg):
+    ...         self.log.append((topic, msg))
+    >>> s = Scheduler(); install(s)
+    >>> s.handlers[HANDLER](topic="t", msgs=[{"a": 1}, {"a": 2}]), s.log
+    (2, [('t', {'a': 1}), ('t', {'a': 2})])
+    """
+    def log_events(topic: str, msgs: list) -> int:
+        for msg in msgs:
+            scheduler.log_event(topic, msg)
+        return len(msgs)
+
+    add_scheduler_handler(scheduler, HANDLER, log_events)
+
+
+def dask_setup(scheduler: Any) -> None:
+    """Dask preload hook (``--preload dask_research.events``): :func:`install`."""
+    install(scheduler)
+
+
+#: Per scheduler address: whether it has :data:`HANDLER`. One without it (not preloaded with
+#: this package) gets one ``log_event`` per event, as before the outbox batched.
 _FANOUT: dict[str, bool] = {}
 
 
@@ -155,9 +178,9 @@ class Outbox:
     is waiting. A shipment is one scheduler round trip however many events it carries:
 
     - ``batched=False`` (default): every event is its own log entry, as subscribers of
-      ``research.montecarlo`` read them; the scheduler logs a shipment of :attr:`FANOUT_MIN`
-      or more events in one call (``Client.run_on_scheduler``), a smaller one goes as one
-      ``log_event`` each (as does everything for a scheduler without this package);
+      ``research.montecarlo`` read them; a scheduler with :data:`HANDLER` logs a shipment of
+      :attr:`FANOUT_MIN` or more events in one call, a smaller one goes as one ``log_event``
+      each (as does everything for a scheduler without the handler);
     - ``batched=True``: a shipment is one :func:`batch` entry (``research.experiments``).
 
     :meth:`flush` (a thread) or :meth:`drain` (a coroutine on the loop) waits until everything
@@ -176,8 +199,7 @@ class Outbox:
     #: events are for people and pages, which refresh every half second.
     LINGER = 0.02
 
-    #: Fewest events a fan-out shipment carries: one ``run_on_scheduler`` costs the client
-    #: about as much CPU as a few ``log_event`` calls.
+    #: Fewest events a fan-out shipment carries (smaller ones go as one ``log_event`` each).
     FANOUT_MIN = 8
 
     def __init__(self, client: Any, source: str, *, run: str | None = None,
@@ -211,18 +233,24 @@ class Outbox:
             return
         with self._lock:
             self._queue.append(msg)
-            if self._shipping is None:
-                ship = None
-                try:
-                    loop = self.client.loop.asyncio_loop
-                    ship = self._ship()
-                    self._shipping = asyncio.run_coroutine_threadsafe(ship, loop)
-                except Exception as e:  # noqa: BLE001 - a client without a running loop
-                    if ship is not None:
-                        ship.close()
-                    self.failed += len(self._queue)
-                    self._queue.clear()
-                    self._failed(e)
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        """Start a shipper on the client's loop unless one runs (the lock held)."""
+        if self._shipping is not None and not self._shipping.done():
+            return
+        ship = None
+        try:
+            loop = self.client.loop.asyncio_loop
+            ship = self._ship()
+            self._shipping = asyncio.run_coroutine_threadsafe(ship, loop)
+        except Exception as e:  # noqa: BLE001 - a client without a running loop
+            if ship is not None:
+                ship.close()
+            self._shipping = None
+            self.failed += len(self._queue)
+            self._queue.clear()
+            self._failed(e)
 
     def _failed(self, error: BaseException) -> None:
         first = self.last_error is None
@@ -237,48 +265,61 @@ class Outbox:
             self._hurry = hurry
             if self._urgent:
                 hurry.set()
-        while True:
-            if self.linger > 0 and not hurry.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(hurry.wait(), self.linger)
-            with self._lock:
-                if not self._queue:
-                    self._shipping = self._hurry = None
-                    self._urgent = False
-                    return
-                msgs = list(self._queue)
-                self._queue.clear()
-            try:
-                await self._send(self.topic, msgs)
-                self.sent += len(msgs)
+        try:
+            while True:
+                if self.linger > 0 and not hurry.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(hurry.wait(), self.linger)
+                with self._lock:
+                    if not self._queue:
+                        return
+                    msgs = list(self._queue)
+                    self._queue.clear()
+                sent = await self._send(self.topic, msgs)
+                self.sent += sent
                 self.shipments += 1
-            except Exception as e:  # noqa: BLE001 - e.g. a scheduler going away mid-run
-                self.failed += len(msgs)
-                self._failed(e)
+        finally:
+            # Whatever ends the shipper (the queue empty, the loop cancelling it at shutdown)
+            # leaves no stale shipper behind: the next put starts a new one.
+            with self._lock:
+                self._shipping = self._hurry = None
+                self._urgent = False
 
-    async def _send(self, topic_: str, msgs: list[dict]) -> None:
-        if self.batched:
-            await scheduler_log_event(self.client, topic_, batch(self.source, self.run, msgs))
-            return
-        address = str(getattr(self.client.scheduler, "address", ""))
-        if len(msgs) >= self.FANOUT_MIN and _FANOUT.get(address, True):
+    async def _send(self, topic_: str, msgs: list[dict]) -> int:
+        """Ship ``msgs``; the number sent (failures are counted and logged here)."""
+        try:
+            if self.batched:
+                await scheduler_log_event(self.client, topic_, batch(self.source, self.run, msgs))
+                return len(msgs)
+            address = str(getattr(self.client.scheduler, "address", ""))
+            if len(msgs) >= self.FANOUT_MIN and _FANOUT.get(address, True):
+                n = await scheduler_call(self.client, HANDLER, topic=topic_, msgs=msgs)
+                if n == len(msgs):
+                    _FANOUT[address] = True
+                    return n
+                _FANOUT[address] = False      # no handler there: nothing of this was logged
+                logger.debug("scheduler %s has no %s handler; one log_event per event",
+                             address, HANDLER)
+        except Exception as e:  # noqa: BLE001 - e.g. a scheduler going away mid-run
+            self.failed += len(msgs)
+            self._failed(e)
+            return 0
+        sent = 0
+        for msg in msgs:                      # one entry each: a failure costs that event only
             try:
-                await self.client.run_on_scheduler(_log_each, topic_, msgs, asynchronous=True)
-                _FANOUT[address] = True
-                return
-            except Exception as e:  # noqa: BLE001 - refused: one log_event per event from now on
-                if _FANOUT.get(address):
-                    raise                     # it worked before: this is the connection
-                _FANOUT[address] = False
-                logger.debug("scheduler %s does not run the event fan-out (%s); one log_event "
-                             "per event", address, e)
-        for msg in msgs:
-            await scheduler_log_event(self.client, topic_, msg)
+                await scheduler_log_event(self.client, topic_, msg)
+                sent += 1
+            except Exception as e:  # noqa: BLE001
+                self.failed += 1
+                self._failed(e)
+        return sent
 
     def _waiting(self) -> Any:
         """The running shipper (or None), told to ship without lingering from now on."""
         with self._lock:
             self._urgent = True
+            if self._queue and self.client is not None:
+                self._start_locked()      # e.g. after a shipper was cancelled with events left
             shipping, hurry = self._shipping, self._hurry
             if shipping is None:
                 self._urgent = False
@@ -295,7 +336,7 @@ class Outbox:
         if shipping is not None:
             try:
                 shipping.result(timeout)
-            except TimeoutError:        # still shipping: nothing lost yet
+            except (TimeoutError, concurrent.futures.TimeoutError):   # still shipping: nothing lost yet
                 logger.debug("%s events not flushed within %s s", self.source, timeout)
                 return False
             except Exception as e:  # noqa: BLE001 - the log is best effort
@@ -309,6 +350,10 @@ class Outbox:
         if shipping is not None:
             try:
                 await asyncio.wrap_future(shipping)
+            except asyncio.CancelledError:
+                if not shipping.cancelled():
+                    raise                     # the caller itself is being cancelled
+                return False                  # the shipper was (the loop shutting down)
             except Exception as e:  # noqa: BLE001 - the log is best effort
                 self._failed(e)
                 return False

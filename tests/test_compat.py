@@ -54,6 +54,12 @@ async def test_client_side_internals(c: Client, s, a: Worker, b: Worker):
     events = s.get_events("compat-topic")
     assert [msg for _, msg in events] == [{"n": 1}]
 
+    _compat.add_scheduler_handler(s, "compat_echo", lambda x: x * 2)
+    assert await _compat.scheduler_call(c, "compat_echo", x=21) == 42
+    assert await _compat.scheduler_call(c, "compat_no_such_handler", x=1) is None   # no handler
+    with pytest.raises(DaskCompatError, match="Scheduler.handlers"):
+        _compat.add_scheduler_handler(object(), "x", print)
+
     assert _compat.worker_stream_open(a) and _compat.worker_stream_open(b)
     assert _compat.worker_stream_open(object()) is False
     assert isinstance(_compat.bandwidth_workers(s), dict)

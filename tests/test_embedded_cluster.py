@@ -98,3 +98,23 @@ def test_the_embedded_dashboard_serves_the_research_pages_in_a_fresh_process(tmp
     """, tmp_path, timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["200", "True"], out.stdout
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_the_embedded_cluster_keeps_the_users_configured_scheduler_preload(tmp_path):
+    """Dask reads ``distributed.scheduler.preload`` only without an explicit ``preload=``;
+    the research hooks are added to the user's, never instead of them."""
+    from dask_research.testing.processes import run_python
+
+    (tmp_path / "mine.py").write_text("def dask_setup(scheduler):\n    scheduler.mine_loaded = True\n")
+    out = run_python("""
+        import dask
+        from dask_research import events
+        from dask_research._cluster import embedded_cluster
+        settings = {"distributed.scheduler.preload": ["mine"], "research.cluster.dashboard-address": None}
+        with dask.config.set(settings), embedded_cluster() as client:
+            print(client.run_on_scheduler(lambda dask_scheduler: (getattr(dask_scheduler, "mine_loaded", False),
+                                                                  events.HANDLER in dask_scheduler.handlers)))
+    """, tmp_path, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "(True, True)", out.stdout

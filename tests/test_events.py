@@ -64,7 +64,8 @@ class FakeClient:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self.loop = type("IOLoop", (), {"asyncio_loop": self._loop})()
-        self.scheduler = type("Rpc", (), {"address": f"fake://{id(self)}", "log_event": self._log_event})()
+        self.scheduler = type("Rpc", (), {"address": f"fake://{id(self)}", "log_event": self._log_event,
+                                          events.HANDLER: self._log_events})()
 
     async def _trip(self, how: str, msgs: list) -> None:
         self.in_flight += 1
@@ -80,11 +81,11 @@ class FakeClient:
     async def _log_event(self, topic, msg):
         await self._trip("log_event", [msg])
 
-    async def run_on_scheduler(self, function, topic, msgs, asynchronous=False):
+    async def _log_events(self, topic, msgs):
         if not self.fanout:
-            raise ValueError("Cannot run function as the scheduler has been explicitly disallowed "
-                             "from deserializing arbitrary bytestrings using pickle")
+            return None                  # what a scheduler without the handler answers
         await self._trip("fanout", list(msgs))
+        return len(msgs)
 
     def logged(self) -> list:
         return [m for _, msgs in self.trips for m in msgs]
@@ -196,6 +197,7 @@ def test_a_client_without_a_loop_costs_the_events_only():
 @pytest.mark.timeout(60, method="thread")
 @gen_cluster(client=True)
 async def test_each_event_is_one_log_entry_shipped_in_one_round_trip(c, s, a, b):
+    events.install(s)                    # what the preload does on a `dask scheduler`
     box = Outbox(c, "montecarlo")
     for i in range(40):                  # on the loop: all queue before the shipper runs
         box.emit("accepted", "run-1", start=i, stop=i + 1)
@@ -204,21 +206,38 @@ async def test_each_event_is_one_log_entry_shipped_in_one_round_trip(c, s, a, b)
     assert [m["start"] for m in logged] == list(range(40))
     assert all(m["source"] == "montecarlo" and m["run"] == "run-1" and m["v"] == 1 for m in logged)
     assert box.shipments == 1 and box.sent == 40
+    assert events._FANOUT[c.scheduler.address] is True
+    # the handler logs nothing else: no run-function entry in the scheduler's "all" topic
+    assert not [m for _, m in s.get_events("all") if isinstance(m, dict) and m.get("action") == "run-function"]
 
 
 @pytest.mark.timeout(60, method="thread")
 @gen_cluster(client=True)
-async def test_a_scheduler_without_this_package_still_gets_every_event_in_order(c, s, a, b, monkeypatch):
-    def missing(*args, **kwargs):
-        raise ModuleNotFoundError("No module named 'dask_research'")
-
-    monkeypatch.setattr(events, "_log_each", missing)   # what a scheduler without the package meets
+async def test_a_scheduler_without_this_package_still_gets_every_event_in_order(c, s, a, b):
+    assert events.HANDLER not in s.handlers             # not preloaded with dask_research
     box = Outbox(c, "montecarlo")
     for i in range(20):
         box.emit("accepted", "run-1", start=i)
     assert await box.drain()
     assert [m["start"] for _, m in s.get_events("research.montecarlo")] == list(range(20))
     assert events._FANOUT[c.scheduler.address] is False
+    assert box.sent == 20 and box.failed == 0
+
+
+@pytest.mark.timeout(60, method="thread")
+@gen_cluster(client=True)
+async def test_a_cancelled_shipper_leaves_no_stale_state_and_the_next_event_ships(c, s, a, b):
+    box = Outbox(c, "montecarlo", linger=5.0)           # lingers: still shipping when cancelled
+    box.emit("accepted", "run-1", start=0)
+    box._shipping.cancel()                              # what a loop shutting down does
+    await asyncio.sleep(0.05)
+    assert box._shipping is None and len(box._queue) == 1
+    box.linger = 0.0
+    assert await box.drain() is True                    # a new shipper sends what was left
+    assert [m["start"] for _, m in s.get_events("research.montecarlo")] == [0]
+    box.emit("accepted", "run-1", start=1)
+    assert await box.drain()
+    assert [m["start"] for _, m in s.get_events("research.montecarlo")] == [0, 1]
 
 
 @pytest.mark.timeout(60, method="thread")

@@ -50,7 +50,11 @@ def register() -> bool:
 
 
 def dask_setup(scheduler) -> None:
-    """Preload hook: nothing to do beyond the import-time registration."""
+    """Preload hook: the pages registered at import; the events handler installed here
+    (:func:`dask_research.events.install`), so producers ship many events per round trip."""
+    from .. import events
+
+    events.install(scheduler)
 
 
 register()

@@ -102,20 +102,26 @@ class PriorityRouter:
                     continue
                 ref.updates_sent += int(m.sum())
                 jobs.append((ref, keys[m], pr[m]))
+        submitted = []
         for ref, k, p in jobs:
             if self.table.is_local(ref):
                 self.counters["updates_applied"] += self.table.local_shard().update(ref.uid, k, p)
                 continue
-            self._futures.append(self.client.submit(
+            submitted.append(self.client.submit(
                 shard_ops.update_priorities, self.name, ref.uid, k, p, workers=[ref.address],
                 allow_other_workers=False, pure=False,
                 key=f"replay-update-{self.name}-{uuid.uuid4().hex}"))
+        # Under the lock: a flush in the learner's thread racing a shipment from the delivery
+        # thread must see every future (or it returns before that update is applied).
+        with self._lock:
+            self._futures.extend(submitted)
 
     def flush(self, timeout: float = 60) -> int:
         """Ship queued priority updates and wait until they are applied; returns how many
         were applied (stale keys and lost shards excluded)."""
         self.ship()
-        futs, self._futures = self._futures, []
+        with self._lock:
+            futs, self._futures = self._futures, []
         if futs:
             wait_all(futs, timeout)
         applied = sum(f.result() for f in futs if f.status == "finished")
