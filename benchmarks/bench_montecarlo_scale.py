@@ -67,7 +67,9 @@ def cluster(workers: int = 1, threads: int = 2):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
-                               "--no-dashboard", "--scheduler-file", sfile], env=env,
+                               "--no-dashboard", "--scheduler-file", sfile,
+                               # the events handler, as on a documented deployment (docs/events.rst)
+                               "--preload", "dask_research.events"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         for _ in range(workers):
