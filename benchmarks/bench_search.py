@@ -233,6 +233,28 @@ def run_recent_ta(prob: Problem, seed: int) -> dict[str, Any]:
                     policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6))
 
 
+def run_recent_ta_gp(prob: Problem, seed: int) -> dict[str, Any]:
+    """The same, with Optuna's noise-free ``GPSampler`` as the SVC family's proposer (TPE for
+    the others); chosen on tuning seeds 100-199 (``search_tune.py``,
+    ``rta-s3-w6-d10-gpsvc-det-unique``)."""
+    import optuna
+
+    from dask_research.experiments import OptunaSource
+    from dask_research.experiments.policies.maxbandit import ThresholdAscentPolicy
+
+    def source(f: str, s: int) -> Any:
+        sampler = None
+        if f == "svc":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # deterministic_objective: experimental
+                sampler = optuna.samplers.GPSampler(seed=s, n_startup_trials=5,
+                                                    deterministic_objective=True,
+                                                    warn_independent_sampling=False)
+        return OptunaSource(_encode(f), seed=s, startup=5, unique=True, sampler=sampler)
+    return run_ours(prob, seed, "max", "threshold-ascent", True, source=source,
+                    policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6))
+
+
 METHODS: dict[str, Any] = {
     "ours-mean-ucb1": lambda p, s: run_ours(p, s, "mean", None, False),
     "ours-max-quantile-ucb": lambda p, s: run_ours(p, s, "max", "quantile-ucb", False),
@@ -242,6 +264,7 @@ METHODS: dict[str, Any] = {
     "ours-max-threshold-ascent+optuna": lambda p, s: run_ours(p, s, "max",
                                                               "threshold-ascent", True),
     "ours-max-recent-ta+unique": run_recent_ta,
+    "ours-max-recent-ta+gp-svc": run_recent_ta_gp,
     "optuna-tpe": run_tpe,
     "optuna-tpe-unique": lambda p, s: run_tpe(p, s, unique=True),
     "random": run_random,

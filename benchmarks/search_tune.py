@@ -27,13 +27,26 @@ Method = Callable[[bs.Problem, int], dict[str, Any]]
 
 
 def ours(policy: Callable[[], Any] | None = None, unique: bool = False, startup: int = 5,
-         sampler: bool = True, max_policy: str = "threshold-ascent") -> Method:
+         sampler: bool = True, max_policy: str = "threshold-ascent",
+         gp: tuple[str, ...] = (), deterministic: bool = False) -> Method:
     """A candidate: ``objective="max"``, a policy factory (default: ``max_policy``), and
-    OptunaSource (``unique``: never proposes a configuration twice)."""
+    OptunaSource (``unique``: never proposes a configuration twice); the families in ``gp``
+    get Optuna's ``GPSampler`` (``startup`` random trials, ``deterministic``: a noise-free
+    GP) instead of the default TPE sampler."""
     from dask_research.experiments import OptunaSource
 
     def source(f: str, s: int) -> Any:
-        return OptunaSource(bs._encode(f), seed=s, startup=startup, unique=unique)
+        smp = None
+        if f in gp:
+            import warnings
+
+            import optuna
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # deterministic_objective: experimental
+                smp = optuna.samplers.GPSampler(seed=s, n_startup_trials=startup,
+                                                deterministic_objective=deterministic,
+                                                warn_independent_sampling=False)
+        return OptunaSource(bs._encode(f), seed=s, startup=startup, unique=unique, sampler=smp)
 
     def run(prob: bs.Problem, seed: int) -> dict[str, Any]:
         kw = {} if policy is None else {"policy": policy()}
@@ -86,6 +99,10 @@ CANDIDATES: dict[str, Method] = {
     **{f"rta-distinct-s{s}-w6-d{d:g}-unique": ours(_rta(s, d, 6, True), unique=True)
        for s in (3, 5) for d in (1, 10)},
     **{f"rising-w{w}-unique": ours(_rise(w), unique=True) for w in (3, 5, 8)},
+    # GPSampler as the per-family proposer (the SVC family only, or every family)
+    **{f"rta-s3-w6-d10-gp{g}{'-det' if det else ''}-unique": ours(
+        _rta(3, 10, 6), unique=True, gp=fams, deterministic=det)
+       for g, fams in (("svc", ("svc",)), ("all", sp.FAMILIES)) for det in (False, True)},
 }
 
 
@@ -121,13 +138,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rs = [CANDIDATES[name](prob, s) for s in seeds]
             st = paired([r["best"] for r in rs], tpe[d])
             st["svc_runs"] = sum(r["runs"].get(prob.best_family, 0) for r in rs) / len(rs)
+            st["found_best"] = sum(r["best"] == prob.best_score for r in rs)
+            st["decide_ms"] = sum(r["decide_ms"] for r in rs) / len(rs)
             row[d] = st
         out[name] = row
         print(name.ljust(24) + "  ".join(
             f"{d[:6]} {s['mean']:.4f}-{s['peer_mean']:.4f} d={1e4 * s['mean_diff']:+5.1f}e-4 "
             f"[{1e4 * s['ci95'][0]:+5.1f},{1e4 * s['ci95'][1]:+5.1f}] "
             f"{'/'.join(map(str, s['better_tied_worse']))} p={s['sign_p']:.2f} "
-            f"svc={s['svc_runs']:.1f}" for d, s in row.items()), flush=True)
+            f"svc={s['svc_runs']:.1f} top={s['found_best']} {s['decide_ms']:.2f}ms"
+            for d, s in row.items()), flush=True)
     if args.name:
         from benchmarks.harness import write_results
         write_results(args.name, {"seeds": args.seeds, "candidates": out}, notes=(
