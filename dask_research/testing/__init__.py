@@ -6,7 +6,8 @@ Import the submodule for the capability you test, e.g.
 * Hypothesis strategies and state machines: :mod:`.montecarlo`, :mod:`.experiments`,
   :mod:`.replay`, :mod:`.corruption` (they require ``hypothesis``, the ``[test]`` extra);
 * real processes and machines: :mod:`.processes` (free ports, ``dask`` processes, a fresh
-  ``python``, stopping what a test started), :mod:`.slurm`, :mod:`.browser`;
+  ``python``, stopping what a test started), :mod:`.threads` (a call in flight while the test
+  acts), :mod:`.slurm`, :mod:`.browser`;
 * failure injection and workloads: :mod:`.faults`, :mod:`.pipelines`, :mod:`.rl`;
 * collection: :mod:`.optional` (which optional dependency a module needs at import).
 

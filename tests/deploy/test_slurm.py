@@ -14,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 
 import dask
 import numpy as np
@@ -25,6 +24,7 @@ from dask_research import montecarlo as mc
 from dask_research._cluster import workers_info
 from dask_research.testing.pipelines import slow_tanh  # importable by the worker jobs
 from dask_research.testing.processes import wait_for
+from dask_research.testing.threads import in_thread
 
 from .conftest import REPO
 
@@ -76,17 +76,9 @@ def test_montecarlo_on_slurmcluster_is_bit_identical_to_the_embedded_run(slurm):
 def test_scancel_of_a_worker_job_mid_run_loses_nothing_and_changes_no_bit(slurm, tmp_path):
     job = _job(shards=48, delay=0.2)     # about 5 s on two workers: the cancel lands mid-run
     store = tmp_path / "store"
-    out = {}
     with slurm_client(slurm) as (cluster, client):
-        def go():
-            try:
-                out["result"] = mc.run(job, client=client, store=str(store), verify=2, progress=False,
-                                       shards_per_task=2)
-            except BaseException as e:  # pragma: no cover - reported below
-                out["error"] = e
-
-        t = threading.Thread(target=go)
-        t.start()
+        t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=2, progress=False,
+                                          shards_per_task=2))
         try:
             wait_for(lambda: "error" in out or _stored(store, job) >= 12, 120, "a quarter of the shards")
             assert "error" not in out, out.get("error")

@@ -4,7 +4,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 from distributed import Client, LocalCluster
@@ -13,6 +12,7 @@ from dask_research import montecarlo as mc
 from dask_research._cluster import workers_info
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
 from dask_research.testing.processes import dask_processes, wait_for
+from dask_research.testing.threads import in_thread
 
 
 def _job(shards=48):
@@ -45,17 +45,8 @@ def test_sigkill_a_worker_mid_run_loses_nothing_and_changes_no_bit(real_cluster,
     client, workers = real_cluster
     job = _job()
     store = tmp_path / "store"
-    out = {}
-
-    def go():
-        try:
-            out["result"] = mc.run(job, client=client, store=str(store), verify=2, progress=False,
-                                   shards_per_task=2)
-        except BaseException as e:  # pragma: no cover - reported below
-            out["error"] = e
-
-    t = threading.Thread(target=go)
-    t.start()
+    t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=2, progress=False,
+                                      shards_per_task=2))
     _wait_for(lambda: "error" in out or _stored(store, job) >= 12, 60, "a quarter of the shards")
     assert "error" not in out, out.get("error")
     victim = workers[0]

@@ -12,7 +12,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import dask
@@ -25,6 +24,7 @@ from dask_research.exceptions import PipelineError, ResearchError
 from dask_research.testing import faults
 from dask_research.testing.pipelines import slow_tanh
 from dask_research.testing.processes import wait_for
+from dask_research.testing.threads import in_thread
 
 TOPIC = "research.montecarlo"
 
@@ -67,21 +67,6 @@ def real_cluster(tmp_path: pathlib.Path, worker_envs: list[dict], nthreads: int 
                 client.close(timeout=5)
 
 
-def _in_thread(fn):
-    """Start ``fn`` in a thread; returns (thread, out) with out["result"] or out["error"]."""
-    out: dict = {}
-
-    def go():
-        try:
-            out["result"] = fn()
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            out["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t, out
-
-
 def _stored(store: pathlib.Path, job) -> int:
     d = store / "runs" / job.id / "shards"
     return len(mc.RunStore(str(store)).read_shards(job.id)) if d.exists() else 0
@@ -114,7 +99,7 @@ def test_a_hung_shard_fails_the_run_naming_it_and_the_stored_shards_resume(tmp_p
     with real_cluster(tmp_path, [hang, hang]) as (client, _, _):
         with dask.config.set({"research.montecarlo.block-timeout": 3.0}):
             t0 = time.monotonic()
-            t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0,
+            t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0,
                                                progress=False, shards_per_task=1))
             t.join(120)
             elapsed = time.monotonic() - t0
@@ -158,7 +143,7 @@ def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path):
     with real_cluster(tmp_path, [{}, {}]) as (client, _, workers):
         frozen = workers[0]
         frozen_at = next(w for w, info in workers_info(client).items() if info["name"] == "w0")
-        t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=4, progress=False,
+        t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=4, progress=False,
                                            shards_per_task=2))
         wait_for(lambda: "error" in out or _stored(store, job) >= 16, 90, "a third of the shards")
         assert "error" not in out, out.get("error")
@@ -189,7 +174,7 @@ def test_a_lost_scheduler_says_the_stored_shards_are_kept_and_the_command_resume
                  samples_per_shard=1024, seed=5, bins=32, range=(0.0, 1.0))
     store = tmp_path / "store"
     with real_cluster(tmp_path, [{}]) as (client, sched, _):
-        t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0, progress=False,
+        t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0, progress=False,
                                            shards_per_task=1))
         wait_for(lambda: "error" in out or _stored(store, job) >= 8, 90, "some shards")
         assert "error" not in out, out.get("error")
@@ -304,7 +289,7 @@ def test_a_run_cancelled_from_outside_says_so(loop, tmp_path):
     with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cl, Client(cl, set_as_default=False) as c, \
             Client(cl, set_as_default=False) as other:
-        t, out = _in_thread(lambda: mc.run(job, client=c, store=str(tmp_path), verify=0, progress=False,
+        t, out = in_thread(lambda: mc.run(job, client=c, store=str(tmp_path), verify=0, progress=False,
                                            shards_per_task=1))
         wait_for(lambda: "error" in out or _stored(tmp_path, job) >= 4, 60, "some shards")
         keys = [k for k in cl.scheduler.tasks if str(k).startswith("mc-block-")]
@@ -328,7 +313,7 @@ def test_auto_block_timeout_holds_from_the_first_block_with_the_pilots_figure(tm
                               "research.montecarlo.block-timeout-min": 2.0,
                               "research.montecarlo.timeout-factor": 2.0,
                               "research.montecarlo.speculate": 0}):
-            t, out = _in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0,
+            t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=0,
                                                progress=False, shards_per_task=32))   # one block
             t.join(120)
         assert not t.is_alive(), "the run waited for a block that never finishes"

@@ -121,9 +121,14 @@ def leased(tmp_path):
     return tmp_path, job, store, lease
 
 
-def _gated(tmp, store, job, gate):
-    return {"MC_GATE": str(gate), "MC_MANIFEST": str(store / "runs" / job.id / "manifest.json"),
-            "MC_ENTERED": str(tmp / "entered")}
+def _start_gated(tmp, store, job, gate, procs):
+    """Start a run that holds still, once computing, until ``gate`` exists; it joins ``procs``
+    (which the test kills at the end) and is returned once it is computing shards."""
+    first = Proc(tmp, store, 4, MC_GATE=str(gate), MC_MANIFEST=str(store / "runs" / job.id / "manifest.json"),
+                 MC_ENTERED=str(tmp / "entered"))
+    procs.append(first)
+    _wait_file(tmp / "entered")
+    return first
 
 
 @pytest.mark.timeout(300, method="thread")
@@ -132,9 +137,7 @@ def test_a_second_client_waits_for_the_first_then_resumes_without_computing(leas
     gate = tmp / "gate"
     procs = []
     try:
-        first = Proc(tmp, store, 4, **_gated(tmp, store, job, gate))
-        procs.append(first)
-        _wait_file(tmp / "entered")                        # the first run is computing shards
+        first = _start_gated(tmp, store, job, gate, procs)     # the first run is computing shards
         second = Proc(tmp, store, 8)       # another task size, as another cluster's pilot may pick
         procs.append(second)
         said = second.wait_for("is being written by another run")
@@ -160,9 +163,7 @@ def test_a_killed_holder_leaves_a_stale_lease_that_is_taken_over(leased):
     tmp, job, store, lease = leased
     procs = []
     try:
-        first = Proc(tmp, store, 4, **_gated(tmp, store, job, tmp / "never"))
-        procs.append(first)
-        _wait_file(tmp / "entered")
+        first = _start_gated(tmp, store, job, tmp / "never", procs)
         first.kill()                                             # SIGKILL: no release, no cleanup
         assert lease.exists()
         second = Proc(tmp, store, 4)
@@ -243,9 +244,7 @@ def test_a_run_whose_lease_was_taken_over_stops_writing(leased):
     gate = tmp / "gate"
     procs = []
     try:
-        first = Proc(tmp, store, 4, **_gated(tmp, store, job, gate))
-        procs.append(first)
-        _wait_file(tmp / "entered")                        # computing its first blocks, nothing stored yet
+        first = _start_gated(tmp, store, job, gate, procs)     # computing its first blocks, nothing stored yet
         taken = {**json.loads(lease.read_text()), "token": "thief", "owner": "bob", "pid": 1}
         tmp_lease = lease.with_name("lease.json.swap")
         tmp_lease.write_text(json.dumps(taken))

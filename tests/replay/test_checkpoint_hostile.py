@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from dask_research.exceptions import CheckpointError
 from dask_research.replay import ExperiencePlane, PrioritizedSampler, checkpoints
 from dask_research.replay.cluster.shard import WorkerShard
 from dask_research.testing.processes import wait_for
+from dask_research.testing.threads import in_thread
 
 
 def _plane_checkpoint(path, n=20, sampler=None):
@@ -33,22 +33,6 @@ def _plane_checkpoint(path, n=20, sampler=None):
     plane.checkpoint(path)
     plane.close()
     return checkpoints.current(path)
-
-
-def _within(fn, seconds=20):
-    """Run ``fn`` in a thread; fail (instead of hanging) if it has not returned in time."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    return t, out
 
 
 def _unblock(fifo):
@@ -73,7 +57,7 @@ def test_a_fifo_in_a_checkpoint_is_refused_not_read(tmp_path, target, message):
     fifo.unlink()
     os.mkfifo(fifo)
     for fn in (lambda: checkpoints.load(ck), lambda: ExperiencePlane.restore(ck)):
-        t, out = _within(fn)
+        t, out = in_thread(fn, join=20)
         if t.is_alive():
             _unblock(fifo)
             pytest.fail(f"reading a checkpoint whose {target} is a FIFO blocked")
@@ -89,7 +73,7 @@ def test_links_inside_a_checkpoint_are_refused(tmp_path):
     good = data.read_bytes()
     data.unlink()
     os.symlink("/dev/zero", data)                 # the old reader hashed it until memory ran out
-    t, out = _within(lambda: checkpoints.load(ck))
+    t, out = in_thread(lambda: checkpoints.load(ck), join=20)
     assert not t.is_alive(), "a data.npz linked to /dev/zero was read without end"
     assert "data.npz of v000001 is a symbolic link" in str(out.get("error")), out
     data.unlink()
