@@ -88,10 +88,7 @@ async def scheduler_log_event(client: Any, topic: str | list, msg: Any) -> None:
     :meth:`distributed.Client.log_event` is the public form, but it blocks a synchronous client
     and cannot be awaited from its own loop; this awaits the same scheduler handler.
     """
-    handler = getattr(client, "scheduler", None)
-    if handler is None:
-        raise _moved("Client.scheduler (the scheduler rpc)")
-    await handler.log_event(topic=topic, msg=msg)
+    await scheduler_call(client, "log_event", topic=topic, msg=msg)
 
 
 def scheduler_identity(client: Any) -> dict:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import config
+from .. import config, events
 from ..exceptions import ExperimentError, InputError
 from .execute import is_async_callable
 from .objectives import check_objective
@@ -178,7 +178,7 @@ class SchedulerSettings:
             failure_limit=limit or None, max_experiments=max_experiments,
             max_seconds=max_seconds, timeout=None if timeout is None else float(timeout),
             cancel_grace=grace, trace_scores=n_scores, progress=show, log_events=log,
-            topic=config.get("experiments.event-topic"), apply_order=order,
+            topic=events.topic("experiments"), apply_order=order,
             gamma=_float("gamma", "experiments.gamma", gamma, "a number in (0, 1]",
                          lambda v: 0 < v <= 1),
             alpha=_float("alpha", "experiments.alpha", alpha, "a finite number >= 0",
