@@ -26,7 +26,7 @@ DISTRIBUTED_VERSION: str = distributed.__version__
 __all__ = [
     "DISTRIBUTED_VERSION", "DaskCompatError", "CommClosedError", "FutureCancelledError",
     "FuturesCancelledError", "in_async_call", "wait_futures", "scheduler_log_event",
-    "scheduler_identity", "scheduler_call", "add_scheduler_handler", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
+    "scheduler_identity", "scheduler_call", "add_scheduler_handler", "set_scheduler_metadata", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend",
 ]
@@ -112,6 +112,16 @@ async def scheduler_call(client: Any, op: str, **kwargs: Any) -> Any:
     if handler is None:
         raise _moved("Client.scheduler (the scheduler rpc)")
     return await getattr(handler, op)(**kwargs)
+
+
+def set_scheduler_metadata(scheduler: Any, keys: list[str], value: Any) -> None:
+    """Set the scheduler's metadata at ``keys`` from the scheduler's side (what
+    ``Client.set_metadata`` does over the wire); clients read it with the ``get_metadata``
+    handler, which answers a default instead of failing where nothing was set."""
+    setter = getattr(scheduler, "set_metadata", None)
+    if not callable(setter):
+        raise _moved("Scheduler.set_metadata")
+    setter(keys=list(keys), value=value)
 
 
 def add_scheduler_handler(scheduler: Any, op: str, func: Callable[..., Any]) -> None:

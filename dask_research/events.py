@@ -42,12 +42,15 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import msgpack
+
 from . import config
-from ._compat import add_scheduler_handler, scheduler_call, scheduler_log_event
+from ._compat import add_scheduler_handler, scheduler_call, scheduler_log_event, set_scheduler_metadata
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VERSION", "SUBSYSTEMS", "topic", "envelope", "batch", "unpack", "Outbox", "worker_emit"]
+__all__ = ["VERSION", "SUBSYSTEMS", "topic", "envelope", "batch", "unpack", "Outbox", "worker_emit", "pack",
+           "unpack_shipment"]
 
 #: Version of the envelope; a reader that meets a higher one reads the fields it knows.
 VERSION = 1
@@ -137,24 +140,77 @@ def worker_emit(worker: Any, msg: dict) -> bool:
 #: ``dask_research.dashboard`` preload and the embedded cluster install it too).
 HANDLER = "research_log_events"
 
+#: Where :func:`install` says so in the scheduler's metadata (``Client.get_metadata``): a
+#: client asks there, which answers a default where nothing was installed, instead of calling
+#: a handler the scheduler may not have (which logs a warning with a traceback there).
+METADATA = ["dask_research", "events"]
+
+
+def _plain(obj: Any) -> Any:
+    """What msgpack cannot pack itself: NumPy scalars and arrays as Python values."""
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=repr)
+    raise TypeError(f"cannot pack {type(obj).__name__}")
+
+
+def pack(msgs: list[dict]) -> bytes | None:
+    """A shipment as one msgpack blob, or None when an event holds something msgpack cannot.
+
+    The blob travels as bytes, so Dask's comm neither walks the events to size the message
+    (``sizeof`` recursing through every field cost more client CPU than the round trip) nor
+    encodes them again; the handler unpacks it on the scheduler.
+
+    >>> import numpy as np
+    >>> unpack_shipment(pack([{"event": "accepted", "mean": np.float64(0.5)}]))
+    [{'event': 'accepted', 'mean': 0.5}]
+    >>> pack([{"f": object()}]) is None
+    True
+    """
+    try:
+        return msgpack.packb(msgs, default=_plain, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def unpack_shipment(packed: bytes) -> list:
+    """The events of a :func:`pack` blob (the scheduler's side); a list, or ValueError."""
+    msgs = msgpack.unpackb(packed, raw=False, strict_map_key=False)
+    if not isinstance(msgs, list):
+        raise ValueError(f"a packed shipment is a list of events, not {type(msgs).__name__}")
+    return msgs
+
 
 def install(scheduler: Any) -> None:
     """Install :data:`HANDLER` on ``scheduler``: one round trip logs many events.
 
     >>> class Scheduler:
-    ...     handlers, log = {}, []
+    ...     handlers, log, meta = {}, [], None
     ...     def log_event(self, topic, msg):
     ...         self.log.append((topic, msg))
+    ...     def set_metadata(self, keys, value):
+    ...         self.meta = value
     >>> s = Scheduler(); install(s)
     >>> s.handlers[HANDLER](topic="t", msgs=[{"a": 1}, {"a": 2}]), s.log
     (2, [('t', {'a': 1}), ('t', {'a': 2})])
+    >>> s.handlers[HANDLER](topic="t", packed=pack([{"a": 3}])), s.log[-1]
+    (1, ('t', {'a': 3}))
+    >>> s.meta
+    {'handler': 'research_log_events', 'packed': True}
     """
-    def log_events(topic: str, msgs: list) -> int:
+    def log_events(topic: str, msgs: list | None = None, packed: bytes | None = None) -> int:
+        if packed is not None:
+            msgs = unpack_shipment(packed)
+        if not isinstance(msgs, list):
+            raise ValueError("a shipment of events is a list")
         for msg in msgs:
             scheduler.log_event(topic, msg)
         return len(msgs)
 
     add_scheduler_handler(scheduler, HANDLER, log_events)
+    set_scheduler_metadata(scheduler, METADATA, {"handler": HANDLER, "packed": True})
 
 
 def dask_setup(scheduler: Any) -> None:
@@ -162,9 +218,12 @@ def dask_setup(scheduler: Any) -> None:
     install(scheduler)
 
 
-#: Per scheduler address: whether it has :data:`HANDLER`. One without it (not preloaded with
-#: this package) gets one ``log_event`` per event, as before the outbox batched.
+#: Per scheduler address: whether it has :data:`HANDLER` (its metadata says so). One without
+#: it (not preloaded with this package) gets one ``log_event`` per event.
 _FANOUT: dict[str, bool] = {}
+
+#: Per scheduler address: whether its handler takes :func:`pack` blobs.
+_PACKED: dict[str, bool] = {}
 
 
 class Outbox:
@@ -178,9 +237,11 @@ class Outbox:
     is waiting. A shipment is one scheduler round trip however many events it carries:
 
     - ``batched=False`` (default): every event is its own log entry, as subscribers of
-      ``research.montecarlo`` read them; a scheduler with :data:`HANDLER` logs a shipment of
-      :attr:`FANOUT_MIN` or more events in one call, a smaller one goes as one ``log_event``
-      each (as does everything for a scheduler without the handler);
+      ``research.montecarlo`` read them; a scheduler with :data:`HANDLER` logs a whole
+      shipment in one call (the events packed as one msgpack blob, :func:`pack`); one without
+      it gets one ``log_event`` per event. Which it is, the scheduler's metadata says
+      (:data:`METADATA`, read once per scheduler), so a scheduler without the handler is never
+      asked for it;
     - ``batched=True``: a shipment is one :func:`batch` entry (``research.experiments``).
 
     :meth:`flush` (a thread) or :meth:`drain` (a coroutine on the loop) waits until everything
@@ -198,9 +259,6 @@ class Outbox:
     #: Seconds the shipper waits for more events before a shipment (a flush cuts it short):
     #: events are for people and pages, which refresh every half second.
     LINGER = 0.02
-
-    #: Fewest events a fan-out shipment carries (smaller ones go as one ``log_event`` each).
-    FANOUT_MIN = 8
 
     def __init__(self, client: Any, source: str, *, run: str | None = None,
                  batched: bool = False, topic: str | None = None,
@@ -292,12 +350,13 @@ class Outbox:
                 await scheduler_log_event(self.client, topic_, batch(self.source, self.run, msgs))
                 return len(msgs)
             address = str(getattr(self.client.scheduler, "address", ""))
-            if len(msgs) >= self.FANOUT_MIN and _FANOUT.get(address, True):
-                n = await scheduler_call(self.client, HANDLER, topic=topic_, msgs=msgs)
+            if address not in _FANOUT:
+                await self._probe(address)
+            if _FANOUT[address]:
+                n = await self._fanout(address, topic_, msgs)
                 if n == len(msgs):
-                    _FANOUT[address] = True
                     return n
-                _FANOUT[address] = False      # no handler there: nothing of this was logged
+                _FANOUT[address] = False      # the handler went away: nothing of this was logged
                 logger.debug("scheduler %s has no %s handler; one log_event per event",
                              address, HANDLER)
         except Exception as e:  # noqa: BLE001 - e.g. a scheduler going away mid-run
@@ -313,6 +372,22 @@ class Outbox:
                 self.failed += 1
                 self._failed(e)
         return sent
+
+    async def _probe(self, address: str) -> None:
+        """Read from the scheduler's metadata whether it has :data:`HANDLER` (once per address)."""
+        meta = await scheduler_call(self.client, "get_metadata", keys=METADATA, default=None)
+        _FANOUT[address] = isinstance(meta, dict) and meta.get("handler") == HANDLER
+        _PACKED[address] = bool(_FANOUT[address] and meta.get("packed"))
+        if not _FANOUT[address]:
+            logger.debug("scheduler %s was not preloaded with dask_research.events; one log_event per event",
+                         address)
+
+    async def _fanout(self, address: str, topic_: str, msgs: list[dict]) -> Any:
+        """One :data:`HANDLER` call for the whole shipment: packed where the handler takes it."""
+        body = pack(msgs) if _PACKED.get(address) else None
+        if body is not None:
+            return await scheduler_call(self.client, HANDLER, topic=topic_, packed=body)
+        return await scheduler_call(self.client, HANDLER, topic=topic_, msgs=msgs)
 
     def _waiting(self) -> Any:
         """The running shipper (or None), told to ship without lingering from now on."""

@@ -56,8 +56,9 @@ def test_worker_emit_is_best_effort():
 class FakeClient:
     """A client whose loop runs in a thread and whose scheduler records each round trip."""
 
-    def __init__(self, fanout: bool = True, fail: bool = False, delay: float = 0.0):
-        self.fanout, self.fail, self.delay = fanout, fail, delay
+    def __init__(self, fanout: bool = True, fail: bool = False, delay: float = 0.0, lists_only: bool = False):
+        self.fanout, self.fail, self.delay, self.lists_only = fanout, fail, delay, lists_only
+        self.packed = 0                              # shipments that came as one msgpack blob
         self.trips: list[tuple[str, list]] = []     # (how, messages) per round trip
         self.in_flight = self.max_in_flight = 0
         self._loop = asyncio.new_event_loop()
@@ -65,7 +66,7 @@ class FakeClient:
         self._thread.start()
         self.loop = type("IOLoop", (), {"asyncio_loop": self._loop})()
         self.scheduler = type("Rpc", (), {"address": f"fake://{id(self)}", "log_event": self._log_event,
-                                          events.HANDLER: self._log_events})()
+                                          events.HANDLER: self._log_events, "get_metadata": self._metadata})()
 
     async def _trip(self, how: str, msgs: list) -> None:
         self.in_flight += 1
@@ -81,9 +82,18 @@ class FakeClient:
     async def _log_event(self, topic, msg):
         await self._trip("log_event", [msg])
 
-    async def _log_events(self, topic, msgs):
+    async def _metadata(self, keys, default=None):
+        if not self.fanout or keys != events.METADATA:
+            return default                   # not preloaded: nothing there
+        return {"handler": events.HANDLER, "packed": not self.lists_only}
+
+    async def _log_events(self, topic, msgs=None, packed=None):
         if not self.fanout:
             return None                  # what a scheduler without the handler answers
+        if packed is not None:
+            assert not self.lists_only       # it said it takes lists only
+            self.packed += 1
+            msgs = events.unpack_shipment(packed)
         await self._trip("fanout", list(msgs))
         return len(msgs)
 
@@ -137,6 +147,47 @@ def test_the_outbox_keeps_order_with_one_shipment_in_flight_and_batches_what_que
     assert box.shipments == len(c.trips) < 150       # many events per round trip
     assert {how for how, _ in c.trips} <= {"fanout", "log_event"}
     assert all(len(msgs) == 1 for how, msgs in c.trips if how == "log_event")
+
+
+def test_a_shipment_travels_packed_and_numpy_values_arrive_as_python_numbers(fake):
+    import numpy as np
+
+    c = fake()
+    box = Outbox(c, "montecarlo", linger=0)
+    box.emit("accepted", "r", mean=np.float64(0.25), counts=np.arange(3), shards=np.int64(4))
+    assert box.flush(10)
+    (msg,) = c.logged()
+    assert c.packed == 1 and msg["mean"] == 0.25 and msg["counts"] == [0, 1, 2] and msg["shards"] == 4
+    assert type(msg["shards"]) is int
+
+
+def test_an_event_msgpack_cannot_hold_goes_unpacked_and_still_in_one_call(fake):
+    c = fake()
+    box = Outbox(c, "montecarlo", linger=0)
+    box.emit("accepted", "r", where=complex(1, 2))   # no msgpack form: Dask's own encoding takes it
+    assert box.flush(10)
+    assert c.packed == 0 and [how for how, _ in c.trips] == ["fanout"]
+    assert c.logged()[0]["where"] == complex(1, 2)
+
+
+def test_a_handler_that_takes_lists_only_gets_lists(fake):
+    c = fake(lists_only=True)
+    box = Outbox(c, "montecarlo", linger=0)
+    for i in range(3):
+        box.emit("accepted", "r", i=i)
+        assert box.flush(10)
+    assert [m["i"] for m in c.logged()] == [0, 1, 2] and box.failed == 0
+    assert {how for how, _ in c.trips} == {"fanout"} and c.packed == 0
+    assert events._PACKED[c.scheduler.address] is False
+
+
+def test_one_event_goes_through_the_handler_once_it_is_known(fake):
+    c = fake()
+    box = Outbox(c, "montecarlo", linger=0)
+    for i in range(3):                               # shipments of one event each
+        box.emit("accepted", "r", i=i)
+        assert box.flush(10)
+    assert [how for how, _ in c.trips] == ["fanout"] * 3
 
 
 def test_a_scheduler_that_refuses_the_fanout_gets_one_log_event_per_event(fake):
@@ -214,14 +265,18 @@ async def test_each_event_is_one_log_entry_shipped_in_one_round_trip(c, s, a, b)
 @pytest.mark.timeout(60, method="thread")
 @gen_cluster(client=True)
 async def test_a_scheduler_without_this_package_still_gets_every_event_in_order(c, s, a, b):
+    from distributed.utils_test import captured_logger
+
     assert events.HANDLER not in s.handlers             # not preloaded with dask_research
-    box = Outbox(c, "montecarlo")
-    for i in range(20):
-        box.emit("accepted", "run-1", start=i)
-    assert await box.drain()
+    with captured_logger("distributed.core", level=logging.WARNING) as log:
+        box = Outbox(c, "montecarlo")
+        for i in range(20):
+            box.emit("accepted", "run-1", start=i)
+        assert await box.drain()
     assert [m["start"] for _, m in s.get_events("research.montecarlo")] == list(range(20))
     assert events._FANOUT[c.scheduler.address] is False
     assert box.sent == 20 and box.failed == 0
+    assert "No handler" not in log.getvalue()           # it was never asked for the handler
 
 
 @pytest.mark.timeout(60, method="thread")
