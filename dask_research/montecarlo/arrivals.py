@@ -9,8 +9,10 @@ could not be fetched yet; it finished, lost its data with its worker and is bein
 is read again by its status at every turn until it is.
 
 A worker frozen (SIGSTOP) after it finished a task holds the result without answering: results
-are gathered with a bound, then one by one, and what cannot be fetched stays pending; it is tried
-again later with twice the bound (a large state on a slow network is fetched in the end).
+are gathered with a bound, then one holding worker at a time (Dask merges concurrent gathers,
+so a frozen holder would hold everyone's results with its own), and what cannot be fetched
+stays pending; it is tried again later with twice the bound (a large state on a slow network
+is fetched in the end).
 
 >>> Arrivals(None, bound=lambda: 1.0).waitable([])
 []
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable, Container
 from typing import Any
 
-from .._compat import FutureCancelledError, FuturesCancelledError
+from .._compat import FutureCancelledError, FuturesCancelledError, scheduler_call
 
 __all__ = ["Arrivals"]
 
@@ -31,7 +33,8 @@ class Arrivals:
     """The ends of one kind of a run's tasks (its blocks, or its checks).
 
     ``bound()`` is the seconds a gather may take; ``on_unfetched(key, now)`` is told of a
-    finished future whose result could not be fetched in time.
+    finished future whose result could not be fetched in time (:attr:`holders` then says which
+    worker held it, where the scheduler said).
 
     A driver turn costs the futures that ended since the last turn, not the futures in flight:
     the ended ones come from the ``as_completed``; those that ended but were not consumed (a
@@ -47,6 +50,7 @@ class Arrivals:
                  on_unfetched: Callable[[str, float], None] | None = None):
         self.client, self.bound, self.on_unfetched = client, bound, on_unfetched
         self.unfetched: dict[str, tuple[float, float]] = {}  # key -> (when a fetch timed out, its bound)
+        self.holders: dict[str, list] = {}  # key -> the workers that held it when it could not be fetched
         self._completed: Any = None    # a distributed.as_completed, made on the first track()
         self._ended: dict[Any, None] = {}   # futures that ended and were not consumed yet, in order
 
@@ -100,6 +104,51 @@ class Arrivals:
         self._take_ended()
         return self._ready(wanted)
 
+    async def _by_holder(self, finished: list, bounds: dict) -> dict:
+        """Gather ``finished`` one holding worker at a time, each with its bound; what came.
+
+        Dask merges gathers that are in flight together into one request, so a worker that
+        holds some results without answering (frozen) would hold every other result with it:
+        the results are grouped by the worker that holds them (the scheduler's ``who_has``) and
+        fetched group after group.
+        """
+        try:
+            who = await asyncio.wait_for(scheduler_call(self.client, "who_has", keys=[f.key for f in finished]),
+                                         min(bounds.values()))
+        except Exception:  # noqa: BLE001 - no answer: one group per future, as if each had its own holder
+            who = {}
+        groups: dict[Any, list] = {}
+        for f in finished:
+            holders = sorted((who or {}).get(f.key) or ())
+            if holders:
+                self.holders[f.key] = holders
+            groups.setdefault(holders[0] if holders else f.key, []).append(f)
+        values_by: dict = {}
+        for futs in groups.values():
+            try:
+                values = await asyncio.wait_for(self.client.gather(futs, asynchronous=True),
+                                                max(bounds[f] for f in futs))
+            except Exception:  # noqa: BLE001 - not fetched now (a timeout, a result lost meanwhile)
+                continue
+            values_by.update(zip(futs, values))
+        return values_by
+
+    def suspects(self) -> set[str]:
+        """Workers that hold results that cannot be fetched: the ones every such result has in
+        common (a result copied to a frozen worker is held by a good one too), else all of them.
+
+        >>> a = Arrivals(None, bound=lambda: 1.0)
+        >>> a.unfetched = {"x": (0.0, 1.0), "y": (0.0, 1.0)}
+        >>> a.holders = {"x": ["tcp://frozen", "tcp://good"], "y": ["tcp://frozen"]}
+        >>> a.suspects()
+        {'tcp://frozen'}
+        """
+        sets = [set(self.holders[k]) for k in self.unfetched if self.holders.get(k)]
+        if not sets:
+            return set()
+        common = set.intersection(*sets)
+        return common or set.union(*sets)
+
     async def collect(self, wanted: Container, timeout: float) -> tuple[list, dict]:
         """Wait for the first tracked future in ``wanted`` to end, then gather every finished one: one hop.
 
@@ -131,13 +180,12 @@ class Arrivals:
             # the caller reads the cancellation from the futures' status and says by whom.
             return list(done), {}
         bounds = [2 * self.unfetched[f.key][1] if f.key in self.unfetched else bound for f in finished]
-        got = await asyncio.gather(*(asyncio.wait_for(self.client.gather([f], asynchronous=True), b)
-                                     for f, b in zip(finished, bounds)), return_exceptions=True)
-        values_by = {f: v[0] for f, v in zip(finished, got) if isinstance(v, list)}
+        values_by = await self._by_holder(finished, dict(zip(finished, bounds)))
         now = time.monotonic()
         for f, b in zip(finished, bounds):
             if f in values_by:
                 self.unfetched.pop(f.key, None)
+                self.holders.pop(f.key, None)
                 self._ended.pop(f, None)
             elif f.status == "finished":
                 self.unfetched[f.key] = (now, b)

@@ -3,7 +3,8 @@
 Blocks of shards are submitted at most ``window`` at a time (the client and scheduler never
 hold a future per shard), blocks holding the first verification shards first, so their checks
 overlap the run; the blocks a driver turn submits go to Dask as one graph
-(:mod:`.submission`). When a block finishes, the driver gathers its result (:mod:`.arrivals`:
+(:mod:`.submission`), in groups whose results reach the client in one message per group
+(:mod:`.groups`). When a block finishes, the driver gathers its result (:mod:`.arrivals`:
 the block's folded state, and the few shard states verification keeps; where the store is
 reachable from the workers the block task has written its shard file itself and sends the
 file's checksum, else every shard's state comes back and the driver writes it, see
@@ -41,7 +42,8 @@ from .checks import Checks, Producers, alive_workers
 from .events import EventOutbox, RunningEstimate
 from .failures import lost_scheduler, lost_scheduler_error, one_line, raise_if_cancelled
 from .folding import TreeFolder
-from .keys import block_key
+from .groups import Groups, chunks, collect_group
+from .keys import block_key, group_key
 from .shard import BlockResult, compute_block
 from .stragglers import Stragglers
 from .submission import submit_many
@@ -65,6 +67,18 @@ class Outcome:
     retried: list = field(default_factory=list)
     #: Who wrote the store's shard files (see :mod:`.blocks`); ``None`` without a store.
     store_writes: dict | None = None
+    #: Blocks per group (:mod:`.groups`), groups formed, and groups opened (waited on block by block).
+    groups: dict = field(default_factory=dict)
+
+
+class _Waited:
+    """What a driver turn waits on: the blocks' own futures, and the groups' collectors."""
+
+    def __init__(self, pending: dict, groups: Groups):
+        self.pending, self.groups = pending, groups
+
+    def __contains__(self, fut: Any) -> bool:
+        return fut in self.pending or fut in self.groups
 
 
 class Execution:
@@ -110,10 +124,18 @@ class Execution:
             raise ConfigError("montecarlo.pipeline-attempts", self.attempts, "a positive number of workers")
         self.stragglers = Stragglers(client, self.limits, speculate=float(speculate or 0.0), poll=poll,
                                      bounds=self.bounds, emit=self._emit)
-        self.arrivals = Arrivals(client, bound=self.limits.gather_bound, on_unfetched=self.stragglers.unanswered)
+        self.arrivals = Arrivals(client, bound=self.limits.gather_bound, on_unfetched=self._unanswered)
         self.checks = Checks(client, job, reducer, run_id=run_id, tag=self.tag, emit=self._emit,
                              limits=self.limits, poll=poll)
         self.failed_on: dict[int, dict[str, str]] = {}   # block -> worker -> its error
+        size = config.get("montecarlo.group-blocks")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError("montecarlo.group-blocks", size, "a positive number of blocks (1: no groups)")
+        # At most half the window per group, so that half the window stays in flight while a
+        # group's results travel and the next group is submitted: the workers never run dry.
+        self.groups = Groups(min(size, max(1, self.window // 2)))
+        self._waited = _Waited(self.pending, self.groups)
+        self._groups_checked = 0.0
         # Who writes the shard files: the block tasks when the store is reachable from the
         # workers (each block checks, see .blocks), else the client. The run's lease token is
         # the workers' probe: without one (no lease held) the client writes.
@@ -155,6 +177,8 @@ class Execution:
         todo = deque(sorted(todo, key=lambda i: not self.early.intersection(range(*self.bounds[i]))))
         try:
             self._drain(todo, lambda: self.root is not None and not self.pending)
+            self.outcome.groups = {"size": self.groups.size, "formed": self.groups.formed,
+                                   "opened": self.groups.opened}
             root = self.root
             if self.verify_k:
                 root = self._verify(root)
@@ -186,24 +210,26 @@ class Execution:
                                     have=len(self.known) + self.outcome.computed, where=where)
 
     def _cancel_all(self) -> None:
-        futs = list(self.pending) + self.checks.futures()
+        futs = list(self.pending) + self.checks.futures() + list(self.groups.live)
         self.pending.clear()
+        self.groups.live.clear()
         if futs:
             self.client.cancel(futs)
 
     # -- the driver's loop ------------------------------------------------------------------
     def _drain(self, todo: deque, until) -> None:
         while not until():
-            batch: list[int] = []
-            while todo and len(self.pending) + len(batch) < self.window:
-                batch.append(todo.popleft())
-            if batch:
-                self._submit_leaves(batch)
+            # Refill once a group's worth of the window is free; any free slot when no group is in
+            # flight (nothing would free a group's worth at once: blocks stuck one by one on a
+            # frozen worker must not starve the run) or when the rest fits.
+            free = self.window - len(self.pending)
+            if todo and free > 0 and (free >= self.groups.size or not self.groups or len(todo) <= free):
+                self._submit_leaves([todo.popleft() for _ in range(min(free, len(todo)))])
             if until():
                 break
             if not self.pending:
                 raise RuntimeError("internal error: nothing pending but the run is not finished")
-            done, values = self.client.sync(self._collect, self.pending, self.poll)
+            done, values = self.client.sync(self._collect, self._waited, self.poll)
             cancelled = [f for f in done if f in self.pending and f.status == "cancelled"]
             if cancelled:
                 raise_if_cancelled(self.client, self.run_id, cancelled)
@@ -211,14 +237,20 @@ class Execution:
             # with its worker ("lost": Dask recomputes it) stays pending; one whose speculative
             # twin was accepted a moment ago in this same loop is no longer pending.
             for f, res in values.items():
-                if f in self.pending:
+                if f in self.groups:
+                    for member, r in zip(self.groups.take(f), res):
+                        if member in self.pending:
+                            self._leaf_done(self.pending.pop(member), member, r)
+                elif f in self.pending:
                     self._leaf_done(self.pending.pop(f), f, res)
             for f in done:
-                if f in self.pending and f.status == "error":
+                if f in self.groups:            # no result (a block failed, was cancelled...): open it
+                    self._open_group(f)
+                elif f in self.pending and f.status == "error":
                     self._leaf_failed(self.pending.pop(f), f)
             self._maybe_speculate(todo)
 
-    async def _collect(self, wanted: dict, timeout: float) -> tuple[list, dict]:
+    async def _collect(self, wanted: Any, timeout: float) -> tuple[list, dict]:
         """The one wait of a driver turn, on the client's loop (see :meth:`.Arrivals.collect`)."""
         return await self.arrivals.collect(wanted, timeout)
 
@@ -250,8 +282,30 @@ class Execution:
             self.leaf_futures.setdefault(idx, []).append(fut)
             if speculative:
                 self.spec_keys.add(fut.key)
-        self.arrivals.track(futs)
+        # Groups only where they save something (see .groups): not for copies, retries or
+        # recomputations on chosen workers, nor when every shard state comes back to the client.
+        grouped = (writes_or_none and self.groups.size > 1 and len(futs) > 1 and not speculative
+                   and not retry and workers is None)
+        parts = chunks(futs, self.groups.size) if grouped else [[f] for f in futs]
+        self.arrivals.track([part[0] for part in parts if len(part) == 1] + self._submit_groups(
+            [part for part in parts if len(part) > 1]))
         self.outcome.max_in_flight = max(self.outcome.max_in_flight, len(self.pending))
+
+    def _submit_groups(self, parts: list[list]) -> list:
+        """One collector task per part (one graph for all of them); the collectors' futures."""
+        if not parts:
+            return []
+        keys = [group_key(self.tag, self.bounds[self.pending[p[0]]][0], self.bounds[self.pending[p[-1]]][1])
+                for p in parts]
+        # Ahead of any block not started yet: a group's results leave as soon as its last block ends.
+        collectors = submit_many(self.client, collect_group, [(p,) for p in parts], keys, priority=1)
+        for collector, part in zip(collectors, parts):
+            self.groups.add(collector, part)
+        return collectors
+
+    def _open_group(self, collector) -> None:
+        """Wait on ``collector``'s blocks one by one from now on (see :mod:`.groups`)."""
+        self.arrivals.track([m for m in self.groups.open(collector) if m in self.pending])
 
     def _leaf_done(self, idx: int, fut, res: BlockResult) -> None:
         if idx in self.block_states:
@@ -355,14 +409,36 @@ class Execution:
         """
         now = time.monotonic()
         ending = not todo
+        if self.groups and now - self._groups_checked >= 1.0:
+            self._groups_checked = now
+            # A group late after one of its blocks finished: the blocks answer one by one.
+            per_shard = self.limits.expected_shard_seconds()
+            block = self.stragglers.durations.median() or (per_shard * self.block if per_shard else 1.0)
+            for collector in self.groups.overdue(now, 1.0 + (self.groups.size + 2) * block):
+                self._open_group(collector)
         processing = self.stragglers.watch(now, self.pending, ending=ending)
         if processing is not None:       # what runs where was read now: time the blocks in flight
-            self.stragglers.check_hung(now, self.pending, self.leaf_futures)
-        self.stragglers.speculate_copies(now, processing, ending, self.block_states, self.leaf_futures, self._copy)
+            self.stragglers.check_hung(now, self.pending, self.leaf_futures, self._out)
+        self.stragglers.speculate_copies(now, processing, ending, self.block_states, self.leaf_futures, self._copy,
+                                         self._out)
+
+    def _unanswered(self, key: str, now: float) -> None:
+        holders = self.arrivals.holders.get(key) or []
+        self.stragglers.unanswered(key, now, holders[0] if len(holders) == 1 else None)
+
+    def _out(self, fut) -> bool:
+        """Whether ``fut`` has not returned: running, waiting, or finished with a result not fetched."""
+        return fut.status != "finished" or fut.key in self.arrivals.unfetched
 
     def _copy(self, idx: int, slow_worker: str) -> None:
-        """A speculative copy of block ``idx``, on any worker but ``slow_worker``."""
-        others = [w for w in alive_workers(self.client) if w != slow_worker]
+        """A speculative copy of block ``idx``, on any worker but ``slow_worker``, and never on one
+        holding results that cannot be fetched (frozen, most likely) while another is left."""
+        alive = alive_workers(self.client)
+        others = [w for w in alive if w != slow_worker]
+        suspects = self.arrivals.suspects()
+        if suspects:    # a result that cannot be fetched says more than where the block was seen
+            answering = [w for w in alive if w not in suspects]
+            others = [w for w in answering if w != slow_worker] or answering or others
         if others:
             self._submit_leaves([idx], workers=others, speculative=True)
             a, b = self.bounds[idx]

@@ -6,7 +6,9 @@ why it was submitted: ``block`` (the fixed tree's leaf), ``redo`` (a leaf recomp
 the tree), ``spec`` (a speculative copy of a slow block), ``retry<N>`` (the N-th resubmission
 after a failure). Distinct keys for copies of one block keep Dask from handing back a cached
 value. A verification of shard ``s`` runs under ``mc-verify-<tag>-<s>``, ``-m<N>`` appended when it
-was moved after N tries.
+was moved after N tries. The task that hands the client a group of blocks' results in one
+message (:mod:`.groups`) runs under ``mc-group-<tag>-<start>-<stop>``, the shards of its blocks;
+it computes nothing, and :func:`parse_block_key` does not read it as a block.
 
 Examples
 --------
@@ -21,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["BlockKey", "block_key", "parse_block_key", "verify_key"]
+__all__ = ["BlockKey", "block_key", "group_key", "parse_block_key", "verify_key"]
 
 _BLOCK = re.compile(r"^mc-(?P<kind>block|spec|redo|retry\d+)-(?P<tag>[0-9a-f]+-[0-9a-f]+)"
                     r"-(?P<start>\d+)-(?P<stop>\d+)$")
@@ -58,6 +60,15 @@ def block_key(tag: str, start: int, stop: int, *, speculative: bool = False, tre
     if retry:
         kind = f"retry{retry}"
     return f"mc-{kind}-{tag}-{start}-{stop}"
+
+
+def group_key(tag: str, start: int, stop: int) -> str:
+    """The key of the task that collects the results of the blocks covering ``[start, stop)``.
+
+    >>> group_key("ab-cd", 0, 32), parse_block_key(group_key("ab-cd", 0, 32)) is None
+    ('mc-group-ab-cd-0-32', True)
+    """
+    return f"mc-group-{tag}-{start}-{stop}"
 
 
 def parse_block_key(key: object) -> BlockKey | None:

@@ -191,6 +191,7 @@ def _execute(job: Job, client, p: Pilot, reducer, rs: RunStore | None, held: Hol
         summary = result.summary()
         summary["state"] = _encode_state(reducer, state)
         summary["store_writes"] = _store_writes_record(outcome.store_writes)
+        summary["groups"] = dict(outcome.groups) or None
         rs.write_result(job.id, summary)
     return result
 

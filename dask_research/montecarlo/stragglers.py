@@ -46,9 +46,12 @@ class Stragglers:
         self.stopped = False                             # a copy was as slow as its original
         self._watched = 0.0                              # when client.processing() was last read
 
-    def unanswered(self, key: str, now: float) -> None:
-        """``key`` finished but its result cannot be fetched: time it like a block still running."""
-        self.running.setdefault(key, (now, "the worker holding its result (not answering)"))
+    def unanswered(self, key: str, now: float, holder: str | None = None) -> None:
+        """``key`` finished but its result cannot be fetched: time it like a block still running.
+
+        ``holder``: the worker holding the result, where known; a copy then goes elsewhere.
+        """
+        self.running.setdefault(key, (now, holder or "the worker holding its result (not answering)"))
 
     def watch(self, now: float, pending: Mapping[Any, int], ending: bool = False) -> dict[str, str] | None:
         """Which pending key runs where, read from the scheduler at most once a second.
@@ -74,13 +77,19 @@ class Stragglers:
                 self.running[f.key] = (now, w)
         return where
 
-    def check_hung(self, now: float, pending: Mapping[Any, int], leaf_futures: Mapping[int, list]) -> None:
-        """Fail the run when a block has run longer than the block timeout."""
+    def check_hung(self, now: float, pending: Mapping[Any, int], leaf_futures: Mapping[int, list],
+                   out: Callable[[Any], bool] | None = None) -> None:
+        """Fail the run when a block has run longer than the block timeout.
+
+        ``out(future)``: whether that attempt has not returned yet (default: all have not); a
+        block that finished and waits for the rest of its group (:mod:`.groups`) has returned.
+        """
         limit = self.limits.block_limit()
         if limit is None:
             return
         for idx in sorted(set(pending.values())):
-            attempts = [self.running[f.key] for f in leaf_futures.get(idx, []) if f.key in self.running]
+            attempts = [self.running[f.key] for f in leaf_futures.get(idx, [])
+                        if f.key in self.running and (out is None or out(f))]
             if not attempts:
                 continue
             attempts.sort()
@@ -97,19 +106,23 @@ class Stragglers:
                 "busy until the pipeline returns. Stored shards are kept; the same command resumes"))
 
     def speculate_copies(self, now: float, processing: dict | None, ending: bool, finished: Container[int],
-                         leaf_futures: Mapping[int, list], copy: Callable[[int, str], None]) -> None:
+                         leaf_futures: Mapping[int, list], copy: Callable[[int, str], None],
+                         out: Callable[[Any], bool] | None = None) -> None:
         """Copy the stragglers among the blocks in flight: ``copy(block, slow_worker)`` for each.
 
         Only near the end (``ending``, and no unfinished block still waiting for a thread), with
         at least two finished blocks to take a median of, and when ``processing`` was read now.
-        ``finished``: the blocks already accepted.
+        ``finished``: the blocks already accepted; ``out(future)``: whether that attempt has not
+        returned (a block that finished and waits for its group's message has returned: it is
+        neither copied nor waited for).
         """
         if self.speculate <= 0 or self.stopped or not ending or len(self.durations) < 2 or processing is None:
             return
-        unfinished = [i for i in leaf_futures if i not in finished]
+        unfinished = [i for i in leaf_futures if i not in finished
+                      and (out is None or any(out(f) for f in leaf_futures[i]))]
         if not unfinished:
             return
-        if any(f.key not in self.running for i in unfinished for f in leaf_futures[i]):
+        if any(f.key not in self.running and (out is None or out(f)) for i in unfinished for f in leaf_futures[i]):
             return                  # a block still waits for a thread: not the end yet
         limit = self.speculate * (self.durations.median() or 0.0)
         hung = self.limits.block_limit()

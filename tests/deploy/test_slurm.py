@@ -91,10 +91,14 @@ def test_scancel_of_a_worker_job_mid_run_loses_nothing_and_changes_no_bit(slurm,
         assert "error" not in out, out.get("error")
         assert len(workers_info(client)) == 1
     res = out["result"]
-    assert len(res.workers) == 2                                      # the cancelled job had done shards
+    stored = mc.RunStore(str(store)).read_shards(job.id)
+    # The cancelled job had done shards: its worker wrote shard files before it went. (Blocks it
+    # finished whose group had not reached the client yet were recomputed elsewhere, with the
+    # same bits: the survivor's write of the same file found the same states.)
+    assert len({worker for _, worker, _ in stored.values()}) == 2, {w for _, w, _ in stored.values()}
     assert res.state == _embedded(job).state                          # bit-identical
     assert res.n == 48 * 1024 and int(res.state.hist.sum()) == res.n   # nothing lost, nothing twice
-    assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(48))
+    assert sorted(stored) == list(range(48))
 
 
 def _stored(store, job) -> int:

@@ -266,6 +266,7 @@ def test_twins_finishing_in_the_same_batch_accept_one():
     from types import SimpleNamespace
 
     from dask_research.montecarlo.engine import Execution
+    from dask_research.montecarlo.groups import Groups
 
     class Fut:
         status = "finished"
@@ -279,6 +280,7 @@ def test_twins_finishing_in_the_same_batch_accept_one():
     ex = Execution.__new__(Execution)
     original, twin = Fut("mc-block-x-0-1"), Fut("mc-spec-x-0-1")
     ex.pending, ex.window, ex.poll = {original: 0, twin: 0}, 1, 0.2
+    ex.groups, ex._waited = Groups(1), None
     accepted = []
 
     def leaf_done(idx, fut, value):       # like the real one: accepting one drops its twin
