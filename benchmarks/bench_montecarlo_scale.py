@@ -26,7 +26,12 @@ coroutine per future awaiting Dask's ``_wait`` (what it used before), and
 gathers, RPC round trips, hops onto the client's loop, key-in-memory reports): figures that do
 not move with the machine's load, unlike CPU time on a shared machine (needs ``yappi``).
 
-    python benchmarks/bench_montecarlo_scale.py [--quick] [--wake] [--count]
+``--groups 1,16`` measures each case with those ``research.montecarlo.group-blocks`` values
+side by side in one process (1: a message per block, the path before groups; the window caps a
+group at half of it, so pass ``--window 32`` for groups of 16 on a 2-thread worker); ``--pin``
+puts the client on one CPU and the scheduler and worker on the others.
+
+    python benchmarks/bench_montecarlo_scale.py [--quick] [--pin] [--groups 1,16] [--window N] [--wake] [--count]
 """
 from __future__ import annotations
 
@@ -58,9 +63,22 @@ def ident(a):
 
 
 @contextlib.contextmanager
-def cluster(workers: int = 1, threads: int = 2):
-    """A ``dask scheduler`` and ``workers`` ``dask worker`` subprocesses; yields (client, scheduler pid)."""
+def cluster(workers: int = 1, threads: int = 2, pin: bool = False):
+    """A ``dask scheduler`` and ``workers`` ``dask worker`` subprocesses; yields (client, scheduler pid).
+
+    ``pin``: the client on the first CPU, the scheduler and workers on the others (Linux), so
+    the client's CPU time is not inflated by sharing its core with the workers.
+    """
     from distributed import Client
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = pin and len(cpus) > 1
+    if pin:
+        os.sched_setaffinity(0, {cpus[0]})
+
+    def rest() -> None:
+        if pin:
+            os.sched_setaffinity(0, set(cpus[1:]))
 
     tmp = tempfile.mkdtemp(prefix="bench-scale-")
     sfile = os.path.join(tmp, "scheduler.json")
@@ -70,12 +88,12 @@ def cluster(workers: int = 1, threads: int = 2):
                                "--no-dashboard", "--scheduler-file", sfile,
                                # the events handler, as on a documented deployment (docs/events.rst)
                                "--preload", "dask_research.events"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=rest)]
     try:
         for _ in range(workers):
             procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
                                            sfile, "--nthreads", str(threads), "--no-dashboard"], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=rest))
         t0 = time.monotonic()
         while not os.path.exists(sfile):
             if time.monotonic() - t0 > 60:
@@ -94,7 +112,8 @@ def cluster(workers: int = 1, threads: int = 2):
                 p.kill()
 
 
-def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, writes: str, seed: int) -> dict:
+def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, writes: str, seed: int,
+            groups: int = 16, window: int | None = None) -> dict:
     import dask
     import psutil
 
@@ -104,10 +123,10 @@ def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, wr
                  range=(-8.0, 8.0), bins=256, name="scale")
     p = mc.pilot(job)
     sched = psutil.Process(sched_pid)
-    with dask.config.set({"research.montecarlo.store-writes": writes}):
+    with dask.config.set({"research.montecarlo.store-writes": writes, "research.montecarlo.group-blocks": groups}):
         s0, c0, w0 = sum(sched.cpu_times()[:2]), time.process_time(), time.perf_counter()
         res = mc.run(job, client, store=store, verify=0, shards_per_task=spt, progress=False,
-                     check_merger=False, pilot=p, speculate=0.0)
+                     check_merger=False, pilot=p, speculate=0.0, window=window)
         c1, w1, s1 = time.process_time(), time.perf_counter(), sum(sched.cpu_times()[:2])
     mode = None
     if store is not None:
@@ -117,21 +136,20 @@ def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, wr
     return {"client_cpu": c1 - c0, "scheduler_cpu": s1 - s0, "wall": w1 - w0, "mode": mode}
 
 
-def measure(client, sched_pid, spt: int, store: bool, writes: str, base: int, repeat: int, seed: int) -> dict:
-    runs = {}
-    for n in (base, 2 * base):
-        got = []
-        for r in range(repeat):
+def measure(client, sched_pid, spt: int, store: bool, writes: str, base: int, repeat: int, seed: int,
+            groups: int = 16, window: int | None = None) -> dict:
+    runs: dict[int, list] = {base: [], 2 * base: []}
+    for r in range(repeat):                    # N and 2N interleaved: a slow minute hits both
+        for n in (base, 2 * base):
             d = tempfile.mkdtemp(prefix="bench-scale-store-") if store else None
-            got.append(one_run(client, sched_pid, n, spt, d, writes, seed + 1000 * r + n))
-        runs[n] = got
+            runs[n].append(one_run(client, sched_pid, n, spt, d, writes, seed + 1000 * r + n, groups, window))
     med = {n: {k: statistics.median(g[k] for g in got) for k in ("client_cpu", "scheduler_cpu", "wall")}
            for n, got in runs.items()}
     per_shard = max(0.0, (med[2 * base]["client_cpu"] - med[base]["client_cpu"]) / base)
     sched_per_shard = max(0.0, (med[2 * base]["scheduler_cpu"] - med[base]["scheduler_cpu"]) / base)
     net = net_per_block(med[base], med[2 * base], base // spt, IDLE)
     return {"client_us_per_block_net": net["client"] * 1e6, "scheduler_us_per_task_net": net["scheduler"] * 1e6,
-            "shards_per_task": spt, "store": store, "store_writes": writes,
+            "shards_per_task": spt, "store": store, "store_writes": writes, "group_blocks": groups, "window": window,
             "mode": runs[2 * base][0]["mode"], "shards": [base, 2 * base], "runs": med,
             "client_us_per_shard": per_shard * 1e6, "client_us_per_block": per_shard * spt * 1e6,
             "client_us_per_shard_total": med[2 * base]["client_cpu"] / (2 * base) * 1e6,
@@ -280,7 +298,7 @@ def count_main(spts: list[int], quick: bool) -> None:
                   "process during one run (workers and scheduler are subprocesses)")
 
 
-HEADER = ("spt", "store", "writes", "mode", "us/shard", "us/block", "us/shard(total)", "sched us/task",
+HEADER = ("spt", "groups", "store", "writes", "mode", "us/shard", "us/block", "us/shard(total)", "sched us/task",
           "net us/block", "net us/shard", "net sched us/task")
 
 
@@ -291,6 +309,11 @@ def main() -> None:
     ap.add_argument("--spt", default="1,16,256", help="shards per task to measure (comma-separated powers of two)")
     ap.add_argument("--wake", action="store_true", help="measure the ways to wake the driver per future instead")
     ap.add_argument("--count", action="store_true", help="count the client's Dask operations per block instead")
+    ap.add_argument("--groups", default="1,16", help="research.montecarlo.group-blocks values to measure side by side "
+                    "(1: every block its own message, the path before groups)")
+    ap.add_argument("--window", type=int, default=None, help="blocks in flight (default: 8 per thread, 16 here)")
+    ap.add_argument("--writes", default="none,client,auto", help="store cases: none (no store), client, auto")
+    ap.add_argument("--pin", action="store_true", help="the client on one CPU, scheduler and worker on the other")
     args = ap.parse_args()
     if args.wake:
         wake_main(args.quick)
@@ -300,23 +323,28 @@ def main() -> None:
         return
     repeat = 1 if args.quick else 3
     spts = [int(x) for x in args.spt.split(",")]
-    bases = {1: 256, 16: 2048, 256: 8192, 1024: 16384} if not args.quick else {1: 128, 16: 1024, 256: 4096, 1024: 8192}
+    bases = {1: 256, 16: 2048, 256: 32768, 1024: 65536} if not args.quick else {1: 128, 16: 1024, 256: 8192,
+                                                                                 1024: 16384}
+    cases = {"none": (False, "auto"), "client": (True, "client"), "auto": (True, "auto")}
+    groups = [int(g) for g in args.groups.split(",")]
     rows, figures = [], []
-    with cluster() as (client, sched_pid):
+    with cluster(pin=args.pin) as (client, sched_pid):
         IDLE.update(measure_idle(client, sched_pid))
         print(f"idle: client {IDLE['client']:.1%} of a core, scheduler {IDLE['scheduler']:.1%}")
         seed = 1
         for spt in spts:
-            for store, writes in ((False, "auto"), (True, "client"), (True, "auto")):
-                seed += 1
-                f = measure(client, sched_pid, spt, store, writes, bases.get(spt, 32 * spt), repeat, seed * 100_000)
-                figures.append(f)
-                rows.append((spt, "yes" if store else "no", writes if store else "-", f["mode"] or "-",
-                             f"{f['client_us_per_shard']:.1f}", f"{f['client_us_per_block']:.0f}",
-                             f"{f['client_us_per_shard_total']:.1f}", f"{f['scheduler_us_per_task']:.0f}",
-                             f"{f['client_us_per_block_net']:.0f}", f"{f['client_us_per_block_net'] / spt:.1f}",
-                             f"{f['scheduler_us_per_task_net']:.0f}"))
-                print_table(rows[-1:], HEADER)
+            for store, writes in (cases[w] for w in args.writes.split(",")):
+                for g in groups:
+                    seed += 1
+                    f = measure(client, sched_pid, spt, store, writes, bases.get(spt, 32 * spt), repeat,
+                                seed * 100_000, g, args.window)
+                    figures.append(f)
+                    rows.append((spt, g, "yes" if store else "no", writes if store else "-", f["mode"] or "-",
+                                 f"{f['client_us_per_shard']:.1f}", f"{f['client_us_per_block']:.0f}",
+                                 f"{f['client_us_per_shard_total']:.1f}", f"{f['scheduler_us_per_task']:.0f}",
+                                 f"{f['client_us_per_block_net']:.0f}", f"{f['client_us_per_block_net'] / spt:.1f}",
+                                 f"{f['scheduler_us_per_task_net']:.0f}"))
+                    print_table(rows[-1:], HEADER)
     print()
     print_table(rows, HEADER)
     models = []
@@ -327,12 +355,12 @@ def main() -> None:
             m["client_cores"] *= 1 - IDLE["client"]          # the idle share is not available to blocks
             m["scheduler_cores"] *= 1 - IDLE["scheduler"]
             m["cores"] = min(m["client_cores"], m["scheduler_cores"])
-            m.update(store=f["store"], store_writes=f["store_writes"], mode=f["mode"])
+            m.update(store=f["store"], store_writes=f["store_writes"], mode=f["mode"], group_blocks=f["group_blocks"])
             models.append(m)
     print()
-    print_table([(m["shards_per_task"], m["store"], m["store_writes"], m["mode"], f"{m['client_cores']:,.0f}",
-                  f"{m['scheduler_cores']:,.0f}") for m in models],
-                ("spt", "store", "writes", "mode", "cores/client", "cores/scheduler"))
+    print_table([(m["shards_per_task"], m["group_blocks"], m["store"], m["store_writes"], m["mode"],
+                  f"{m['client_cores']:,.0f}", f"{m['scheduler_cores']:,.0f}") for m in models],
+                ("spt", "groups", "store", "writes", "mode", "cores/client", "cores/scheduler"))
     name = "bench_montecarlo_scale"
     out = ROOT / "benchmarks" / "results" / f"{name}.json"
     import json
@@ -342,7 +370,8 @@ def main() -> None:
     except (OSError, ValueError, KeyError):
         prev = {}
     label = args.label or "latest"
-    prev[label] = {"blocks": figures, "model_256": models, "quick": args.quick, "idle": dict(IDLE)}
+    prev[label] = {"blocks": figures, "model_256": models, "quick": args.quick, "idle": dict(IDLE), "pin": args.pin,
+                   "window": args.window}
     write_results(name, prev, notes="client CPU per shard is the marginal cost between N and 2N shards; net: less the "
                   "idle client's CPU over the extra wall time; workers and scheduler are subprocesses; model: "
                   "cores = (1 - idle share) x B x 7.5 ms / net client CPU per block")
