@@ -55,11 +55,12 @@ def choose_block(shards: int, shard_seconds: float, threads: int, target_seconds
     target): rounding down, as before, made the block size flip between two values with the
     pilot's timing noise, and halving the blocks doubles the per-task overhead.
 
-    ``client_block_seconds`` is the client's CPU per block (``research.montecarlo.
-    client-block-seconds``, 0 by default: off). ``threads`` threads finish ``threads / task time`` blocks a second,
-    so the target grows to at least ``2 * threads * client_block_seconds``: on a large cluster
-    tasks get longer rather than the client saturating (it stays at most half busy), still
-    bounded by ``max_block`` and by the balance rule.
+    ``client_block_seconds`` is the CPU one block costs the client or the scheduler, whichever
+    is more (``research.montecarlo.client-block-seconds``, 1.5 ms by default; 0: off).
+    ``threads`` threads finish ``threads / task time`` blocks a second, so the target grows to
+    at least ``2 * threads * client_block_seconds``: on a large cluster tasks get longer rather
+    than the client or the scheduler saturating (each stays at most half busy), still bounded
+    by ``max_block`` and by the balance rule. Up to 100 threads the default changes nothing.
 
     >>> choose_block(640, 0.0106, threads=2, target_seconds=0.3, max_block=4096)
     32

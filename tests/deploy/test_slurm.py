@@ -112,7 +112,10 @@ def test_iteration_scheduler_with_a_client_on_slurm(slurm):
 
     def scheduler(client):
         runner = make_deterministic_runner({"a": 0.8, "b": 0.5, "c": 0.2}, delay_ms=20)
-        sched = IterationScheduler(runner, slots=2, client=client, progress=False, max_experiments=12)
+        # Decisions in dispatch order: the same whatever order the two SLURM workers finish in
+        # (with completion order, two 20 ms experiments racing decide the fourth pick).
+        sched = IterationScheduler(runner, slots=2, client=client, progress=False, max_experiments=12,
+                                   apply_order="dispatch")
         sched.add([Hypothesis(f"{x}{k}", x) for k in range(6) for x in "abc"])
         return sched
 

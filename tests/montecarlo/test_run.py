@@ -144,7 +144,8 @@ def test_shards_per_task_must_be_a_power_of_two(one_worker):
 
 def test_task_size_comes_from_pilot_timing(one_worker):
     job = _job(shards=256)
-    with __import__("dask").config.set({"research.montecarlo.task-seconds": 1e-9}):
+    with __import__("dask").config.set({"research.montecarlo.task-seconds": 1e-9,
+                                        "research.montecarlo.client-block-seconds": 0}):
         assert mc.run(job, client=one_worker, progress=False).shards_per_task == 1
     res = mc.run(job, client=one_worker, progress=False)
     # 1 thread: at least 4 tasks per thread, at most task-seconds per task

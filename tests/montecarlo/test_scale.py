@@ -152,9 +152,15 @@ def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
     assert choose_block(20_000, 0.0075, threads=1000, target_seconds=0.3, max_block=4096, client_block_seconds=0.002) == 4
     job = _job(shards=10**6, seed=16)
     with dask.config.set({"research.montecarlo.max-shards-per-task": 4096}):
-        assert plan_blocks(job, 0.0075, threads=1000) == 32         # the default, 0: task-seconds alone
+        with dask.config.set({"research.montecarlo.client-block-seconds": 0}):
+            assert plan_blocks(job, 0.0075, threads=1000) == 32     # off: task-seconds alone
         with dask.config.set({"research.montecarlo.client-block-seconds": 0.002}):
             assert plan_blocks(job, 0.0075, threads=1000) == 128    # 10**6 / (1000 x 4) caps it at 250 -> 128
+    # The defaults: a laptop's tasks are sized as before; 2,000 threads get 7.7 s tasks at the seed's
+    # shard, so neither the client (~1 ms per block) nor the scheduler (~1-1.5 ms per task) is the ceiling.
+    big = _job(shards=10**7, seed=17)
+    assert [plan_blocks(big, 0.0075, threads=t) for t in (2, 100, 200, 500, 1000, 2000, 4000)] == \
+        [32, 32, 64, 256, 512, 1024, 512]           # 4,000 threads: 4 tasks each of 10**7 shards bounds it
     from dask_research.exceptions import ConfigError
 
     with dask.config.set({"research.montecarlo.client-block-seconds": "fast"}):
