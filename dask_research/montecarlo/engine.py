@@ -283,9 +283,12 @@ class Execution:
             if speculative:
                 self.spec_keys.add(fut.key)
         # Groups only where they save something (see .groups): not for copies, retries or
-        # recomputations on chosen workers, nor when every shard state comes back to the client.
+        # recomputations on chosen workers, nor when every shard state comes back to the client,
+        # nor for a run of fewer than 4 windows of blocks (it saves milliseconds there, and the
+        # transfers to a collector's worker leave worker-to-worker connections that make a
+        # LocalCluster closed right after the run race its own shutdown: Dask logs a closed comm).
         grouped = (writes_or_none and self.groups.size > 1 and len(futs) > 1 and not speculative
-                   and not retry and workers is None)
+                   and not retry and workers is None and len(self.bounds) >= 4 * self.window)
         parts = chunks(futs, self.groups.size) if grouped else [[f] for f in futs]
         self.arrivals.track([part[0] for part in parts if len(part) == 1] + self._submit_groups(
             [part for part in parts if len(part) > 1]))

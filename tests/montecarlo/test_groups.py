@@ -64,7 +64,7 @@ def test_a_group_is_overdue_only_long_after_one_of_its_blocks_finished():
 # ------------------------------------------------------------------------------ real runs
 
 def test_groups_give_the_same_bits_and_one_gather_per_group(cluster, tmp_path):
-    job = _job()
+    job = _job(shards=128)          # 64 blocks: 4 windows of 16, the least a run forms groups for
     states, records, gathers = {}, {}, {}
     real_gather = cluster.gather
     for size in (1, 3, 8):
@@ -83,12 +83,18 @@ def test_groups_give_the_same_bits_and_one_gather_per_group(cluster, tmp_path):
         finally:
             del cluster.gather
         states[size], records[size], gathers[size] = res.state, _result_record(store, job)["groups"], calls
-        assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(64))
+        assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(128))
     assert states[1] == states[3] == states[8]              # same job, same bits, whatever the groups
     assert records[1]["formed"] == 0 and records[3]["size"] == 3 and records[8]["size"] == 8
-    assert records[8]["formed"] >= 3 and records[8]["opened"] == 0
-    # 32 blocks: one future gathered per block without groups, far fewer with them.
-    assert sum(gathers[1]) >= 32 > 2 * sum(gathers[8])
+    assert records[8]["formed"] >= 6 and records[8]["opened"] == 0
+    # 64 blocks: one future gathered per block without groups, far fewer with them.
+    assert sum(gathers[1]) >= 64 > 2 * sum(gathers[8])
+
+
+def test_a_small_run_forms_no_groups(cluster, tmp_path):
+    store = tmp_path / "store"
+    mc.run(_job(shards=32), client=cluster, store=str(store), verify=0, progress=False, shards_per_task=1)
+    assert _result_record(store, _job(shards=32))["groups"]["formed"] == 0    # 32 blocks < 4 windows of 16
 
 
 def test_a_block_failing_inside_a_group_opens_it_and_is_retried_elsewhere(cluster):
@@ -104,11 +110,11 @@ def test_a_block_failing_inside_a_group_opens_it_and_is_retried_elsewhere(cluste
         return a * b
 
     job = _job(fn=fails_on_worker_0, seed=22)
-    res = mc.run(job, client=cluster, verify=0, progress=False, shards_per_task=2, speculate=0.0)
+    res = mc.run(job, client=cluster, verify=0, progress=False, shards_per_task=1, speculate=0.0, window=8)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
             Client(cl, set_as_default=False) as c:
         with dask.config.set({"research.montecarlo.group-blocks": 1}):
-            ref = mc.run(_job(seed=22), client=c, verify=0, progress=False, shards_per_task=2)
+            ref = mc.run(_job(seed=22), client=c, verify=0, progress=False, shards_per_task=1)
     assert res.state == ref.state
     assert len(res.workers) == 1 and res.computed_shards == 64
 
@@ -133,7 +139,9 @@ def test_a_straggler_inside_a_group_is_copied_and_its_group_answers_block_by_blo
     slow = sorted(cluster.scheduler_info()["workers"])[0]
     cluster.run(lambda dask_worker: setattr(dask_worker, "slow", True), workers=[slow])
     store = tmp_path / "store"
-    res = mc.run(job, client=cluster, store=str(store), verify=0, progress=False, shards_per_task=1, speculate=3.0)
+    # a window of 4: groups of 2, formed for runs of 16 blocks or more
+    res = mc.run(job, client=cluster, store=str(store), verify=0, progress=False, shards_per_task=1, speculate=3.0,
+                 window=4)
     rec = _result_record(store, job)["groups"]
     assert res.state == ref.state
     assert rec["formed"] >= 1 and rec["opened"] >= 1, rec      # a copy won: its group was opened

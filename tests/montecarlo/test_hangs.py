@@ -136,7 +136,8 @@ def test_a_hung_shard_fails_the_run_naming_it_and_the_stored_shards_resume(tmp_p
 # -- a frozen worker ---------------------------------------------------------------------------
 
 @pytest.mark.timeout(240, method="thread")
-def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path):
+@pytest.mark.parametrize("window", [None, 4], ids=["blocks", "groups"])   # a window of 4: groups of 2
+def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path, window):
     job = mc.Job(slow_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=48,
                  samples_per_shard=1024, seed=5, bins=32, range=(0.0, 1.0))
     store = tmp_path / "store"
@@ -144,7 +145,7 @@ def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path):
         frozen = workers[0]
         frozen_at = next(w for w, info in workers_info(client).items() if info["name"] == "w0")
         t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=4, progress=False,
-                                           shards_per_task=2))
+                                           shards_per_task=2, window=window))
         wait_for(lambda: "error" in out or _stored(store, job) >= 16, 90, "a third of the shards")
         assert "error" not in out, out.get("error")
         frozen.send_signal(signal.SIGSTOP)
