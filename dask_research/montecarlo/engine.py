@@ -134,6 +134,10 @@ class Execution:
         # At most half the window per group, so that half the window stays in flight while a
         # group's results travel and the next group is submitted: the workers never run dry.
         self.groups = Groups(min(size, max(1, self.window // 2)))
+        # A run of fewer than 4 windows of blocks forms no groups: it saves milliseconds there, and
+        # the transfers to a collector's worker leave worker-to-worker connections that make a
+        # LocalCluster closed right after the run race its own shutdown (Dask logs a closed comm).
+        self._may_group = self.groups.size > 1 and len(self.bounds) >= 4 * self.window
         self._waited = _Waited(self.pending, self.groups)
         self._groups_checked = 0.0
         # Who writes the shard files: the block tasks when the store is reachable from the
@@ -282,13 +286,10 @@ class Execution:
             self.leaf_futures.setdefault(idx, []).append(fut)
             if speculative:
                 self.spec_keys.add(fut.key)
-        # Groups only where they save something (see .groups): not for copies, retries or
-        # recomputations on chosen workers, nor when every shard state comes back to the client,
-        # nor for a run of fewer than 4 windows of blocks (it saves milliseconds there, and the
-        # transfers to a collector's worker leave worker-to-worker connections that make a
-        # LocalCluster closed right after the run race its own shutdown: Dask logs a closed comm).
-        grouped = (writes_or_none and self.groups.size > 1 and len(futs) > 1 and not speculative
-                   and not retry and workers is None and len(self.bounds) >= 4 * self.window)
+        # Groups only where they save something (see .groups): not in a small run, nor for copies,
+        # retries or recomputations on chosen workers, nor when every shard state comes back.
+        grouped = (self._may_group and writes_or_none and len(futs) > 1 and not speculative
+                   and not retry and workers is None)
         parts = chunks(futs, self.groups.size) if grouped else [[f] for f in futs]
         self.arrivals.track([part[0] for part in parts if len(part) == 1] + self._submit_groups(
             [part for part in parts if len(part) > 1]))

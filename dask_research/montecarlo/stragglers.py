@@ -24,6 +24,11 @@ from .timing import Limits, RunningMedian
 __all__ = ["Stragglers"]
 
 
+def _not_returned(fut: Any) -> bool:
+    """Without an ``out`` predicate, every attempt in flight counts as not returned."""
+    return True
+
+
 class Stragglers:
     """When each pending block was first seen running, and on which worker; what to do about it.
 
@@ -87,9 +92,10 @@ class Stragglers:
         limit = self.limits.block_limit()
         if limit is None:
             return
+        out = out or _not_returned
         for idx in sorted(set(pending.values())):
             attempts = [self.running[f.key] for f in leaf_futures.get(idx, [])
-                        if f.key in self.running and (out is None or out(f))]
+                        if f.key in self.running and out(f)]
             if not attempts:
                 continue
             attempts.sort()
@@ -118,11 +124,11 @@ class Stragglers:
         """
         if self.speculate <= 0 or self.stopped or not ending or len(self.durations) < 2 or processing is None:
             return
-        unfinished = [i for i in leaf_futures if i not in finished
-                      and (out is None or any(out(f) for f in leaf_futures[i]))]
+        out = out or _not_returned
+        unfinished = [i for i in leaf_futures if i not in finished and any(out(f) for f in leaf_futures[i])]
         if not unfinished:
             return
-        if any(f.key not in self.running and (out is None or out(f)) for i in unfinished for f in leaf_futures[i]):
+        if any(f.key not in self.running and out(f) for i in unfinished for f in leaf_futures[i]):
             return                  # a block still waits for a thread: not the end yet
         limit = self.speculate * (self.durations.median() or 0.0)
         hung = self.limits.block_limit()
