@@ -1,0 +1,192 @@
+"""durable.Files on real files: links, FIFOs, devices, caps on both sides, atomic writes under SIGKILL."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dask_research.durable import Files, jsondoc, schema
+from dask_research.exceptions import CheckpointError, StoreError
+from dask_research.testing.threads import in_thread
+
+
+def _files(root: Path, error=StoreError) -> Files:
+    return Files(root, error=error)
+
+
+def test_the_root_may_be_a_link_but_nothing_below_it(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "root").symlink_to(real)
+    files = _files(tmp_path / "root")
+    assert files.write_json(files.join("a", "x.json"), {"ok": 1}, cap=100)
+    assert json.loads((real / "a" / "x.json").read_text()) == {"ok": 1}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (real / "b").symlink_to(outside)
+    with pytest.raises(StoreError, match="symbolic link"):
+        files.write_json(files.join("b", "x.json"), {"evil": 1}, cap=100)
+    with pytest.raises(StoreError, match="symbolic link"):
+        files.read_json(files.join("b", "x.json"), cap=100)
+    assert list(outside.iterdir()) == []
+    with pytest.raises(StoreError, match="symbolic link"):
+        files.refuse_links_under(files.join("b"))
+    with pytest.raises(StoreError, match="outside"):
+        files.read_bytes(files.join("..", "real", "a", "x.json"), cap=100)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link-to-dev-zero", "device"])
+def test_special_files_are_refused_before_a_byte_is_read_and_never_block(tmp_path, kind):
+    files = _files(tmp_path, CheckpointError)
+    target = tmp_path / "doc.json"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    elif kind == "link-to-dev-zero":
+        target.symlink_to("/dev/zero")
+    else:
+        try:
+            os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(1, 5))    # /dev/zero's numbers
+        except PermissionError:
+            pytest.skip("creating a device node needs root")
+    for call in (lambda: files.read_json(str(target), cap=1 << 30),
+                 lambda: files.open_append(str(target), cap=1 << 30),
+                 lambda: files.write_bytes(str(target), b"x", cap=10, replace=True)):
+        t, out = in_thread(call, join=60)
+        assert not t.is_alive(), f"{kind}: blocked"
+        assert isinstance(out.get("error"), CheckpointError), out
+        assert "doc.json" in str(out["error"])
+
+
+def test_a_read_is_bounded_and_the_writer_refuses_what_its_reader_would(tmp_path):
+    files = _files(tmp_path)
+    path = files.join("big.json")
+    (tmp_path / "big.json").write_bytes(b"[" + b"0," * 600 + b"0]")
+    with pytest.raises(StoreError, match="more than the 1,000"):
+        files.read_bytes(path, cap=1000)
+    with pytest.raises(StoreError, match="more than the 1,000 its readers accept; nothing was written"):
+        files.write_bytes(files.join("new.json"), b"x" * 1001, cap=1000)
+    assert not (tmp_path / "new.json").exists()
+    af = files.open_append(files.join("log"), cap=10)
+    af.write(b"12345")
+    with pytest.raises(StoreError, match="would grow to 11"):
+        af.write(b"678901")
+    af.close()
+    assert (tmp_path / "log").read_bytes() == b"12345"
+
+
+@pytest.mark.parametrize("raw, problem", [
+    (b'{"x": NaN}', "NaN"), (b'{"x": -Infinity}', "Infinity"), (b"[" * 600 + b"]" * 600, "nested"),
+    (b"[" * 5000 + b"]" * 5000, "nested"), (b"1" * 400, "digits"), (b"\xff\xfe", "UTF-8"), (b"{", "JSON"),
+])
+def test_documents_the_project_never_writes_are_refused_naming_the_file(tmp_path, raw, problem):
+    (tmp_path / "doc.json").write_bytes(raw)
+    with pytest.raises(StoreError, match=problem) as err:
+        _files(tmp_path).read_json(str(tmp_path / "doc.json"), cap=1 << 20)
+    assert str(err.value).startswith(str(tmp_path / "doc.json"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False,
+                    allow_infinity=False) | st.text(max_size=8),
+                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children,
+                                                                                       max_size=4),
+                    max_leaves=30))
+def test_what_dumps_writes_loads_reads_back(value):
+    assert jsondoc.loads(jsondoc.dumps(value)) == value
+
+
+def test_no_replace_writes_race_cleanly_between_processes(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        from dask_research.durable import Files
+        from dask_research.exceptions import StoreError
+        f = Files({str(tmp_path)!r}, error=StoreError)
+        print(f.write_bytes(f.join("one.json"), sys.argv[1].encode() * 100000, cap=1 << 30))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], stdout=subprocess.PIPE, text=True)
+             for i in range(6)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert sorted(outs) == ["False"] * 5 + ["True"], outs
+    data = (tmp_path / "one.json").read_bytes()
+    assert len(data) == 100000 and len(set(data)) == 1              # one writer's whole content
+    assert [p.name for p in tmp_path.iterdir()] == ["one.json"]      # no temporary left
+
+
+def test_a_writer_killed_at_any_moment_leaves_the_old_or_the_new_file_never_a_torn_one(tmp_path):
+    script = textwrap.dedent(f"""
+        from dask_research.durable import Files
+        from dask_research.exceptions import StoreError
+        f = Files({str(tmp_path)!r}, error=StoreError)
+        i = 0
+        print("go", flush=True)
+        while True:
+            i += 1
+            f.write_bytes(f.join("doc"), (b"%d;" % i) * 200000, cap=1 << 30, replace=True)
+    """)
+    for round_ in range(8):
+        p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+        assert p.stdout is not None and p.stdout.readline() == b"go\n"
+        time.sleep(0.05 + 0.07 * round_)
+        p.send_signal(signal.SIGKILL)
+        p.wait(60)
+        if not (tmp_path / "doc").exists():
+            continue
+        data = (tmp_path / "doc").read_bytes()
+        parts = data.split(b";")[:-1]
+        assert len(parts) == 200000 and len(set(parts)) == 1, "torn"
+    names = {p.name for p in tmp_path.iterdir()} - {"doc"}
+    assert all(".tmp-" in n for n in names)     # at most a dead writer's temporaries, never under the name
+
+
+def test_a_failed_sync_leaves_nothing_under_the_name(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(StoreError, match="could not be written .*EIO.*nothing was stored"):
+        files.write_bytes(files.join("x.json"), b"{}", cap=10)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_new_file_removes_a_file_that_outgrew_its_cap(tmp_path):
+    files = _files(tmp_path)
+    with pytest.raises(StoreError, match="more than the 10 its readers accept"):
+        with files.new_file(files.join("d", "data.bin"), cap=10) as f:
+            f.write(b"x" * 11)
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_flock_never_follows_a_link_and_leaves_a_user_file_untouched(tmp_path):
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine\n")
+    (tmp_path / "x.lock").symlink_to(victim)
+    files = _files(tmp_path)
+    with pytest.raises(StoreError, match="symbolic link"):
+        with files.flock(files.join("x.lock")):
+            pass
+    assert victim.read_text() == "mine\n"
+
+
+def test_schema_refuses_retyped_and_non_finite_values():
+    manifest = schema.Obj({"range": schema.Maybe(schema.List(schema.Float(), length=2)),
+                           "shards": schema.Int(1, 2**40)}, extra=schema.Any_())
+    assert schema.check({"range": None, "shards": 3, "x": [1]}, manifest)
+    for bad, where in [({"range": True, "shards": 3}, "range"), ({"range": [0, 1e309], "shards": 3}, "range[1]"),
+                       ({"range": [0, 1], "shards": True}, "shards"), ({"range": [0, 1], "shards": 2**41}, "shards"),
+                       ({"range": [0, 1]}, "no 'shards'")]:
+        with pytest.raises(schema.Invalid, match=where.replace("[", r"\[").replace("]", r"\]")):
+            schema.check(bad, manifest)

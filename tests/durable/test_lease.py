@@ -1,0 +1,255 @@
+"""durable.Lease on real processes: races, SIGKILL, SIGSTOP, forged and hostile lease files.
+
+Every wait here is for an event, with a generous bound; the only times asserted are lower
+bounds measured by the waiting process's own clock (a loaded machine makes them longer, never
+shorter).
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dask_research.durable import Files, Lease, describe_holder
+from dask_research.exceptions import CheckpointError, StoreError
+
+HOLDER = str(Path(__file__).with_name("holder.py"))
+BOUND = 120.0       # generous bound on any one wait for an event
+
+
+class Holder:
+    """A holder.py process, its output read line by line."""
+
+    def __init__(self, root: Path, name: str = "lease.json", timeout: float = 2.0, wait: str = "none"):
+        self.proc = subprocess.Popen([sys.executable, HOLDER, str(root), name, str(timeout), wait],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put("<eof>")
+
+    def expect(self, prefix: str, bound: float = BOUND) -> str:
+        deadline = time.monotonic() + bound
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line starting {prefix!r} within {bound} s")
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line.startswith(prefix):
+                return line
+            if line == "<eof>":
+                raise AssertionError(f"process ended before a line starting {prefix!r}")
+
+    def send(self, cmd: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def holders():
+    made: list[Holder] = []
+
+    def make(*args, **kwargs) -> Holder:
+        h = Holder(*args, **kwargs)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.stop()
+
+
+def _files(tmp_path: Path, error=StoreError) -> Files:
+    return Files(tmp_path, error=error)
+
+
+def _lease(files: Files, name: str = "lease.json", timeout: float = 2.0, wait=None, said=None) -> Lease:
+    return Lease(files, files.join(name), label="the test's file", timeout=timeout, wait=wait,
+                 announce=(lambda kind, msg: said.append((kind, msg))) if said is not None else lambda k, m: None)
+
+
+def test_of_racing_processes_exactly_one_holds_the_lease(tmp_path, holders):
+    procs = [holders(tmp_path, wait="0", timeout=30) for _ in range(4)]
+    outcomes = [p.expect("") for p in procs]
+    # Each either holds it or is refused once it has seen the holder alive (its lease beats).
+    while any(o.startswith(("wait", "takeover")) for o in outcomes):
+        outcomes = [p.expect("") if o.startswith(("wait", "takeover")) else o for p, o in zip(procs, outcomes)]
+    assert sum(o.startswith("held") for o in outcomes) == 1, outcomes
+    assert sum(o.startswith("refused") for o in outcomes) == 3, outcomes
+    refused = next(o for o in outcomes if o.startswith("refused"))
+    assert f"on host {socket.gethostname()}" in refused and "alive" in refused
+
+
+def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, holders):
+    first = holders(tmp_path, timeout=3600)        # a heartbeat that would hold an hour
+    first.expect("held")
+    first.proc.kill()
+    first.proc.wait(30)
+    said: list = []
+    t0 = time.monotonic()
+    with _lease(_files(tmp_path), timeout=3600, said=said) as lease:
+        assert lease.holder()["token"] == lease.token
+    assert time.monotonic() - t0 < 600          # not the hour: the dead pid decided
+    assert said and said[0][0] == "takeover" and "is gone" in said[0][1]
+
+
+def test_a_frozen_holder_is_taken_over_after_the_timeout_and_stops_when_it_wakes(tmp_path, holders):
+    first = holders(tmp_path, timeout=2.0)
+    token = first.expect("held").split()[1]
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    said: list = []
+    t0 = time.monotonic()
+    lease = _lease(_files(tmp_path), timeout=2.0, said=said).acquire()
+    try:
+        assert time.monotonic() - t0 >= 2.0        # judged by our own clock: at least the timeout
+        assert lease.holder()["token"] == lease.token != token
+        assert [k for k, _ in said] == ["wait", "takeover"]
+        os.kill(first.proc.pid, signal.SIGCONT)
+        first.send("check")
+        lost = first.expect("lost")
+        assert f"pid {os.getpid()}" in lost and socket.gethostname() in lost and "None" not in lost
+        lease.check_held()                         # the new holder keeps it
+    finally:
+        lease.release()
+
+
+@pytest.mark.parametrize("heartbeat", [1e300, float("nan"), "soon", None, "hour-ahead"])
+def test_a_forged_or_skewed_heartbeat_holds_nothing_beyond_the_timeout(tmp_path, heartbeat):
+    files = _files(tmp_path)
+    if heartbeat == "hour-ahead":
+        heartbeat = time.time() + 3600
+    doc = {"format": "dask-research-lease/1", "token": "f" * 32, "owner": "mallory", "host": "elsewhere",
+           "pid": 1, "started": time.time(), "heartbeat": heartbeat, "beats": 1}
+    (tmp_path / "lease.json").write_text(json.dumps(doc))    # NaN as json writes it: NaN
+    said: list = []
+    t0 = time.monotonic()
+    with _lease(files, timeout=1.0, said=said) as lease:
+        assert time.monotonic() - t0 >= 1.0
+        assert lease.holder()["token"] == lease.token
+    assert "mallory on host elsewhere" in said[0][1]
+
+
+def test_an_empty_lock_file_of_an_earlier_version_is_free_at_once(tmp_path):
+    (tmp_path / "lease.json").write_bytes(b"")
+    said: list = []
+    with _lease(_files(tmp_path), timeout=3600, said=said) as lease:
+        assert lease.holder()["token"] == lease.token
+    assert said[0][0] == "takeover" and "empty" in said[0][1]
+
+
+def test_a_torn_lease_is_stale_only_after_the_timeout(tmp_path):
+    (tmp_path / "lease.json").write_bytes(b'{"token": "ab')
+    t0 = time.monotonic()
+    with _lease(_files(tmp_path), timeout=1.0) as lease:
+        assert time.monotonic() - t0 >= 1.0 and lease.held
+
+
+def test_a_live_holder_keeps_its_lease_and_a_second_writer_waits_then_gives_up(tmp_path, holders):
+    first = holders(tmp_path, timeout=1.0)
+    first.expect("held")
+    said: list = []
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        _lease(_files(tmp_path), timeout=1.0, wait=3.0, said=said).acquire()
+    assert time.monotonic() - t0 >= 3.0
+    assert "gave up after waiting" in str(err.value) and "alive" in str(err.value)
+    first.send("check")
+    first.expect("ok")                              # beats kept it: never taken over
+    first.send("release")
+    first.expect("released")
+    with _lease(_files(tmp_path), timeout=1.0, wait=0) as lease:   # free again, at once
+        assert lease.held
+
+
+def test_in_one_process_a_second_lease_with_wait_0_is_refused_at_once(tmp_path):
+    files = _files(tmp_path, CheckpointError)
+    with _lease(files, timeout=3600):
+        t0 = time.monotonic()
+        with pytest.raises(CheckpointError, match="already held by another writer in this process"):
+            _lease(files, timeout=3600, wait=0).acquire()
+        assert time.monotonic() - t0 < 600
+
+
+def test_release_removes_only_its_own_lease(tmp_path):
+    files = _files(tmp_path)
+    lease = _lease(files, timeout=30).acquire()
+    lease._stop.set()                               # no more beats: the test swaps the file
+    other = {"format": "x", "token": "0" * 32, "owner": "o", "host": "h", "pid": 7}
+    (tmp_path / "lease.json").write_text(json.dumps(other))
+    lease.release()
+    assert json.loads((tmp_path / "lease.json").read_text())["token"] == "0" * 32
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_lease_file_that_is_not_a_regular_file_is_refused_by_name(tmp_path, kind):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    target = tmp_path / "lease.json"
+    if kind == "symlink":
+        target.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    with pytest.raises(StoreError) as err:
+        _lease(_files(tmp_path), timeout=30).acquire()
+    assert "lease.json" in str(err.value)
+    assert victim.read_text() == "the user's own file\n"
+
+
+def test_a_lock_file_linked_to_a_user_file_is_refused_and_the_file_untouched(tmp_path, holders):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / "lease.json.lock").symlink_to(victim)
+    (tmp_path / "lease.json").write_bytes(b"")       # an old released lease: taking it needs the lock
+    with pytest.raises(StoreError, match="symbolic link"):
+        _lease(_files(tmp_path), timeout=30).acquire()
+    assert victim.read_text() == "keep me\n"
+
+
+def test_describe_holder_shows_hostile_fields_as_plain_text():
+    text = describe_holder({"owner": "\x1b[31mred\x1b[0m" + "x" * 200, "host": ["h"], "pid": True,
+                            "started": -1, "heartbeat": 1e308})
+    assert "\x1b" not in text and len(text) < 250
+    assert "pid ?" in text and "heartbeat unknown" in text and "since ?" in text
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "x"])
+def test_a_bad_timeout_is_one_clear_error(tmp_path, timeout):
+    with pytest.raises(StoreError, match="lease timeout"):
+        _lease(_files(tmp_path), timeout=timeout)
+
+
+def test_the_heartbeat_changes_the_file_whatever_the_clock_says(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    monkeypatch.setattr(time, "time", lambda: 1000.0)           # a clock that stands still
+    with _lease(files, timeout=0.4) as lease:
+        first = (tmp_path / "lease.json").read_bytes()
+        deadline = time.monotonic() + BOUND
+        while (tmp_path / "lease.json").read_bytes() == first:
+            assert time.monotonic() < deadline, "the lease never beat"
+            time.sleep(0.05)
+        assert lease.holder()["beats"] > 1
