@@ -106,6 +106,18 @@ class StoreError(ResearchError):
         return f"{self.path}: {self.problem}"
 
 
+class ReportError(ResearchError):
+    """An HTML report cannot be written where asked. Attributes: ``path``, ``problem``."""
+
+    def __init__(self, path: str, problem: str):
+        self.path = path
+        self.problem = problem
+        super().__init__(path, problem)
+
+    def __str__(self) -> str:
+        return f"report {self.path}: {self.problem}"
+
+
 class VerificationError(ResearchError):
     """Spot-checked shards could not be reproduced and no clean worker was left to recompute."""
 

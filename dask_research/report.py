@@ -19,10 +19,15 @@ import math
 import os
 import platform
 import socket
-import uuid
 from typing import Any
 
 import numpy as np
+
+from .durable import Files
+from .exceptions import ReportError
+
+#: Largest report written (a demo report with inline BokehJS is a few MiB).
+REPORT_CAP = 1 << 30
 
 __all__ = ["montecarlo_figure", "write_report", "environment_facts", "outside_legend", "FRAME_WIDTH", "LEGEND_CHARS"]
 
@@ -152,7 +157,9 @@ def write_report(path: str, title: str, sections: list[Any], facts: dict[str, st
     Parameters
     ----------
     path : str
-        The file to write; it is replaced in one rename, so a failure leaves no partial file.
+        The file to write; it is replaced in one rename (see :class:`~dask_research.durable.Files`), so a
+        failure leaves no partial file; a link or a special file at ``path`` is refused
+        (:class:`~dask_research.exceptions.ReportError`).
     title : str
         The page's title and heading.
     sections : list
@@ -175,16 +182,8 @@ def write_report(path: str, title: str, sections: list[Any], facts: dict[str, st
     for s in sections:
         models.append(Div(text=s) if isinstance(s, str) else s)
     page = file_html(column(*models), INLINE, title)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:      # the umask's permissions, like open(path, "w")
-            f.write(page)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    folder, name = os.path.split(os.path.abspath(path))
+    files = Files(folder, error=ReportError)
+    files.write_bytes(files.join(name), page.encode("utf-8"), cap=REPORT_CAP, replace=True)
     return path
 
