@@ -28,7 +28,8 @@ __all__ = [
     "FuturesCancelledError", "in_async_call", "wait_futures", "scheduler_log_event",
     "scheduler_identity", "scheduler_call", "add_scheduler_handler", "set_scheduler_metadata", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
-    "log_errors", "address_host_port", "comm_backend",
+    "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
+    "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous",
 ]
 
 
@@ -89,6 +90,21 @@ async def scheduler_log_event(client: Any, topic: str | list, msg: Any) -> None:
     and cannot be awaited from its own loop; this awaits the same scheduler handler.
     """
     await scheduler_call(client, "log_event", topic=topic, msg=msg)
+
+
+def client_asynchronous(client: Any) -> bool:
+    """Whether ``client`` was made with ``asynchronous=True`` (``Client._asynchronous``).
+
+    ``Client.asynchronous`` is public but answers whether the *calling thread* is on the
+    client's loop; code that must know how the client was built (to await it, or to call it
+    from a thread) reads the flag it was made with.
+    """
+    if client is None:
+        return False
+    try:
+        return bool(vars(client)["_asynchronous"])
+    except (KeyError, TypeError) as e:
+        raise _moved("Client._asynchronous (whether the client was made asynchronous)", e) from None
 
 
 def scheduler_identity(client: Any) -> dict:
@@ -177,7 +193,61 @@ def guard_memory_pause(worker: Any, keep_paused: Callable[[Any], bool]) -> Calla
     return restore
 
 
+def worker_memory_limit(worker: Any) -> int | None:
+    """``worker``'s memory limit in bytes (``worker.memory_manager.memory_limit``); ``None``: no limit.
+
+    A worker without a memory manager (the memory monitor off) has no limit to report.
+    """
+    mm = getattr(worker, "memory_manager", None)
+    if mm is None:
+        return None
+    if not hasattr(mm, "memory_limit"):
+        raise _moved("WorkerMemoryManager.memory_limit")
+    limit = mm.memory_limit
+    return int(limit) if limit else None
+
+
 # ----------------------------------------------------------------------------- scheduler side
+
+def heartbeat_interval(n_workers: int) -> float:
+    """Seconds between two heartbeats of each worker on a cluster of ``n_workers`` (Dask's rule)."""
+    return float(_attr("distributed.scheduler", "heartbeat_interval")(int(n_workers)))
+
+
+def processing_keys(scheduler: Any) -> list:
+    """The keys of the tasks ``scheduler`` has handed to a worker and not heard back of
+    (``Scheduler.tasks`` whose ``TaskState.state`` is ``"processing"``), read on its loop."""
+    tasks = getattr(scheduler, "tasks", None)
+    if not isinstance(tasks, dict):
+        raise _moved("Scheduler.tasks (the task table)")
+    try:
+        return [key for key, ts in list(tasks.items()) if ts.state == "processing"]
+    except AttributeError as e:
+        raise _moved("TaskState.state", e) from None
+
+
+def forget_unsubmitted_jobs(cluster: Any, submitted: Callable[[Any], bool]) -> int:
+    """Drop the job objects of a dask-jobqueue ``cluster`` that were never submitted.
+
+    ``SpecCluster`` expects every worker object it holds to have started; a batch job whose
+    submission failed never did, and closing the cluster would wait on it. Each one whose
+    ``submitted(job)`` is false is marked failed and removed from ``SpecCluster.workers`` and
+    ``.worker_spec``. Returns how many were dropped.
+    """
+    from distributed import Status
+
+    workers, spec = getattr(cluster, "workers", None), getattr(cluster, "worker_spec", None)
+    if not isinstance(workers, dict) or not isinstance(spec, dict):
+        raise _moved("SpecCluster.workers / SpecCluster.worker_spec")
+    dropped = 0
+    for name, job in list(workers.items()):
+        if not submitted(job):
+            job.status = Status.failed
+            workers.pop(name, None)
+            spec.pop(name, None)
+            dropped += 1
+    return dropped
+
 
 def bandwidth_workers(scheduler: Any) -> dict[tuple[str, str], float]:
     """The scheduler's measured bandwidth per pair of workers (``Scheduler.bandwidth_workers``)."""

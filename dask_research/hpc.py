@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import config
+from ._compat import forget_unsubmitted_jobs
 from .exceptions import InputError, ResearchError
 
 __all__ = ["JOBQUEUE_CLUSTERS", "jobqueue_cluster_class", "jobqueue_client"]
@@ -111,20 +113,18 @@ def _submit(cluster, name: str, jobs: int) -> None:
         lg.addFilter(keep)
     try:
         cluster.scale(jobs=jobs)
+        deadline = time.monotonic() + float(config.get("cluster.submit-timeout"))
         while not keep.errors:
             submitted = [w for w in cluster.workers.values() if getattr(w, "job_id", None)]
             if len(submitted) >= jobs:
                 return
+            if time.monotonic() > deadline:
+                raise ResearchError(f"the {name} batch system accepted {len(submitted)} of {jobs} jobs within "
+                                    f"{config.get('cluster.submit-timeout'):g} s (research.cluster.submit-timeout); "
+                                    "is its submit command hanging?")
             time.sleep(0.05)
-        # Forget the jobs that were never submitted, so that closing the cluster can work
-        # (SpecCluster expects every worker object it holds to have started).
-        from distributed import Status
-
-        for wname, w in list(cluster.workers.items()):
-            if not getattr(w, "job_id", None):
-                w.status = Status.failed
-                cluster.workers.pop(wname, None)
-                cluster.worker_spec.pop(wname, None)
+        # Forget the jobs that were never submitted, so that closing the cluster can work.
+        forget_unsubmitted_jobs(cluster, lambda w: bool(getattr(w, "job_id", None)))
         err = keep.errors[0]
         text = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         if "Command:" in text[:-1]:     # dask-jobqueue's message: the command, its stdout and stderr

@@ -123,3 +123,128 @@ def test_dashboard_internals():
     assert callable(_compat.add_periodic_callback)
     wrapped = _compat.log_errors(lambda: 3)
     assert wrapped() == 3
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], worker_kwargs={"memory_limit": "1 GiB"})
+async def test_worker_and_scheduler_internals(c, s, a):
+    assert _compat.worker_memory_limit(a) == 2**30
+    assert _compat.heartbeat_interval(1) > 0
+    assert _compat.heartbeat_interval(10_000) >= _compat.heartbeat_interval(1)
+    ev = __import__("distributed").Event()
+    fut = c.submit(lambda e: e.wait(30), ev, key="compat-processing", pure=False)
+    while "compat-processing" not in _compat.processing_keys(s):
+        await __import__("asyncio").sleep(0.01)
+    await ev.set()
+    await fut
+    assert "compat-processing" not in _compat.processing_keys(s)
+    assert _compat.client_asynchronous(c) is True
+    with pytest.raises(DaskCompatError, match="Scheduler.tasks"):
+        _compat.processing_keys(object())
+
+
+def test_client_asynchronous_of_a_synchronous_client():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cl, \
+            Client(cl) as c:
+        assert _compat.client_asynchronous(c) is False
+    assert _compat.client_asynchronous(None) is False
+
+
+def test_forget_unsubmitted_jobs_drops_only_those_without_a_job_id():
+    from distributed import Status
+
+    class Job:
+        def __init__(self, job_id):
+            self.job_id, self.status = job_id, Status.created
+
+    class Cluster:
+        def __init__(self):
+            self.workers = {"a": Job("1"), "b": Job(None)}
+            self.worker_spec = {"a": {}, "b": {}}
+
+    cl = Cluster()
+    b = cl.workers["b"]
+    assert _compat.forget_unsubmitted_jobs(cl, lambda w: bool(w.job_id)) == 1
+    assert list(cl.workers) == ["a"] and list(cl.worker_spec) == ["a"] and b.status == Status.failed
+    with pytest.raises(DaskCompatError, match="SpecCluster.workers"):
+        _compat.forget_unsubmitted_jobs(object(), lambda w: True)
+
+
+#: Attributes of Dask's own objects that are not public API: reading them anywhere but
+#: dask_research/_compat.py couples the package to one Dask release in silence.
+DASK_INTERNALS = {"memory_manager", "worker_spec", "batched_stream", "handlers", "_asynchronous",
+                  "bandwidth_workers", "bandwidth", "tasks", "task_prefixes", "stream_handlers",
+                  "_maybe_pause_or_unpause", "scheduler_comm", "rpc", "_scheduler_identity"}
+
+
+def _internal_uses(path):
+    """``(line, what)`` for each use of a Dask internal in ``path``: an import from a private
+    module of distributed, an attribute in DASK_INTERNALS, or a getattr/setattr/hasattr/vars
+    lookup of such a name or of any private name by string."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distributed."):
+            out.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, f"import {a.name}") for a in node.names if a.name.startswith("distributed.")]
+        elif isinstance(node, ast.Attribute) and node.attr in DASK_INTERNALS:
+            out.append((node.lineno, f".{node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            name = node.args[1].value
+            if name in DASK_INTERNALS or (name.startswith("_") and not name.startswith("__")):
+                out.append((node.lineno, f"{node.func.id}(..., {name!r})"))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+                node.slice.value in DASK_INTERNALS and isinstance(node.value, ast.Call) and \
+                isinstance(node.value.func, ast.Name) and node.value.func.id == "vars":
+            out.append((node.lineno, f"vars(...)[{node.slice.value!r}]"))
+    return out
+
+
+#: Uses that are the package's own objects, not Dask's (file, attribute): each checked by hand.
+OWN = {("dask_research/experiments/execute.py", ".tasks"), ("dask_research/experiments/driver.py", ".tasks"),
+       ("dask_research/replay/cluster/table.py", ".bandwidth"), ("dask_research/replay/placement.py", ".bandwidth"),
+       ("dask_research/replay/storages/base.py", ".bandwidth"),
+       ("dask_research/replay/storages/tiered.py", ".bandwidth"),
+       ("dask_research/replay/cluster/delivery.py", ".bandwidth"),      # the shard table's own estimate
+       ("dask_research/replay/cluster/plane.py", ".bandwidth"),
+       ("dask_research/replay/storages/tiered.py", "getattr(..., '_on_gpu')")}   # storages/device.py's own flag
+
+
+def test_no_dask_internal_is_touched_outside_the_compat_module():
+    from pathlib import Path
+
+    import dask_research
+
+    root = Path(dask_research.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel == "dask_research/_compat.py":
+            continue
+        for line, what in _internal_uses(path):
+            if (rel, what) not in OWN and not (what.startswith("getattr") and "'_" in what and _own_private(path, what)):
+                found.append(f"{rel}:{line}: {what}")
+    assert not found, "Dask internals outside dask_research/_compat.py:\n" + "\n".join(found)
+
+
+def _own_private(path, what):
+    """A getattr of a private name this file itself defines (its own object, not Dask's)."""
+    name = what.split("'")[1]
+    text = path.read_text()
+    return f"self.{name} =" in text or f"def {name}(" in text or f"{name}:" in text
+
+
+def test_the_scan_finds_what_it_looks_for(tmp_path):
+    sample = tmp_path / "x.py"
+    sample.write_text("from distributed.scheduler import heartbeat_interval\n"
+                      "a = worker.memory_manager\n"
+                      "b = getattr(client, '_asynchronous')\n"
+                      "c = [ts.state for ts in scheduler.tasks.values()]\n"
+                      "d = vars(client)['_asynchronous']\n")
+    assert sorted(line for line, _ in _internal_uses(sample)) == [1, 2, 3, 4, 5]

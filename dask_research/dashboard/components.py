@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._compat import processing_keys
 from ..events import topic, unpack
 from ..montecarlo.keys import parse_block_key
 
@@ -102,9 +103,7 @@ def run_status(start: dict, later: list, clients=None) -> str:
 
 def _running_blocks(scheduler, prefix: str) -> list[tuple[int, int]]:
     out = []
-    for key, ts in list(scheduler.tasks.items()):
-        if ts.state != "processing":
-            continue
+    for key in processing_keys(scheduler):
         block = parse_block_key(key)
         if block is not None and block.tag == prefix:
             out.append((block.start, block.stop))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .._cluster import workers_info
+from .._compat import heartbeat_interval
 from .arrivals import Arrivals
 from .failures import raise_if_cancelled
 from .keys import verify_key
@@ -79,12 +80,7 @@ def responsive_workers(client: Any) -> list[str]:
     seen = {w: float(i.get("last_seen") or 0.0) for w, i in info.items()}
     if not seen:
         return []
-    try:
-        from distributed.scheduler import heartbeat_interval  # Dask's own, by cluster size
-
-        beat = float(heartbeat_interval(len(seen)))
-    except Exception:  # pragma: no cover - moved in some Dask
-        beat = 1.0
+    beat = heartbeat_interval(len(seen))      # Dask's own, by cluster size
     freshest = max(seen.values())
     fresh = [w for w, t in seen.items() if freshest - t < max(5.0, 5 * beat)]
     return sorted(fresh or seen)

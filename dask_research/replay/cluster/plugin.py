@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed import WorkerPlugin
 
+from ..._compat import worker_memory_limit
 from ...exceptions import InputError
 from ..samplers import Sampler, UniformSampler
 from ..spec import ExperienceSpec
@@ -151,7 +152,7 @@ class ShardPlugin(WorkerPlugin):
     def shard_layout(self, worker: Any) -> tuple[int | None, list[Tier] | None]:
         """``(capacity, tiers)`` of the shard on ``worker``."""
         itemsize = self.spec.itemsize
-        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        limit = worker_memory_limit(worker)
         host_bytes = int(self.memory_fraction * (limit or _machine_memory()))
         if self.capacity_per_worker is not None:
             cap = int(self.capacity_per_worker)
