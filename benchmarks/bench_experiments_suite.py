@@ -159,7 +159,7 @@ def plot_curves(curves: dict, steps: list[int], path: pathlib.Path, figs: dict) 
     from bokeh.models import Legend
     from bokeh.palettes import Category10_10
     from bokeh.plotting import figure
-    from bokeh.resources import CDN
+    from bokeh.resources import INLINE
 
     panels = []
     for scenario in SCENARIOS:
@@ -180,7 +180,7 @@ def plot_curves(curves: dict, steps: list[int], path: pathlib.Path, figs: dict) 
         panels.append(p)
     grid = gridplot(panels, ncols=1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save(grid, filename=str(path), resources=CDN, title="dask-research: regret curves")
+    save(grid, filename=str(path), resources=INLINE, title="dask-research: regret curves")
 
 
 

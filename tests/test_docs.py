@@ -23,3 +23,14 @@ def test_docs_build_without_warnings(tmp_path):
     footer = (tmp_path / "html" / "getting-started.html").read_text().split('<div class="footer">')[1][:300]
     assert "&#169;." not in footer and "©." not in footer, footer
     assert "dask-research developers" in footer, footer
+
+
+def test_static_pages_load_nothing_from_the_network():
+    """An air-gapped login node shows them: every script and stylesheet is inline."""
+    import re
+
+    for page in sorted((DOCS / "_static").glob("*.html")):
+        text = page.read_text()
+        remote = re.findall(r"""<(?:script|link)[^>]+(?:src|href)=["'](?:https?:)?//[^"']+""", text)
+        assert not remote, f"{page.name} loads {remote[:2]}"
+        assert "Bokeh" in text or "bokeh" in text
