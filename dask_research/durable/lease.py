@@ -313,6 +313,11 @@ class Lease:
         if self.held:
             return self
         self._register()
+        if self.files.local:
+            # Its lock file, once: a link or a special file there is refused now, not at the first
+            # heartbeat (whose errors are retried silently, so the lease would just go stale).
+            with self.files.flock(self.lock_path):
+                pass
         t0, said, first = time.monotonic(), False, None
         while True:
             if self._try_create():

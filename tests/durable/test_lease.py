@@ -230,6 +230,20 @@ def test_a_lock_file_linked_to_a_user_file_is_refused_and_the_file_untouched(tmp
     assert victim.read_text() == "keep me\n"
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_bad_lock_file_is_refused_when_the_lease_is_free_too(tmp_path, kind):
+    """Taking a free lease needs no lock, but its heartbeat does: the lock file is checked up front."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    if kind == "symlink":
+        (tmp_path / "lease.json.lock").symlink_to(victim)
+    else:
+        os.mkfifo(tmp_path / "lease.json.lock")
+    with pytest.raises(StoreError, match=r"lease\.json\.lock: (is a symbolic link|is a FIFO)"):
+        _lease(_files(tmp_path), timeout=30).acquire()
+    assert victim.read_text() == "keep me\n" and not (tmp_path / "lease.json").exists()
+
+
 def test_describe_holder_shows_hostile_fields_as_plain_text():
     text = describe_holder({"owner": "\x1b[31mred\x1b[0m" + "x" * 200, "host": ["h"], "pid": True,
                             "started": -1, "heartbeat": 1e308})
