@@ -60,7 +60,7 @@ class Recorder:
         self.journal = journal
         self._header = header or dict
         self.trace: Trace | None = None
-        self._t0 = 0.0
+        self._t0: float | None = None       # time.perf_counter() at the run's start; None: not begun
 
     def begin(self, events: list[Event], elapsed: float) -> Trace:
         """A new trace holding ``events`` (restored ones); the clock starts at ``elapsed``."""
@@ -70,8 +70,9 @@ class Recorder:
         return self.trace
 
     def now(self) -> float:
-        """Seconds since the run started."""
-        return time.perf_counter() - self._t0
+        """Seconds since the run started (0.0 before :meth:`begin`: the run has not started)."""
+        t0 = self._t0
+        return 0.0 if t0 is None else time.perf_counter() - t0
 
     def emit(self, kind: str, branch: str | None = None, hypothesis: str | None = None,
              slot: int | None = None, scores: Any = None, journal: dict | None = None,
@@ -80,7 +81,7 @@ class Recorder:
         trace = self.trace
         assert trace is not None
         data["queued"] = self.ledger.n_queued
-        ev = Event(len(trace._events), time.perf_counter() - self._t0, kind, branch,
+        ev = Event(len(trace._events), self.now(), kind, branch,
                    hypothesis, slot, data, scores)
         if scores is not None:
             ev.scored = len(scores)

@@ -139,7 +139,7 @@ class Execution:
         # LocalCluster closed right after the run race its own shutdown (Dask logs a closed comm).
         self._may_group = self.groups.size > 1 and len(self.bounds) >= 4 * self.window
         self._waited = _Waited(self.pending, self.groups)
-        self._groups_checked = 0.0
+        self._groups_checked: float | None = None      # when overdue groups were last looked for (None: never)
         # Who writes the shard files: the block tasks when the store is reachable from the
         # workers (each block checks, see .blocks), else the client. The run's lease token is
         # the workers' probe: without one (no lease held) the client writes.
@@ -413,7 +413,7 @@ class Execution:
         """
         now = time.monotonic()
         ending = not todo
-        if self.groups and now - self._groups_checked >= 1.0:
+        if self.groups and (self._groups_checked is None or now - self._groups_checked >= 1.0):
             self._groups_checked = now
             # A group late after one of its blocks finished: the blocks answer one by one.
             per_shard = self.limits.expected_shard_seconds()

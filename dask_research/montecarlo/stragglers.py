@@ -49,7 +49,7 @@ class Stragglers:
         self.durations = RunningMedian()                 # seconds of every finished block
         self.end_seen: dict[int, float] = {}
         self.stopped = False                             # a copy was as slow as its original
-        self._watched = 0.0                              # when client.processing() was last read
+        self._watched: float | None = None               # when client.processing() was last read (None: never)
 
     def unanswered(self, key: str, now: float, holder: str | None = None) -> None:
         """``key`` finished but its result cannot be fetched: time it like a block still running.
@@ -69,7 +69,7 @@ class Stragglers:
         if limit is None and self.speculate <= 0:
             return None
         interval = self.poll if ending else min(1.0, (limit or 10.0) / 10)
-        if now - self._watched < interval:
+        if self._watched is not None and now - self._watched < interval:
             return None
         self._watched = now
         where = {k: w for w, keys in self.client.processing().items() for k in keys}

@@ -40,8 +40,8 @@ class PlaneCounters:
     def __init__(self) -> None:
         self.counts = {"ingest_calls": 0, "sample_calls": 0, "sampled": 0, "ingest_s": 0.0,
                        "sample_s": 0.0, "priority_updates": 0, "stale_updates": 0}
-        self.t_first: float | None = None
-        self.t_last = 0.0
+        self.t_first: float | None = None     # time.perf_counter() of the first ingest; None: none yet
+        self.t_last: float | None = None
 
     def ingested(self, t0: float) -> None:
         """One ingest call that started at ``t0`` (``time.perf_counter``) ends now."""
@@ -68,7 +68,8 @@ class PlaneCounters:
     def figures(self, inserted: int) -> dict[str, Any]:
         """The counters and rates of ``plane.stats()`` (``inserted``: the plane's total)."""
         cnt = self.counts
-        span = (self.t_last - self.t_first) if self.t_first is not None else 0.0
+        first, last = self.t_first, self.t_last
+        span = last - first if first is not None and last is not None else 0.0
         nan = float("nan")
         return {
             "sampled": cnt["sampled"], "ingest_calls": cnt["ingest_calls"],

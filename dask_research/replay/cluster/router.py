@@ -63,7 +63,7 @@ class PriorityRouter:
         self._lock = threading.RLock()
         self._updates: list[tuple[np.ndarray, np.ndarray]] = []
         self._futures: list[Any] = []
-        self._last_ship = 0.0
+        self._last_ship: float | None = None     # time.monotonic() of the last shipment; None: never
 
     def queue(self, indices: np.ndarray, priorities: np.ndarray) -> int:
         """Queue new ``priorities`` (validated) for global ``indices``; returns how many."""
@@ -79,7 +79,7 @@ class PriorityRouter:
             if not self._updates:
                 return
             now = time.monotonic()
-            if not force and now - self._last_ship < self.interval:
+            if not force and self._last_ship is not None and now - self._last_ship < self.interval:
                 return
             self._last_ship = now
             ups, self._updates = self._updates, []

@@ -214,7 +214,7 @@ class ShardTable:
         self._next_id = 0
         self._bw: dict[str, Any] = {"total": float("nan"), "workers": {}}
         self._bw_failed = False                 # warned once that the scheduler gave none
-        self._last_refresh = 0.0
+        self._last_refresh: float | None = None  # time.monotonic() of the last refresh; None: never
 
     # --- the rows ------------------------------------------------------------------------
     def __getitem__(self, sid: int) -> ShardRef:
@@ -308,7 +308,8 @@ class ShardTable:
 
     def maybe_refresh(self) -> bool:
         """:meth:`refresh` if the last one is ``refresh_interval`` old; whether it did."""
-        if time.monotonic() - self._last_refresh < self.refresh_interval:
+        last = self._last_refresh
+        if last is not None and time.monotonic() - last < self.refresh_interval:
             return False
         self.refresh()
         return True
