@@ -1,7 +1,5 @@
 # Import dask_research before distributed.utils_test snapshots dask.config, so that the
 # research.* defaults are part of the configuration every cluster test starts from.
-import os
-
 import dask
 from hypothesis import HealthCheck, settings
 
@@ -22,9 +20,12 @@ try:
 except ImportError:
     pass
 
-# In CI the property and fuzz tests draw the same examples every run (derandomized), so a
-# submission's result does not depend on luck; locally they explore new examples each run.
-settings.register_profile("ci", derandomize=True, database=None,
+# Every property and fuzz test draws the same examples on every run (derandomized, seeded by
+# the test itself), so a run's result never depends on luck and a failure is reproduced by
+# running the test again. `python -m pytest --hypothesis-profile=explore` draws new examples
+# (and keeps the failing ones in .hypothesis/ to replay them first next time).
+settings.register_profile("suite", derandomize=True, database=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+settings.register_profile("ci", parent=settings.get_profile("suite"))        # the name CI used
+settings.register_profile("explore", print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
