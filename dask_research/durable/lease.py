@@ -382,13 +382,16 @@ class Lease:
             except Exception:      # a transient error (a full disk, a slow store): try again next beat
                 continue
 
-    def check_held(self, path: str | None = None) -> None:
+    def check_held(self, path: str | None = None, fresh: bool = False) -> None:
         """Before a write into what the lease guards: raise the capability's error if it was lost.
 
         The lease file is read again when the last look is older than half a beat (always after
-        this process was paused), else this costs nothing. ``path``: what was to be written.
+        this process was paused), else this costs nothing; with ``fresh`` it is read again now
+        (for writes rare and large enough that one more small read each is nothing). ``path``:
+        what was to be written.
         """
-        if self.held and (self._verified is None or time.monotonic() - self._verified > self.interval / 2):
+        if self.held and (fresh or self._verified is None
+                          or time.monotonic() - self._verified > self.interval / 2):
             with self._mutex:
                 if self.held:
                     h = self.holder()

@@ -136,6 +136,19 @@ def test_a_frozen_holder_is_taken_over_after_the_timeout_and_stops_when_it_wakes
         lease.release()
 
 
+def test_a_fresh_check_reads_the_lease_again_at_once(tmp_path):
+    """check_held(fresh=True) sees a replaced lease at the next write, not half a beat later."""
+    files = _files(tmp_path)
+    with _lease(files, timeout=3600) as lease:
+        lease.check_held()                         # just verified: the next plain check reads nothing
+        doc = {**lease.holder(), "token": "t" * 32, "owner": "bob"}
+        (tmp_path / "lease.json").write_text(json.dumps(doc))
+        lease.check_held()                         # within half a beat of an hour: not read again
+        with pytest.raises(StoreError, match="lost the lease .*held now by bob"):
+            lease.check_held("next.json", fresh=True)
+        assert not lease.held
+
+
 @pytest.mark.parametrize("heartbeat", [1e300, float("nan"), "soon", None, "hour-ahead"])
 def test_a_forged_or_skewed_heartbeat_holds_nothing_beyond_the_timeout(tmp_path, heartbeat):
     files = _files(tmp_path)
