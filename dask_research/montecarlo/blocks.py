@@ -24,7 +24,6 @@ before. ``research.montecarlo.store-writes: client`` keeps every write on the cl
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,26 +59,19 @@ def store_target(store, run_id: str, token: str | None) -> StoreTarget | None:
     """A :class:`StoreTarget` for ``store`` (``None`` without a store or a lease token)."""
     if store is None or not token:
         return None
-    url = store.root if getattr(store, "_local", False) else store.url
-    options = dict(getattr(store.fs, "storage_options", {}) or {})
-    return StoreTarget(str(url), run_id, str(token), options)
+    return StoreTarget(str(store.location), run_id, str(token), dict(store.storage_options))
 
 
 def _unreachable(store, target: StoreTarget, worker: str) -> str | None:
     """Why ``worker`` must not write ``target`` (``None``: it sees the client's lease token)."""
-    path = store._path(target.run_id, "lease.json")
-    where = store.display(path)
+    where = store.display(store.path(target.run_id, "lease.json"))
     try:
-        raw = store.fs.cat_file(path)
-    except FileNotFoundError:
+        holder = store.lease_holder(target.run_id)
+    except (StoreError, OSError) as e:
+        return f"{where} cannot be read from worker {worker} ({' '.join(str(e).split())})"
+    if holder is None:
         return f"{where} is not visible from worker {worker} (another host's disk or process's memory)"
-    except OSError as e:
-        return f"{where} cannot be read from worker {worker} ({type(e).__name__}: {e})"
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        doc = None
-    if not isinstance(doc, dict) or doc.get("token") != target.token:
+    if holder.get("token") != target.token:
         return f"{where} as seen from worker {worker} does not hold this run's lease (another store, or the lease was taken over)"
     return None
 

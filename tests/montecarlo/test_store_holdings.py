@@ -2,6 +2,7 @@
 import os
 
 import dask
+import numpy as np
 import pytest
 
 from dask_research import montecarlo as mc
@@ -17,6 +18,9 @@ from dask_research.montecarlo.store.layout import (
 )
 from dask_research.montecarlo.store.manifest import build_manifest, check_manifest
 from dask_research.montecarlo.tree import tree_fold
+from dask_research.testing.processes import wait_for
+
+from .store_helpers import BOUND, steal_lease
 
 
 def double(a):
@@ -73,7 +77,7 @@ def test_stored_state_problem_names_what_is_wrong():
     assert stored_state_problem(job, 0, mc.compute_shard(job, 0), template) is None
     small = _job(range=(-9.0, 9.0)).replace(samples_per_shard=64)
     assert "counts 64 samples, not 128" in stored_state_problem(job, 0, mc.compute_shard(small, 0), template)
-    assert "not an accumulator" in stored_state_problem(job, 0, {"n": 1}, template)
+    assert "holds a dict for shard 0, not the run's accumulator" in stored_state_problem(job, 0, {"n": 1}, template)
     assert stored_state_problem(job, 0, {"n": 1}, None) is None     # nothing to compare with yet
 
 
@@ -106,10 +110,11 @@ def test_store_files_never_overwrite_unasked_and_refuse_links(tmp_path):
     files.write_json(path, {"v": 2}, overwrite=True)
     assert files.read_json(path) == {"v": 2}
     os.symlink(tmp_path, tmp_path / "s" / "runs" / ("b" * 64))
-    with pytest.raises(StoreError, match="symbolic link inside the store"):
+    with pytest.raises(StoreError, match="is a symbolic link; links inside it are refused, never followed"):
         files.write_json(files.path("b" * 64, "x.json"), {})
-    with pytest.raises(StoreError, match="symbolic link inside the store"):
+    with pytest.raises(StoreError, match="is a symbolic link; links inside it are refused"):
         files.refuse_links_under(files.run_dir("b" * 64))
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_store_files_call_the_guard_before_each_write(tmp_path):
@@ -119,11 +124,23 @@ def test_store_files_call_the_guard_before_each_write(tmp_path):
     assert seen == [files.path("c" * 64, "a.json")]
 
 
-def test_a_held_lease_is_in_its_store_registry(tmp_path):
+def test_a_held_lease_guards_the_writes_into_its_run_only_while_held(tmp_path):
+    """What a user sees: while a run's lease is held, a write into that run is refused once the
+    lease is lost; other runs, and the same run after release, are written freely."""
     store = RunStore(str(tmp_path))
-    with store.lease("d" * 64, timeout=60) as lease:
-        assert store.leases == {"d" * 64: lease} and lease.files is store.files
-    assert store.leases == {}
+    rid, other = "d" * 64, "e" * 64
+    state = {0: mc.Moments.from_samples(np.array([0.5]), (0.0, 1.0), 4)}
+    with store.lease(rid, timeout=1.0) as lease:
+        store.write_shards(rid, state, "w")
+        lease_file = tmp_path / "runs" / rid / "lease.json"
+        steal_lease(lease_file, owner="bob")
+        wait_for(lambda: not lease.held, BOUND, "the holder to notice it lost its lease")
+        with pytest.raises(StoreError, match="lost the lease of run dddddddddddd .*held now by bob"):
+            store.write_result(rid, {"mean": 1.0})
+        store.write_result(other, {"mean": 2.0})                 # another run: not this lease's
+    lease_file.unlink()
+    store.write_result(rid, {"mean": 3.0})                       # released: no lease, no guard
+    assert store.read_result(rid)["mean"] == 3.0 and store.read_result(other)["mean"] == 2.0
 
 
 # -- the job's margin --------------------------------------------------------------------------
@@ -158,8 +175,16 @@ def test_tree_fold_is_the_fixed_pairwise_tree():
         tree_fold(lambda a, b: a, [])
 
 
-def test_mc_replay_is_the_function_and_its_module_is_audit():
-    import importlib
+def test_mc_replay_is_documented_and_says_what_it_did(tmp_path):
+    """What a user sees of mc.replay: its signature and docstring, and a report that says the verdict."""
+    import inspect
 
-    assert callable(mc.replay) and mc.replay.__module__ == "dask_research.montecarlo.audit"
-    assert importlib.import_module("dask_research.montecarlo.audit").replay is mc.replay
+    params = list(inspect.signature(mc.replay).parameters)
+    assert params[:3] == ["run_id", "shard", "store"] and "job" in params and "trust_origin" in params
+    assert "Recompute ``shard``" in (mc.replay.__doc__ or "")
+    job = _job(range=(-9.0, 9.0))
+    store = RunStore(str(tmp_path))
+    store.holdings(job, mc.pilot(job))
+    store.write_shards(job.id, {1: mc.compute_shard(job, 1)}, "w")
+    report = mc.replay(job.id[:8], 1, str(tmp_path), job=job)
+    assert report.match and str(report) == f"run {job.id[:12]} shard 1: recomputed alone, identical (exact)"

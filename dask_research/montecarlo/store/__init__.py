@@ -1,9 +1,12 @@
 """The run store: a manifest, accepted shard accumulators as they arrive, and the result.
 
 One module per job: :mod:`.layout` (what the files are called and how documents are signed),
-:mod:`.files` (reading and writing them without trusting the store), :mod:`.lease` (one writer
-per run), :mod:`.manifest` (what a run's manifest says), :mod:`.holdings` (what a store holds of
-a job, asked once before a run) and :mod:`.runstore` (the :class:`RunStore` that ties them).
+:mod:`.files` (reading and writing them through the durability layer,
+:mod:`dask_research.durable`, without trusting the store), :mod:`.documents` (what each
+document may hold: its schema), :mod:`.lease` (one writer per run, a
+:class:`~dask_research.durable.Lease`), :mod:`.manifest` (what a run's manifest says),
+:mod:`.holdings` (what a store holds of a job, asked once before a run) and :mod:`.runstore`
+(the :class:`RunStore` that ties them).
 
 Examples
 --------
@@ -13,11 +16,11 @@ Examples
 >>> store.list_runs()
 []
 """
-from .files import StoreFiles
+from .files import Exists, StoreFiles
 from .holdings import Holdings
 from .layout import MANIFEST_FORMAT, RESULT_FORMAT, SHARDS_FORMAT, StoreWarning, checksum, redact
 from .lease import Lease
 from .runstore import RunStore
 
-__all__ = ["RunStore", "Lease", "Holdings", "StoreFiles", "StoreWarning", "MANIFEST_FORMAT", "SHARDS_FORMAT",
-           "RESULT_FORMAT", "checksum", "redact"]
+__all__ = ["RunStore", "Lease", "Holdings", "StoreFiles", "Exists", "StoreWarning", "MANIFEST_FORMAT",
+           "SHARDS_FORMAT", "RESULT_FORMAT", "checksum", "redact"]

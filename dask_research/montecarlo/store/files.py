@@ -1,12 +1,16 @@
-"""A run store's files, read and written so that nothing in the store can mislead or escape it.
+"""A run store's files: :class:`~dask_research.durable.Files` with the store's names, cap and error.
 
-Files are JSON (never pickle), written to a temporary name and renamed on local file systems
-(one ``put`` on object stores), so a partial write is never visible as accepted. On local
-stores every write goes through directory descriptors opened one component at a time with
-``O_NOFOLLOW`` (a symbolic link inside the store is refused, never followed), and every read
-refuses what is not a regular file of at most :data:`MAX_FILE_BYTES` (a FIFO, a device) at
-once, instead of blocking. Whatever goes wrong is a one-line
-:class:`~dask_research.exceptions.StoreError` that names the file.
+Everything about *how* a file is touched is the durability layer's (:mod:`dask_research.durable`):
+no link inside the store is ever followed, only regular files are opened (a FIFO or a device
+is refused before a byte is read), every read is bounded by :data:`MAX_FILE_BYTES` and every
+write is refused beyond it (the store never writes a file its own readers refuse), writes are
+atomic (a temporary file, ``fsync``, a hard link or rename, ``fsync`` of the directory; one
+``put`` on object stores) and decoded JSON is strict and bounded. This module adds what is the
+store's: where a run's files live, that an existing file is never overwritten unasked
+(:class:`Exists`), the guard the run store calls before each write (it checks the run's
+lease), and the checking of a decoded document against its schema
+(:mod:`dask_research.durable.schema`). Whatever goes wrong is a one-line
+:class:`~dask_research.exceptions.StoreError` naming the file.
 
 Examples
 --------
@@ -23,74 +27,81 @@ dask_research.montecarlo.store.files.Exists: ...result.json: already exists; ref
 """
 from __future__ import annotations
 
-import errno
-import json
 import os
 import posixpath
-import stat
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import fsspec
-
+from ...durable import Files, oserror, schema
 from ...exceptions import StoreError
-from .layout import is_run_id, redact
+from .layout import is_run_id
 
 __all__ = ["StoreFiles", "Exists", "MAX_FILE_BYTES", "oserror"]
 
-#: Largest file the store reads (a shard file of a 4 KiB accumulator x 4096 shards is ~40 MiB).
+#: Largest file the store reads, and so the largest it writes (a shard file of a 4 KiB
+#: accumulator x 4096 shards is ~40 MiB; a larger block is split into several files).
 MAX_FILE_BYTES = 256 * 2**20
+
+
+def cap() -> int:
+    """The store's file size cap now (:data:`MAX_FILE_BYTES`, read at each call)."""
+    return MAX_FILE_BYTES
 
 
 class Exists(StoreError):
     """The file a no-overwrite write targets exists already."""
 
 
-def oserror(e: OSError) -> str:
-    """An ``OSError`` as ``strerror [ENAME]``, for a one-line message.
-
-    >>> oserror(FileNotFoundError(2, "No such file or directory"))
-    'No such file or directory [ENOENT]'
-    """
-    name = errno.errorcode.get(e.errno, "") if e.errno else ""
-    return f"{e.strerror or e}{f' [{name}]' if name else ''}"
-
-
 class StoreFiles:
-    """The files under a store's root (a local path or fsspec URL): paths, safe reads and writes.
+    """The files under a store's root (a local path or fsspec URL): paths, reads and writes.
 
-    ``guard``, when given, is called with the path before every :meth:`write_json` (the run
-    store checks there that it still holds the run's lease).
+    ``guard``, when given, is called with the path before every write (the run store checks
+    there that it still holds the run's lease). ``files`` is the underlying
+    :class:`~dask_research.durable.Files`.
     """
 
     def __init__(self, url: str, guard: Callable[[str], None] | None = None, **storage_options: Any):
-        self.url = str(url)
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options)
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.files = Files(str(url), error=StoreError, storage_options=storage_options)
+        self.url, self.root, self.local = self.files.url, self.files.root, self.files.local
         self.guard = guard
 
     def __repr__(self) -> str:
-        return f"StoreFiles({redact(self.url)!r})"
+        return f"StoreFiles({self.files.display(self.url)!r})"
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec file system of the store (object stores; local stores never need it)."""
+        return self.files.fs
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The fsspec options the store was opened with."""
+        return self.files.storage_options
 
     # -- paths ------------------------------------------------------------------------------
     def run_dir(self, run_id: str) -> str:
         """``<root>/runs/<run_id>``; a ``run_id`` that is not 64 lowercase hex characters is refused."""
         if not is_run_id(run_id):
             raise StoreError(str(run_id), "is not a run id (64 lowercase hex characters)")
-        return posixpath.join(self.root, "runs", run_id)
+        return self.files.join("runs", run_id)
 
     def path(self, run_id: str, *parts: str) -> str:
         """A path inside the run's directory."""
         return posixpath.join(self.run_dir(run_id), *parts)
 
+    def join(self, *parts: str) -> str:
+        """A path under the store's root."""
+        return self.files.join(*parts)
+
     def display(self, path: str) -> str:
         """``path`` as messages show it (without credentials)."""
-        return redact(path)
+        return self.files.display(path)
 
     # -- the root ---------------------------------------------------------------------------
     def exists(self) -> bool:
         """Whether the store's root exists (a directory, or a prefix holding files)."""
+        if self.local:
+            return os.path.isdir(self.root)
         try:
             return bool(self.fs.exists(self.root)) and not self.fs.isfile(self.root)
         except OSError:
@@ -117,7 +128,11 @@ class StoreFiles:
                 raise StoreError(where, f"cannot be created ({e.strerror or e}); give a writable directory") from None
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise StoreError(where, "is not writable by this user; give a writable directory")
-            self.refuse_links_to(posixpath.join(self.root, "runs", "x"))
+            try:                      # a linked runs/ is refused now, before anything is computed
+                with self.files.directory(self.files.join("runs")):
+                    pass
+            except FileNotFoundError:
+                pass
             return self
         try:
             if self.fs.isfile(self.root):
@@ -129,245 +144,74 @@ class StoreFiles:
             raise StoreError(where, f"cannot be created ({type(e).__name__}: {e})") from None
         return self
 
+    # -- what is there ----------------------------------------------------------------------
+    def present(self, path: str) -> bool:
+        """Whether something is at ``path`` (a link on the way is refused)."""
+        return self.files.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in the directory ``path``, sorted (``[]`` if there is none)."""
+        return self.files.listdir(path)
+
+    def refuse_links_under(self, top: str) -> None:
+        """Refuse a symbolic link between the root and ``top``, or anywhere below it (local stores)."""
+        self.files.refuse_links_under(top)
+
     # -- writing ----------------------------------------------------------------------------
-    def refuse_links_to(self, path: str) -> None:
-        """Refuse a symbolic link anywhere between the store's root and ``path`` (local stores).
-
-        Writes never follow a link inside a store: a linked ``runs/``, ``runs/<id>``,
-        ``shards/`` or file would put (or overwrite) files outside it. The root itself may be
-        a link (that is where you chose to put the store).
-        """
-        if not self.local:
-            return
-        rel = posixpath.relpath(path, self.root)
-        if rel.startswith(".."):
-            raise StoreError(self.display(path), f"lies outside the store {self.display(self.root)}")
-        cur = self.root
-        for part in rel.split("/"):
-            cur = posixpath.join(cur, part)
-            if os.path.islink(cur):
-                raise self.link_error(cur)
-            if not os.path.lexists(cur):
-                return
-
-    def link_error(self, path: str) -> StoreError:
-        """The refusal of a symbolic link at ``path`` inside the store."""
-        return StoreError(self.display(path), "is a symbolic link inside the store; writes never follow links "
-                          "(replace it by a real directory or file, or point --store at the target)")
-
-    def open_dir(self, path: str, create: bool) -> int:
-        """A descriptor of the directory ``path`` inside the store, reached one component at a time.
-
-        Each component is opened relative to its parent's descriptor with ``O_NOFOLLOW |
-        O_DIRECTORY`` (and created first with ``create``), so a link swapped in after any check
-        is refused, never followed: what is written through the descriptor stays in the store.
-        The root itself may be a link (that is where you chose to put the store).
-        """
-        rel = posixpath.relpath(path, self.root)
-        if rel == ".." or rel.startswith("../"):
-            raise StoreError(self.display(path), f"lies outside the store {self.display(self.root)}")
-        parts = [] if rel == "." else rel.split("/")
-        if create:
-            os.makedirs(self.root, exist_ok=True)   # the root (not inside the store) may be created as given
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            cur = self.root
-            for part in parts:
-                cur = posixpath.join(cur, part)
-                if create:
-                    try:
-                        os.mkdir(part, 0o777, dir_fd=fd)
-                    except FileExistsError:
-                        pass
-                try:
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except OSError as e:
-                    try:
-                        st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-                    except OSError:
-                        st = None
-                    if st is not None and stat.S_ISLNK(st.st_mode):
-                        raise self.link_error(cur) from None
-                    if st is not None and not stat.S_ISDIR(st.st_mode):
-                        raise StoreError(self.display(cur), "is not a directory; a run store's runs/, runs/<id> "
-                                         "and shards/ are directories") from None
-                    raise e
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def open_parent(self, path: str) -> tuple[int, str]:
-        """A descriptor of ``path``'s directory, created if missing (see :meth:`open_dir`), and its name."""
-        parent, name = posixpath.split(path)
-        try:
-            return self.open_dir(parent, create=True), name
-        except StoreError:
-            raise
-        except OSError as e:
-            raise StoreError(self.display(parent), f"cannot be created ({oserror(e)})") from None
-
     def write_json(self, path: str, obj: Any, overwrite: bool = False) -> None:
-        """Write ``obj`` as compact JSON (no NaN) whole at ``path``; without ``overwrite`` an existing file is :class:`Exists`."""
-        data = json.dumps(obj, indent=None, separators=(",", ":"), allow_nan=False).encode()
+        """Write ``obj`` as compact JSON whole at ``path``, at most :data:`MAX_FILE_BYTES`.
+
+        Without ``overwrite`` an existing file is :class:`Exists` (never replaced).
+        """
         if self.guard is not None:
             self.guard(path)
-        if self.local:
-            self.write_local(path, data, overwrite)
-            return
-        try:
-            if not overwrite and self.fs.exists(path):
-                raise Exists(self.display(path), "already exists; refusing to overwrite it")
-            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            self.fs.pipe_file(path, data)   # one put: an object appears whole or not at all
-        except StoreError:
-            raise
-        except OSError as e:
-            raise StoreError(self.display(path), f"could not be written ({oserror(e)})") from None
+        if not self.files.write_json(path, obj, cap=cap(), replace=overwrite):
+            raise Exists(self.display(path), "already exists; refusing to overwrite it")
 
-    def write_local(self, path: str, data: bytes, overwrite: bool) -> None:
-        """Temporary file (exclusive, not following links), fsync, then an atomic link or rename.
+    def write_raw(self, path: str, data: bytes, overwrite: bool = False) -> None:
+        """:meth:`write_json` of a document already encoded (:func:`dask_research.durable.jsondoc.dumps`)."""
+        if self.guard is not None:
+            self.guard(path)
+        if not self.files.write_bytes(path, data, cap=cap(), replace=overwrite):
+            raise Exists(self.display(path), "already exists; refusing to overwrite it")
 
-        Everything happens relative to the parent directory's descriptor (see
-        :meth:`open_dir`), so no path is resolved twice and no link inside the store is followed.
-        """
-        pfd, name = self.open_parent(path)
-        tmp = f"{name}.tmp-{uuid.uuid4().hex[:8]}"
-        made = False
-        try:
-            try:
-                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            if st is not None and stat.S_ISLNK(st.st_mode):
-                raise self.link_error(path)
-            if st is not None and not overwrite:
-                raise Exists(self.display(path), "already exists; refusing to overwrite it")
-            if st is not None and not stat.S_ISREG(st.st_mode):
-                raise StoreError(self.display(path), "is not a regular file; refusing to replace it")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=pfd)
-            made = True
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if overwrite:
-                os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-            else:
-                try:   # atomic and never replaces: a concurrent writer loses cleanly
-                    os.link(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd, follow_symlinks=False)
-                except FileExistsError:
-                    raise Exists(self.display(path), "already exists; refusing to overwrite it") from None
-                except OSError as e:
-                    if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-                        raise
-                    try:                            # a file system without hard links
-                        os.stat(name, dir_fd=pfd, follow_symlinks=False)
-                        raise Exists(self.display(path), "already exists; refusing to overwrite it") from None
-                    except FileNotFoundError:
-                        os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        except StoreError:
-            raise
-        except OSError as e:
-            raise StoreError(self.display(path), f"could not be written ({oserror(e)}); nothing was stored "
-                             "under this name and the run can be resumed once the cause is fixed") from None
-        finally:
-            if made:
-                try:
-                    os.unlink(tmp, dir_fd=pfd)
-                except OSError:   # renamed into place, or the directory vanished
-                    pass
-            os.close(pfd)
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` inside the store (no link followed; both directories synced)."""
+        if self.guard is not None:
+            self.guard(dst)
+        self.files.rename(src, dst)
 
     # -- reading ----------------------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes:
         """A store file's bytes: a regular file of at most :data:`MAX_FILE_BYTES`, never blocking.
 
-        Local files are opened with ``O_NONBLOCK`` and checked with ``fstat``: a FIFO, a device
-        or a socket (or a link to one) is refused at once instead of blocking or reading without
-        end; at most ``MAX_FILE_BYTES + 1`` bytes are ever read. Raises ``FileNotFoundError``
-        for a missing file and :class:`StoreError` for anything else.
+        Raises ``FileNotFoundError`` for a missing file, :class:`StoreError` for anything else.
         """
-        if not self.local:
-            try:
-                with self.fs.open(path, "rb") as f:
-                    raw = f.read(MAX_FILE_BYTES + 1)
-            except FileNotFoundError:
-                raise
-            except OSError as e:
-                raise StoreError(self.display(path), f"cannot be read ({oserror(e)})") from None
-        else:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise
-            except OSError as e:
-                raise StoreError(self.display(path), f"cannot be read ({oserror(e)})") from None
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
-                            else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-                            else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-                    raise StoreError(self.display(path), f"is {kind}, not a regular file; a run store holds "
-                                     "only regular files (remove it)")
-                if st.st_size > MAX_FILE_BYTES:
-                    raise StoreError(self.display(path), f"is {st.st_size:,} bytes, more than the "
-                                     f"{MAX_FILE_BYTES:,} a store file may have")
-                chunks, left = [], MAX_FILE_BYTES + 1
-                while left > 0:
-                    chunk = os.read(fd, min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    left -= len(chunk)
-                raw = b"".join(chunks)
-            except StoreError:
-                raise
-            except OSError as e:
-                raise StoreError(self.display(path), f"cannot be read ({oserror(e)})") from None
-            finally:
-                os.close(fd)
-        if len(raw) > MAX_FILE_BYTES:
-            raise StoreError(self.display(path), f"is more than the {MAX_FILE_BYTES:,} bytes a store file may have")
-        return raw
+        return self.files.read_bytes(path, cap())
 
     def read_json(self, path: str) -> Any:
-        """The JSON document at ``path``; a missing, oversized or invalid file is a :class:`StoreError`."""
-        try:
-            raw = self.read_bytes(path)
-        except FileNotFoundError:
-            raise StoreError(self.display(path), "does not exist") from None
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
-            raise StoreError(self.display(path), f"is not valid JSON ({type(e).__name__}: {e}); "
-                             "the file is corrupt or not a dask-research store file") from None
+        """The JSON document at ``path``; a missing, oversized, invalid or too deeply nested file is refused."""
+        return self.files.read_json(path, cap())
 
     def expect(self, path: str, doc: Any, fmt: str, run_id: str) -> dict:
         """``doc`` if it is a ``fmt`` document of ``run_id``; else a :class:`StoreError` naming ``path``."""
         if not isinstance(doc, dict):
             raise StoreError(self.display(path), f"holds a {type(doc).__name__}, not a {fmt} document")
         if doc.get("format") != fmt:
-            raise StoreError(self.display(path), f"has format {doc.get('format')!r}; expected {fmt!r}")
+            raise StoreError(self.display(path), f"has format {_short(doc.get('format'))}; expected {fmt!r}")
         if doc.get("run_id") != run_id:
-            raise StoreError(self.display(path), f"belongs to run {str(doc.get('run_id'))[:16]!r}, not {run_id[:16]}")
+            raise StoreError(self.display(path), f"belongs to run {_short(doc.get('run_id'), 16)}, not {run_id[:16]}")
         return doc
 
-    def refuse_links_under(self, top: str) -> None:
-        """Refuse a symbolic link at or anywhere below the directory ``top`` (local stores)."""
-        if not self.local:
-            return
-        self.refuse_links_to(top)
-        if not os.path.isdir(top):
-            return
-        for dirpath, dirnames, filenames in os.walk(top):
-            for name in dirnames + filenames:
-                p = os.path.join(dirpath, name)
-                if os.path.islink(p):
-                    raise self.link_error(p)
+    def check(self, path: str, doc: Any, checker: schema.Checker, what: str) -> Any:
+        """``doc`` if ``checker`` admits it, else a :class:`StoreError` naming ``path`` and the wrong value."""
+        try:
+            return schema.check(doc, checker)
+        except schema.Invalid as e:
+            raise StoreError(self.display(path), f"{e}; not a {what} this project writes (edited or corrupt)") \
+                from None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

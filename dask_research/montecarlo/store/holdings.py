@@ -25,12 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..accumulators import Moments
+from ..accumulators import Moments, MomentsReducer
 
 if TYPE_CHECKING:
     from ..job import Job
 
-__all__ = ["Holdings", "stored_state_problem"]
+__all__ = ["Holdings", "stored_state_problem", "state_problem", "template_of"]
 
 
 @dataclass(frozen=True)
@@ -79,15 +79,57 @@ def stored_state_problem(job: Job, s: int, state: Any, template: Any) -> str | N
     >>> stored_state_problem(job, 2, compute_shard(job, 1), template)
     'holds shard 2, outside [0, 2)'
     """
-    if not 0 <= s < job.shards:
-        return f"holds shard {s}, outside [0, {job.shards})"
-    if isinstance(template, Moments):
+    return state_problem(s, state, template, shards=job.shards, samples=job.samples_per_shard)
+
+
+def state_problem(s: int, state: Any, template: Any, *, shards: int, samples: int,
+                  moments: bool = False) -> str | None:
+    """Why ``state`` is not what the run's reducer produces for shard ``s`` (``None``: it is).
+
+    ``template`` is the run's fresh accumulator; ``moments`` says the run uses the built-in
+    accumulator even when ``template`` is not known (its range was not recorded).
+
+    >>> state_problem(0, 0, None, shards=4, samples=64, moments=True)
+    "holds an int for shard 0, not the run's accumulator (moments and histogram)"
+    """
+    if not 0 <= s < shards:
+        return f"holds shard {s}, outside [0, {shards})"
+    if isinstance(template, Moments) or (template is None and moments):
         if not isinstance(state, Moments):
-            return f"holds a {type(state).__name__} for shard {s}, not an accumulator"
-        if (state.lo, state.hi, state.bins) != (template.lo, template.hi, template.bins):
-            return f"shard {s} has histogram [{state.lo}, {state.hi}) x {state.bins}, not the run's"
-        if state.n != job.samples_per_shard:
-            return f"shard {s} counts {state.n:,} samples, not {job.samples_per_shard:,}"
+            return f"holds {_a(state)} for shard {s}, not the run's accumulator (moments and histogram)"
+        if template is not None and (state.lo, state.hi, state.bins) != (template.lo, template.hi, template.bins):
+            return (f"shard {s} has histogram [{state.lo}, {state.hi}) x {state.bins}, not the run's "
+                    f"[{template.lo}, {template.hi}) x {template.bins} (a shard of another run?)")
+        if state.n != samples:
+            return f"shard {s} counts {state.n:,} samples, not {samples:,}"
     elif template is not None and type(state) is not type(template):
-        return f"holds a {type(state).__name__} for shard {s}; the reducer's state is a {type(template).__name__}"
+        return f"holds {_a(state)} for shard {s}; the reducer's state is {_a(template)}"
     return None
+
+
+def _a(value: Any) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def template_of(manifest: dict) -> tuple[Any, bool]:
+    """``(template, moments)`` for the states of the run a (checked) manifest describes.
+
+    ``moments``: the run uses the built-in accumulator; ``template`` its fresh state on the
+    run's histogram (``None`` when the range was not recorded, or for a user reducer, whose
+    states only its own code knows).
+
+    >>> template_of({"job": {"accumulate": {"reducer": {}}}, "range": None})
+    (None, False)
+    >>> t, moments = template_of({"job": {"accumulate": {"bins": 4, "range": [0.0, 1.0]}}, "range": [0.0, 1.0]})
+    >>> (t.lo, t.hi, t.bins, moments)
+    (0.0, 1.0, 4, True)
+    """
+    acc = manifest["job"]["accumulate"]
+    if "reducer" in acc:
+        return None, False
+    rng = acc.get("range") if isinstance(acc.get("range"), list) else manifest.get("range")
+    bins = acc.get("bins")
+    if rng is None or bins is None:
+        return None, True
+    return MomentsReducer((float(rng[0]), float(rng[1])), int(bins)).init(), True

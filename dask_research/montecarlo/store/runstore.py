@@ -1,9 +1,11 @@
 """The run store: a manifest, accepted shard accumulators as they arrive, and the result.
 
 Where each file lives is in :mod:`.layout`; how they are read and written without trusting
-the store is :mod:`.files`; one writer per run is :mod:`.lease`; what a store holds of a job,
-asked once before a run, is :mod:`.holdings`. Every shard file carries a sha256 of its content;
-a corrupt, foreign or truncated file is refused with a
+the store is :mod:`.files` (the durability layer, :mod:`dask_research.durable`); what each
+document may hold is :mod:`.documents`; one writer per run is :mod:`.lease`; what a store holds
+of a job, asked once before a run, is :mod:`.holdings`. Every manifest and shard file carries a
+sha256 of its content, and every document is checked against its schema before it is used: a
+corrupt, foreign, truncated or retyped file is refused with a
 :class:`~dask_research.exceptions.StoreError` that names it.
 
 Examples
@@ -18,19 +20,21 @@ Examples
 """
 from __future__ import annotations
 
-import os
 import posixpath
 import re
-import stat
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...exceptions import StoreError
+from ...durable import jsondoc
+from ...exceptions import InputError, StoreError
 from ..address import canonical_json
 from ..codec import CodecError, decode, encode
-from .files import Exists, StoreFiles, oserror
-from .holdings import Holdings, stored_state_problem
+from . import files as store_files
+from .documents import MANIFEST, RESULT, SHARDS
+from .files import Exists, StoreFiles
+from .holdings import Holdings, state_problem, stored_state_problem, template_of
 from .layout import (
     MANIFEST_FORMAT,
     RESULT_FORMAT,
@@ -76,24 +80,34 @@ class RunStore:
 
     def __init__(self, url: str, **storage_options: Any):
         self.files = StoreFiles(url, guard=self._guard, **storage_options)
-        self.url, self.fs, self.root = self.files.url, self.files.fs, self.files.root
-        #: Runs this store object holds the lease of (see :meth:`_guard`).
-        self.leases: dict[str, Lease] = {}
+        self.url, self.root = self.files.url, self.files.root
+        self._leases: dict[str, Lease] = {}     # runs this object holds the lease of (see _guard)
 
     def __repr__(self) -> str:
         return f"RunStore({redact(self.url)!r})"
 
     @property
-    def _local(self) -> bool:
-        """Whether the store is on the local file system (read by :mod:`..blocks`)."""
-        return self.files.local
+    def fs(self) -> Any:
+        """The store's fsspec file system."""
+        return self.files.fs
+
+    @property
+    def location(self) -> str:
+        """Where another process opens this store: its absolute local path, or its fsspec URL."""
+        return self.root if self.files.local else self.url
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The fsspec options the store was opened with (they travel with :attr:`location`)."""
+        return self.files.storage_options
 
     # -- paths ------------------------------------------------------------------------------
     def run_dir(self, run_id: str) -> str:
         """The directory of run ``run_id`` (a whole run id; anything else is refused)."""
         return self.files.run_dir(run_id)
 
-    def _path(self, run_id: str, *parts: str) -> str:
+    def path(self, run_id: str, *parts: str) -> str:
+        """A path inside run ``run_id``'s directory."""
         return self.files.path(run_id, *parts)
 
     def display(self, path: str) -> str:
@@ -117,10 +131,10 @@ class RunStore:
 
     def _guard(self, path: str) -> None:
         """Before a write into a run this store holds the lease of: stop if the lease was lost."""
-        rel = posixpath.relpath(path, posixpath.join(self.root, "runs"))
-        lease = self.leases.get(rel.split("/")[0]) if not rel.startswith("..") else None
-        if lease is not None and path not in (lease.path, lease.lock_path):
-            lease.check_held(path)
+        rel = posixpath.relpath(path, self.files.join("runs"))
+        lease = self._leases.get(rel.split("/")[0]) if not rel.startswith("..") else None
+        if lease is not None:
+            lease.check_held(path, fresh=True)   # each write into the run reads the lease again first
 
     # -- what the store holds of a job ------------------------------------------------------
     def holdings(self, job: Job, pilot: Pilot | None = None) -> Holdings:
@@ -130,8 +144,9 @@ class RunStore:
         Shards without a manifest (a deleted manifest) are validated against the job and the
         pilot's range, which is a deterministic function of the job, and reused; the manifest is
         then written again. Without ``pilot`` (a reader) the manifest must exist. Every stored
-        shard must be one of the job's, with the run's histogram and sample count. The caller of a
-        writing ask holds the run's lease, so nobody else writes while this is read.
+        shard must be what the job's reducer produces (the run's histogram and sample count, or
+        the user reducer's state type). The caller of a writing ask holds the run's lease, so
+        nobody else writes while this is read.
         """
         run_dir = self.run_dir(job.id)
         mpath = self.display(run_dir + "/manifest.json")
@@ -161,13 +176,25 @@ class RunStore:
         return Holdings(job.shards, manifest, {s: v[0] for s, v in stored.items()},
                         {s: v[1] for s, v in stored.items()})
 
+    def check_states(self, manifest: dict, stored: dict[int, tuple[Any, str, str]]) -> None:
+        """Refuse (naming the file) a stored state that is not what the manifest's run produces.
+
+        For a reader without the job (``show``): the manifest (checked) says the shard count,
+        the sample count and, for the built-in accumulator, the histogram. A user reducer's
+        states are only known to its code: they are checked by ``replay`` and by a run.
+        """
+        part = manifest["job"]["partitioning"]
+        template, moments = template_of(manifest)
+        for s, (state, _, fpath) in sorted(stored.items()):
+            problem = state_problem(s, state, template, shards=part["shards"], samples=part["samples_per_shard"],
+                                    moments=moments)
+            if problem:
+                raise StoreError(self.display(fpath), problem)
+
     # -- manifest ---------------------------------------------------------------------------
     def list_runs(self) -> list[str]:
-        base = posixpath.join(self.root, "runs")
-        if not self.fs.exists(base):
-            return []
-        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False)
-                      if is_run_id(posixpath.basename(p.rstrip("/"))))
+        """The ids of the runs in the store, sorted."""
+        return [name for name in self.files.listdir(self.files.join("runs")) if is_run_id(name)]
 
     def resolve(self, run_id: str) -> str:
         """The whole id of the one run whose id starts with ``run_id`` (a prefix is enough)."""
@@ -180,59 +207,111 @@ class RunStore:
         return matches[0]
 
     def has_run(self, run_id: str) -> bool:
-        return self.fs.exists(self.files.path(run_id, "manifest.json"))
+        """Whether run ``run_id`` has a manifest."""
+        return self.files.present(self.files.path(run_id, "manifest.json"))
 
     def write_manifest(self, run_id: str, manifest: dict) -> None:
+        """Sign and write the run's manifest (never replacing one)."""
         doc = {"format": MANIFEST_FORMAT, "run_id": run_id, **manifest}
         doc["checksum"] = checksum({k: v for k, v in doc.items() if k != "checksum"})
         self.files.write_json(self.files.path(run_id, "manifest.json"), doc)
 
     def read_manifest(self, run_id: str) -> dict:
+        """The run's manifest: its format, run id and checksum verified, then its schema (:data:`.documents.MANIFEST`)."""
         path = self.files.path(run_id, "manifest.json")
         doc = self.files.expect(path, self.files.read_json(path), MANIFEST_FORMAT, run_id)
         body = {k: v for k, v in doc.items() if k != "checksum"}
         if doc.get("checksum") != checksum(body):
             raise StoreError(self.display(path), "checksum does not match its content (edited or corrupt)")
-        for key in ("job", "range", "engine"):
-            if key not in doc:
-                raise StoreError(self.display(path), f"has no {key!r} entry")
-        return doc
+        return self.files.check(path, doc, MANIFEST, "manifest")
 
     # -- shards -----------------------------------------------------------------------------
-    def write_shards(self, run_id: str, states: dict[int, Any], worker: str, encoder=encode) -> str:
-        """Persist accepted shard states (one file for a contiguous set of shard indices).
+    def write_shards(self, run_id: str, states: dict[int, Any], worker: str, encoder: Callable = encode,
+                     cap: int | None = None) -> str:
+        """Persist accepted shard states: one file for a contiguous set of shard indices.
 
-        Idempotent: if the file exists with the same states (another writer of the same run got
-        there first), nothing is written; different states under the same name are refused.
+        A set whose file would be larger than what the store's readers accept (``cap``, default
+        :data:`~.files.MAX_FILE_BYTES`) is split into several files, each named by its
+        ``[first, stop)``; a single shard larger than that is refused before anything is
+        written. Idempotent: if a file exists with the same states (another writer of the same
+        run got there first), nothing is written; different states under the same name are
+        refused. Returns the (first) file's path.
         """
-        return self.write_shard_file(run_id, states, worker, encoder)[0]
+        return self.write_shard_file(run_id, states, worker, encoder, cap)[0]
 
     def write_shard_file(self, run_id: str, states: dict[int, Any], worker: str,
-                         encoder=encode) -> tuple[str, str]:
-        """:meth:`write_shards`, returning ``(path, checksum)``: the file and the sha256 of its states.
+                         encoder: Callable = encode, cap: int | None = None) -> tuple[str, str]:
+        """:meth:`write_shards`, returning ``(path, checksum)``: the first file and the sha256 of all the states.
 
-        What a block task that writes its own shard file (on a worker) sends back to the client.
+        What a block task that writes its own shard files (on a worker) sends back to the client.
         """
         if not states:
             raise ValueError("no shard states to write")
-        first, last = min(states), max(states)
         try:
             body = {str(k): encoder(v) for k, v in sorted(states.items())}
         except CodecError as e:
             raise StoreError(self.display(self.run_dir(run_id)), f"cannot store the accumulator: {e}") from None
         signed = checksum(body)
-        doc = {"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker, "written": time.time(),
-               "states": body, "checksum": signed}
-        path = self.files.path(run_id, "shards", shard_file_name(first, last + 1))
+        limit = store_files.cap() if cap is None else int(cap)
+        written = time.time()
+
+        def document(part: dict[str, Any], signature: str) -> dict[str, Any]:
+            return {"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker, "written": written,
+                    "states": part, "checksum": signature}
+
+        where = self.display(self.files.path(run_id, "shards"))
+        data = self._encoded(where, document(body, signed))
+        if len(data) <= limit:
+            outputs = [(body, data)]
+        else:          # more than one file may hold: split in shard order, each file within the cap
+            outputs = [(part, self._encoded(where, document(part, checksum(part))))
+                     for part in self._split(where, body, len(self._encoded(where, document({}, signed))), limit)]
+        paths = []
+        for part, raw in outputs:
+            keys = [int(k) for k in part]
+            path = self.files.path(run_id, "shards", shard_file_name(min(keys), max(keys) + 1))
+            self._write_shard_doc(run_id, path, part, raw, limit)
+            paths.append(path)
+        return paths[0], signed
+
+    def _encoded(self, where: str, doc: Any) -> bytes:
         try:
-            self.files.write_json(path, doc)
+            return jsondoc.dumps(doc)
+        except jsondoc.Malformed as e:
+            raise StoreError(where, f"not written: the shard states {e}") from None
+
+    def _split(self, where: str, body: dict[str, Any], base: int, limit: int) -> list[dict[str, Any]]:
+        """``body`` cut, in shard order, into parts whose shard file (``base`` bytes when empty) fits ``limit``."""
+        parts: list[dict[str, Any]] = []
+        part: dict[str, Any] = {}
+        size = base
+        for key, value in body.items():
+            entry = len(self._encoded(where, {key: value})) - 2           # "key":value
+            if base + entry > limit:
+                raise StoreError(where, f"not written: shard {key}'s accumulator alone makes a {base + entry:,}-byte "
+                                 f"shard file, more than the {limit:,} the store's readers accept; use fewer bins "
+                                 "or a smaller reducer state")
+            grown = size + entry + (1 if part else 0)
+            if part and grown > limit:
+                parts.append(part)
+                part, grown = {}, base + entry
+            part[key] = value
+            size = grown
+        parts.append(part)
+        return parts
+
+    def _write_shard_doc(self, run_id: str, path: str, states: dict[str, Any], data: bytes, limit: int) -> None:
+        if len(data) > limit:    # a smaller cap than the store's (which its own write enforces)
+            raise StoreError(self.display(path), f"would be {len(data):,} bytes, more than the {limit:,} its "
+                             "readers accept; nothing was written")
+        try:
+            self.files.write_raw(path, data)
         except Exists:
             old = self.files.read_json(path)
             if not (isinstance(old, dict) and old.get("run_id") == run_id
-                    and canonical_json(old.get("states")) == canonical_json(json_roundtrip(body))):
+                    and canonical_json(old.get("states")) == canonical_json(json_roundtrip(states))):
                 raise StoreError(self.display(path), "already exists with different states for the same shards "
                                  "(another writer of this run disagrees); refusing to overwrite it") from None
-        return path, signed
 
     def shard_files(self, run_id: str) -> list[str]:
         """The shard files of a run, in name order.
@@ -242,11 +321,10 @@ class RunStore:
         that looks like a shard file but is not ``<12 digits>-<12 digits>.json`` is refused.
         """
         base = self.files.path(run_id, "shards")
-        if not self.fs.exists(base):
-            return []
         out = []
-        for p in sorted(self.fs.ls(base, detail=False)):
-            kind = classify_shard_name(posixpath.basename(p.rstrip("/")))
+        for name in self.files.listdir(base):
+            p = posixpath.join(base, name)
+            kind = classify_shard_name(name)
             if kind == "shard":
                 out.append(p)
             elif kind == "partial":
@@ -258,11 +336,14 @@ class RunStore:
                 _warn_foreign(self.display(p))
         return out
 
-    def read_shards(self, run_id: str, decoder=decode) -> dict[int, tuple[Any, str, str]]:
+    def read_shards(self, run_id: str, decoder: Callable = decode) -> dict[int, tuple[Any, str, str]]:
         """``{shard: (state, worker, file)}`` for every stored shard.
 
-        A shard stored in two files (two writers with different task sizes) is accepted when
-        both hold the same state; different states are refused naming both files.
+        Each file's format, run id and checksum are verified, then its schema
+        (:data:`.documents.SHARDS`), then each state is decoded (and an accumulator checked,
+        :meth:`~dask_research.montecarlo.Moments.check`). A shard stored in two files (two
+        writers with different task sizes) is accepted when both hold the same state;
+        different states are refused naming both files.
         """
         out: dict[int, tuple[Any, str, str]] = {}
         raw: dict[int, str] = {}
@@ -271,6 +352,7 @@ class RunStore:
             body = doc.get("states")
             if not isinstance(body, dict) or doc.get("checksum") != checksum(body):
                 raise StoreError(self.display(path), "checksum does not match its content (corrupt or edited)")
+            self.files.check(path, doc, SHARDS, "shard file")
             a, b = _range_of(path)
             for key, value in body.items():
                 if not is_shard_index(key) or not a <= int(key) < b:
@@ -284,8 +366,8 @@ class RunStore:
                                      f"{self.display(out[s][2])}; one of the two files is wrong (replay the shard "
                                      "to see which, then move that file aside)")
                 try:
-                    out[s] = (decoder(value), str(doc.get("worker", "?")), path)
-                except (CodecError, ValueError, TypeError, KeyError) as e:
+                    out[s] = (decoder(value), str(doc.get("worker") or "?"), path)
+                except (CodecError, ValueError, TypeError, KeyError, OverflowError, InputError) as e:
                     raise StoreError(self.display(path), f"shard {key} cannot be decoded: {e}") from None
                 raw[s] = text
         return out
@@ -293,26 +375,7 @@ class RunStore:
     def quarantine(self, run_id: str, path: str, reason: str) -> str:
         """Move a shard file aside (never deleted) and record why."""
         dest = self.files.path(run_id, "quarantine", posixpath.basename(path))
-        self._guard(dest)
-        if self.files.local:
-            sfd = qfd = None
-            try:
-                sfd = self.files.open_dir(posixpath.dirname(path), create=False)
-                qfd = self.files.open_dir(posixpath.dirname(dest), create=True)
-                if stat.S_ISLNK(os.stat(posixpath.basename(path), dir_fd=sfd, follow_symlinks=False).st_mode):
-                    raise self.files.link_error(path)
-                os.rename(posixpath.basename(path), posixpath.basename(dest), src_dir_fd=sfd, dst_dir_fd=qfd)
-            except StoreError:
-                raise
-            except OSError as e:
-                raise StoreError(self.display(path), f"could not be moved to quarantine/ ({oserror(e)})") from None
-            finally:
-                for fd in (sfd, qfd):
-                    if fd is not None:
-                        os.close(fd)
-        else:
-            self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
-            self.fs.mv(path, dest)
+        self.files.rename(path, dest)
         self.files.write_json(dest + ".reason.json", {"reason": reason, "time": time.time()}, overwrite=True)
         return dest
 
@@ -322,17 +385,24 @@ class RunStore:
 
     # -- one writer per run -----------------------------------------------------------------
     def lease(self, run_id: str, *, timeout: float | None = None, wait: float | None = None,
-              announce=None) -> Lease:
+              announce: Callable[[str], None] | None = None) -> Lease:
         """A :class:`Lease` on ``run_id``: enter it to become the run's only writer."""
-        return Lease(self.files, run_id, registry=self.leases, timeout=timeout, wait=wait, announce=announce)
+        return Lease(self.files, run_id, registry=self._leases, timeout=timeout, wait=wait, announce=announce)
+
+    def lease_holder(self, run_id: str) -> dict | None:
+        """What the run's lease file says (``None``: nobody holds the run); a FIFO or link there is refused."""
+        return self.lease(run_id).holder()
 
     # -- result -----------------------------------------------------------------------------
     def write_result(self, run_id: str, summary: dict) -> None:
+        """Write (or replace) the run's ``result.json``, a convenience copy of its summary."""
         doc = {"format": RESULT_FORMAT, "run_id": run_id, **summary}
         self.files.write_json(self.files.path(run_id, "result.json"), finite_json(doc), overwrite=True)
 
     def read_result(self, run_id: str) -> dict | None:
+        """The run's ``result.json`` checked against its schema (:data:`.documents.RESULT`), or ``None``."""
         path = self.files.path(run_id, "result.json")
-        if not self.fs.exists(path):
+        if not self.files.present(path):
             return None
-        return self.files.expect(path, self.files.read_json(path), RESULT_FORMAT, run_id)
+        doc = self.files.expect(path, self.files.read_json(path), RESULT_FORMAT, run_id)
+        return self.files.check(path, doc, RESULT, "result.json")
