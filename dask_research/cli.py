@@ -81,6 +81,12 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
     from . import config
 
     address = _check_address(scheduler)
+    if address.startswith("tls://") and not _tls_configured():
+        raise click.ClickException(
+            f"cannot reach the scheduler at {address}: it speaks TLS and this client has no certificate; set "
+            "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and distributed.comm.tls.client.key "
+            "(DASK_DISTRIBUTED__COMM__TLS__CA_FILE=... or ~/.config/dask/; "
+            "https://distributed.dask.org/en/latest/tls.html)")
     timeout = config.get("cli.connect-timeout")
     seconds = dask.utils.parse_timedelta(timeout, default="s")
     try:
@@ -91,6 +97,13 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
         raise click.ClickException(f"cannot reach the scheduler at {address}: {reason}") from None
     with client:
         yield client
+
+
+def _tls_configured() -> bool:
+    """Whether Dask's configuration gives a client a TLS context (``distributed.comm.tls.*``)."""
+    from distributed.security import Security
+
+    return Security().get_connection_args("client").get("ssl_context") is not None
 
 
 class _UsageError(click.UsageError):
