@@ -107,6 +107,24 @@ def test_what_dumps_writes_loads_reads_back(value):
     assert jsondoc.loads(jsondoc.dumps(value)) == value
 
 
+def _depth(value):
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, (list, tuple)):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.integers() | st.none(), lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=2), inner, max_size=3) | st.tuples(inner, inner), max_leaves=40))
+def test_depth_counts_nesting_as_a_recursive_walk_does(value):
+    """jsondoc.depth (no recursion; a list of scalars looked at once) agrees with the plain recursive count."""
+    assert jsondoc.depth(value) == _depth(value)
+    assert jsondoc.depth(value, limit=1) == min(_depth(value), 2)
+    assert jsondoc.depth([0] * 100_000 + [[[]]]) == 3
+
+
 def test_no_replace_writes_race_cleanly_between_processes(tmp_path):
     script = textwrap.dedent(f"""
         import sys
