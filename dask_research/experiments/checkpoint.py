@@ -13,23 +13,41 @@ Replaying these records in order rebuilds the exact state after the last decisio
 statistics, queues, pruned branches, paper flags, the trace, the policy's own statistics, and
 the experiments that were in flight (dispatched, no outcome). See :mod:`.resume`.
 
-Atomicity and integrity: a local journal is only ever appended to, one ``write`` of a whole
-line followed by a flush, so a crash can at worst leave a torn *last* line; every earlier record
-is untouched. Every line ends with ``"crc": "xxxxxxxx"``, the CRC-32 of the line's JSON without
-that key, so reading tells a whole record from a damaged one:
+Every file operation goes through :class:`dask_research.durable.Files` (the journal's folder):
+
+- **Nothing but a journal is read or written.** The journal is opened without following a
+  link and only as a regular file (a FIFO, a device, a directory, a link to ``/dev/zero`` or
+  to a user's file are refused by name before a byte is read), and a file that is not an
+  experiments journal is refused, never truncated or overwritten. (An empty file is a journal
+  with nothing in it yet.)
+- **Reads are bounded** by ``research.experiments.journal-max-bytes`` (default 1 GiB) for the
+  file and ``journal-max-line-bytes`` (default 64 MiB) for one record, and **the writer
+  enforces both**: a record that would pass either is refused with a
+  :class:`~dask_research.exceptions.CheckpointError` before anything is written, and every
+  line is parsed back by the reader's own strict parser (:mod:`dask_research.durable.jsondoc`)
+  before it is written. The journal never holds a line its readers would refuse.
+- **A new journal is created whole**: its header is written to a temporary file, synced, and
+  linked into place (the folder synced too), so it is absent or has its header.
+- **Appends are whole lines**: one ``write`` of a whole line, so a crash can at worst leave a
+  torn *last* line; every earlier record is untouched. ``close()`` fsyncs.
+
+Every line ends with ``"crc": "xxxxxxxx"``, the CRC-32 of the line's JSON without that key,
+so reading tells a whole record from a damaged one:
 
 - a last line without its newline whose checksum matches is a whole record (the crash came
   between the record and its newline): it is read, and the next append first ends it with a
   newline (it used to be cut off, and its experiment ran again);
 - a last line without its newline that is not such a record is a torn tail: ignored, and cut
-  off before the next append;
+  off before the next append (a torn *first* line is the start of a header: nothing was
+  journaled);
 - any other line that fails its checksum, or is not a record, is refused with
   :class:`~dask_research.exceptions.CheckpointError` naming the file and the line number. An
-  edited reward never resumes into different statistics.
+  edited reward never resumes into different statistics, and a record whose checksum was
+  recomputed still has to be one the live loop writes (:mod:`.resume`).
 
 An fsspec URL that is not a local file (``memory://``, ``s3://``, ...) is rewritten whole at
-each record, to a temporary object that then replaces the journal (write-then-rename).
-``close()`` fsyncs a local journal.
+each record, in one ``put`` (:meth:`~dask_research.durable.Files.write_bytes` with
+``replace=True``).
 
 Version-2 journals (before checksums) are read as legacy, with a
 :class:`JournalLegacyWarning`: their records cannot be checked, so a damaged one is caught only
@@ -57,6 +75,12 @@ Examples
 >>> state = Journal(path).load()
 >>> state.settings, state.records[0]["hyps"][0]["payload"]
 ({'slots': 1}, {'lr': 0.1})
+>>> with open(os.path.join(os.path.dirname(path), "notes.txt"), "w") as f:
+...     _ = f.write("my notes")
+>>> Journal(os.path.join(os.path.dirname(path), "notes.txt")).open()
+Traceback (most recent call last):
+...
+dask_research.exceptions.CheckpointError: checkpoint .../notes.txt: is not an experiments journal (its first line is neither a journal header nor the start of one); refusing to read or overwrite it
 """
 from __future__ import annotations
 
@@ -64,13 +88,18 @@ import json
 import math
 import os
 import re
-import uuid
 import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..exceptions import CheckpointError, ExperimentError
+from dask.utils import parse_bytes
+
+from .. import config
+from ..durable import AppendFile, jsondoc, oserror
+from ..exceptions import CheckpointError, ConfigError, ExperimentError
+from .lock import JournalLock, locate
 from .types import Hypothesis
 
 __all__ = ["Journal", "JournalState", "JournalLegacyWarning", "hypothesis_to_json", "hypothesis_from_json"]
@@ -79,6 +108,11 @@ FORMAT = "dask-research.experiments.journal"
 VERSION = 3            # every line carries a CRC-32 of its own bytes
 LEGACY_VERSION = 2     # no checksums: read as it stands, with a warning
 RECORD_KINDS = ("hyps", "event", "output")
+#: How every header this module ever wrote begins (versions 2 and 3): a torn first line is
+#: the start of a header only if it agrees with this as far as it goes.
+HEADER_START = b'{"format": "dask-research.experiments.journal", "version": '
+#: Deepest payload nesting a journal keeps: a ``hyps`` record nests it three levels down.
+PAYLOAD_DEPTH = jsondoc.MAX_DEPTH - 3
 
 _CRC = re.compile(r', "crc": "([0-9a-f]{8})"\}$')
 
@@ -87,20 +121,33 @@ class JournalLegacyWarning(UserWarning):
     """A journal without per-record checksums (version 2) was read."""
 
 
+def _size_setting(name: str) -> int:
+    """``research.experiments.<name>``: a size in bytes (an integer, or a string such as "1GiB")."""
+    value = config.get(f"experiments.{name}")
+    try:
+        size = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError:
+        size = None
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ConfigError(f"experiments.{name}", value, 'a size in bytes > 0 (an integer, or a string such '
+                                                        'as "1GiB")')
+    return size
+
+
 def _encode(rec: dict[str, Any]) -> str:
     """One journal line: the record's JSON with ``"crc"`` (CRC-32 of that JSON) as its last key.
 
     >>> _encode({"kind": "output", "branch": "a", "output": 1})
     '{"kind": "output", "branch": "a", "output": 1, "crc": "6ce6d00c"}'
     """
-    body = json.dumps(rec)
+    body = json.dumps(rec, allow_nan=False)
     if not body.startswith("{") or body == "{}" or "crc" in rec:
-        raise ValueError(f"not a journal record: {body[:60]!r}")
+        raise ValueError(f"is not a journal record: {body[:60]!r}")
     crc = zlib.crc32(body.encode("utf-8"))
     return f'{body[:-1]}, "crc": "{crc:08x}"}}'
 
 
-def _lines(data: bytes) -> Any:
+def _lines(data: bytes) -> Iterator[tuple[bytes, bool]]:
     """``(line, ends with a newline)`` for each line of ``data``, without copying it whole."""
     start, end = 0, len(data)
     while start < end:
@@ -114,17 +161,18 @@ def _lines(data: bytes) -> Any:
 
 def _decode(line: str) -> tuple[dict[str, Any], bool]:
     """``(record, checked)`` of one line; ``ValueError`` (saying what is wrong) when the line
-    is not a JSON object or its checksum does not match. ``checked`` is False for a line
-    without a checksum (legacy journals)."""
+    is not a JSON object the project writes (:func:`~dask_research.durable.jsondoc.loads`: no
+    ``NaN``, no deep nesting, no giant integers) or its checksum does not match. ``checked`` is
+    False for a line without a checksum (legacy journals)."""
     m = _CRC.search(line, max(0, len(line) - 21))     # the last 21 characters, if anywhere
     if m is not None:
         body = line[:m.start()] + "}"
         if zlib.crc32(body.encode("utf-8")) != int(m.group(1), 16):
             raise ValueError("fails its checksum (the record was altered or damaged)")
     try:
-        rec = json.loads(line)
-    except ValueError:
-        raise ValueError("is not a JSON object") from None
+        rec = jsondoc.loads(line)
+    except jsondoc.Malformed as exc:
+        raise ValueError(str(exc)) from None
     if not isinstance(rec, dict):
         raise ValueError("is not a JSON object")
     if m is None:
@@ -136,6 +184,10 @@ def _decode(line: str) -> tuple[dict[str, Any], bool]:
 
 
 def _strict(value: Any, what: str) -> str:
+    if jsondoc.depth(value, PAYLOAD_DEPTH) > PAYLOAD_DEPTH:
+        raise ExperimentError(
+            f"{what} is nested more than {PAYLOAD_DEPTH} levels deep; a checkpoint's readers refuse "
+            "deeper JSON, so its writer does too", value=value)
     try:
         return json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -183,57 +235,56 @@ class JournalState:
     """What a journal holds: the header's ``settings`` and the records after it, in order."""
 
     settings: dict[str, Any] = field(default_factory=dict)
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
+    records: Any = field(default_factory=list)      # a list, or an iterator with ``lazy=True``
 
 
 class Journal:
     """Append-only JSON-lines journal at a local path or an fsspec URL (its folder is created).
+
+    Every read and write goes through the :class:`~dask_research.durable.Files` of its folder
+    (see the module docstring); :meth:`acquire` takes its lease (:class:`~.lock.JournalLock`).
     """
 
     def __init__(self, path: str | os.PathLike[str]):
-        text = os.fspath(path)
-        self.url = text
-        self.local = _is_local(text)
-        self.path = text[len("file://"):] if text.startswith("file://") else text
-        self._fh: Any = None
-        self._lines: list[str] | None = None      # remote: the whole journal, rewritten
-        self._fs: Any = None
-        self._lock: Any = None                    # a JournalLock once acquire() was called
+        self._source = os.fspath(path)
+        self.files, self.path, self.url = locate(path)
+        self.local = self.files.local
+        self.max_bytes = _size_setting("journal-max-bytes")
+        self.max_line = _size_setting("journal-max-line-bytes")
+        self._fh: AppendFile | None = None
+        self._lines: list[bytes] | None = None    # remote: the whole journal, rewritten
+        self._size = 0                            # bytes of the open journal
+        self._lock: JournalLock | None = None     # once acquire() was called
         self._seen: int | None = None             # bytes of the file as this driver knows it
 
     # -- one driver per journal -----------------------------------------------------------
     def acquire(self) -> None:
-        """Lock a local journal for this driver (see :mod:`.lock`); a no-op for remote URLs.
+        """Take the journal's lease for this driver (see :mod:`.lock`).
 
         Raises :class:`CheckpointError` naming the driver that holds it.
         """
-        if not self.local:
-            return
         if self._lock is None:
-            from .lock import JournalLock
-
-            self._lock = JournalLock(os.path.abspath(self.path))
+            self._lock = JournalLock(self._source, located=(self.files, self.path, self.url))
         self._lock.acquire()
 
     def release(self) -> None:
-        """Give the lock up (a later write takes it again, if the file did not change)."""
+        """Give the lease up (a later write takes it again, if the file did not change)."""
         if self._lock is not None:
             self._lock.release()
 
     def _guard(self) -> None:
-        """Before a write: the lock must still be ours; taken again after a release only if
-        nobody wrote to the journal in between."""
+        """Before a write: the lease must still be ours (else :class:`CheckpointError` naming
+        who holds it now); taken again after a release only if nobody wrote to the journal in
+        between."""
         lock = self._lock
         if lock is None:
             return
-        again = not lock.held and lock.lost is None
-        lock.ensure()
-        if again and self._seen is not None:
-            size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        lock.check_held(self.path)               # taken over while paused: stop here
+        if lock.held:
+            return
+        lock.acquire()
+        if self._seen is not None:
+            size = self._current_size()
             if size != self._seen:
                 lock.release()
                 raise CheckpointError(
@@ -244,22 +295,28 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({self.url!r})"
 
-    def _remote(self) -> Any:
-        if self._fs is None:
-            from fsspec.core import url_to_fs
-
-            self._fs, self.path = url_to_fs(self.url)
-        return self._fs
-
     # -- reading ------------------------------------------------------------------------
+    def _current_size(self) -> int:
+        """The journal's size now (0: missing), opened as the layer opens it (no link, no FIFO)."""
+        try:
+            if self.local:
+                with self.files.open_read(self.path) as fd:
+                    return os.fstat(fd).st_size
+            return int(self.files.fs.size(self.path))
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise CheckpointError(self.url, f"cannot be read ({oserror(exc)})") from None
+
     def _read(self) -> bytes | None:
-        if self.local:
-            if not os.path.exists(self.path):
-                return None
-            with open(self.path, "rb") as f:
-                return f.read()
-        fs = self._remote()
-        return fs.cat_file(self.path) if fs.exists(self.path) else None
+        size = self._current_size()
+        if size > self.max_bytes:
+            raise CheckpointError(self.url, f"is {size:,} bytes, more than the {self.max_bytes:,} a journal may "
+                                            "have (research.experiments.journal-max-bytes); raise it to read it")
+        try:
+            return self.files.read_bytes(self.path, self.max_bytes)
+        except FileNotFoundError:
+            return None
 
     def load(self, lazy: bool = False) -> JournalState | None:
         """Read the journal; ``None`` if it does not exist or is empty.
@@ -269,9 +326,10 @@ class Journal:
         every record at once; the errors below are raised while iterating.
 
         Raises :class:`CheckpointError` (naming the file and the line) for anything that is
-        not a complete journal of this format: a record whose checksum does not match, a
-        line that is not a record. The one exception is a torn last line (no newline, and
-        not a whole record with a matching checksum), which is ignored.
+        not a complete journal of this format: a file that is not a regular file, or larger
+        than its cap; a record whose checksum does not match; a line that is not a record. The
+        one exception is a torn last line (no newline, and not a whole record with a matching
+        checksum), which is ignored.
         """
         data = self._read()
         self._seen = len(data or b"")
@@ -295,12 +353,16 @@ class Journal:
         state.records.extend(scan)
         return state, box["good"]
 
-    def _scan(self, data: bytes, box: dict[str, int]) -> Any:
+    def _scan(self, data: bytes, box: dict[str, int]) -> Any:  # noqa: C901
         """Yield the header's settings, then each record; ``box["good"]`` counts the bytes of
         whole lines read so far. Yields nothing if the header itself is torn."""
         legacy = False
         for n, (raw, terminated) in enumerate(_lines(data), start=1):
             torn_ok = not terminated            # only an unterminated last line may be torn
+            if len(raw) + terminated > self.max_line:
+                raise CheckpointError(self.url, f"line {n} is {len(raw) + terminated:,} bytes, more than the "
+                                                f"{self.max_line:,} a journal line may have "
+                                                "(research.experiments.journal-max-line-bytes)")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -313,6 +375,10 @@ class Journal:
                 rec, checked = _decode(line)
             except ValueError as exc:
                 if torn_ok:
+                    if n == 1 and not (HEADER_START.startswith(raw) or raw.startswith(HEADER_START)):
+                        raise CheckpointError(self.url, "is not an experiments journal (its first line is "
+                                                        "neither a journal header nor the start of one); "
+                                                        "refusing to read or overwrite it") from None
                     return                       # torn write at a crash: ignore (a torn
                                                  # header: nothing was ever journaled)
                 raise CheckpointError(self.url, f"line {n} {exc}: {line[:60]!r}") from None
@@ -321,7 +387,7 @@ class Journal:
                     raise CheckpointError(self.url, "not an experiments journal (the first "
                                                     f"line must carry format={FORMAT!r})")
                 version = rec.get("version")
-                if version not in (LEGACY_VERSION, VERSION):
+                if type(version) is not int or version not in (LEGACY_VERSION, VERSION):
                     raise CheckpointError(self.url, f"journal version {version!r} "
                                                     f"is not supported (expected {VERSION}, "
                                                     f"or {LEGACY_VERSION} read as legacy)")
@@ -337,86 +403,110 @@ class Journal:
                                                     f"every line of a version-{VERSION} "
                                                     "journal carries one")
                 settings = rec.get("settings", {})
+                if not isinstance(settings, dict):
+                    raise CheckpointError(self.url, f"line 1 (the header) holds settings {settings!r:.60}, "
+                                                    "not an object of settings")
                 box["good"] += len(raw) + terminated
-                yield settings if isinstance(settings, dict) else {}
+                yield settings
                 continue
-            else:
-                if not checked and not legacy:
-                    if torn_ok:
-                        return
-                    raise CheckpointError(self.url, f"line {n} has no checksum; every record "
-                                                    f"of a version-{VERSION} journal carries "
-                                                    f"one: {line[:60]!r}")
-                if rec.get("kind") not in RECORD_KINDS:
-                    raise CheckpointError(self.url, f"line {n} is not a journal record: "
-                                                    f"{line[:60]!r}")
-                box["good"] += len(raw) + terminated
-                yield rec
+            if not checked and not legacy:
+                if torn_ok:
+                    return
+                raise CheckpointError(self.url, f"line {n} has no checksum; every record "
+                                                f"of a version-{VERSION} journal carries "
+                                                f"one: {line[:60]!r}")
+            if rec.get("kind") not in RECORD_KINDS:
+                raise CheckpointError(self.url, f"line {n} is not a journal record: "
+                                                f"{line[:60]!r}")
+            box["good"] += len(raw) + terminated
+            yield rec
 
     # -- writing ------------------------------------------------------------------------
+    def _line(self, rec: dict[str, Any]) -> bytes:
+        """``rec`` as one journal line, checked against what the journal's readers accept."""
+        if jsondoc.depth(rec, jsondoc.MAX_DEPTH) > jsondoc.MAX_DEPTH:
+            raise CheckpointError(self.url, f"not written: a {rec.get('kind')!r} record nested more than "
+                                            f"{jsondoc.MAX_DEPTH} levels deep (its readers refuse it)")
+        try:
+            text = _encode(_clean(rec))
+            jsondoc.loads(text)                   # the reader's own parser, before writing
+        except ValueError as exc:                 # jsondoc.Malformed too
+            raise CheckpointError(self.url, f"not written: a {rec.get('kind')!r} record that "
+                                            f"{exc} (its readers refuse it)") from None
+        line = (text + "\n").encode("utf-8")
+        if len(line) > self.max_line:
+            raise CheckpointError(self.url, f"not written: a {rec.get('kind')!r} record of {len(line):,} bytes, "
+                                            f"more than the {self.max_line:,} a journal line may have "
+                                            "(research.experiments.journal-max-line-bytes); add fewer "
+                                            "hypotheses at a time, or keep large data out of payloads")
+        return line
+
     def open(self, settings: dict[str, Any] | None = None) -> None:
-        """Open for appending; a new journal gets its header (with ``settings``)."""
+        """Open for appending; a new journal gets its header (with ``settings``).
+
+        A file there that is not an experiments journal is refused, untouched; a torn tail is
+        cut off and a whole last record without its newline is ended with one.
+        """
         if self._fh is not None or self._lines is not None:
             return
         self._guard()
-        header = {"format": FORMAT, "version": VERSION, "settings": settings or {}}
+        header = self._line({"format": FORMAT, "version": VERSION, "settings": settings or {}})
+        data = self._read()
         if not self.local:
-            data = self._read()
-            self._lines = []
             state, good = self._parse(data) if data else (None, 0)
-            if state is not None and data is not None:
-                keep = data[:good].decode("utf-8")          # drop a torn tail
-                self._lines = [ln + "\n" for ln in keep.split("\n") if ln]
-            else:
-                self._lines = [_encode(_clean(header)) + "\n"]
+            lines = [ln + b"\n" for ln in (data or b"")[:good].split(b"\n") if ln] if state else [header]
+            self._lines = lines
+            self._size = sum(map(len, lines))
+            if state is None or good != len(data or b""):
                 self._flush_remote()
+            self._seen = self._size
             return
-        folder = os.path.dirname(self.path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        fresh = self._repair_torn_tail()
-        self._fh = open(self.path, "a", encoding="utf-8")
-        self._seen = self._fh.tell()
-        if fresh:
-            self._write(header)
-
-    def _repair_torn_tail(self) -> bool:
-        """Cut a torn last line off, and end a whole last record that lacks only its newline
-        with one (so the next append cannot cut it off). True if no record survives."""
-        if not os.path.exists(self.path):
-            return True
-        with open(self.path, "rb+") as f:
-            data = f.read()
-            state, good = self._parse(data) if data else (None, 0)
-            if state is None:
-                f.truncate(0)
-                return True
-            if good < len(data):
-                f.truncate(good)
+        if data is None and self.files.write_bytes(self.path, header, cap=self.max_bytes):
+            data = header                         # created whole (or absent): never torn
+        elif data is None:
+            data = self._read() or b""            # created meanwhile
+        state, good = self._parse(data) if data else (None, 0)
+        fh = self.files.open_append(self.path, self.max_bytes)
+        try:
+            if fh.size != len(data):
+                raise CheckpointError(self.url, f"changed while this driver opened it ({len(data)} bytes read, "
+                                                f"{fh.size} now): is another program writing to it?")
+            if state is None:                     # empty, or a torn header: nothing was journaled
+                fh.truncate(0)
+                fh.write(header)
+            elif good < len(data):
+                fh.truncate(good)                 # a torn tail
             elif not data.endswith(b"\n"):
-                f.write(b"\n")
-            return False
+                fh.write(b"\n")                   # a whole last record that lost its newline
+        except BaseException:
+            fh.close()
+            raise
+        self._fh = fh
+        self._size = self._seen = fh.size
 
     def _flush_remote(self) -> None:
-        fs = self._remote()
-        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
-        parent = os.path.dirname(self.path)
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
-        fs.pipe_file(tmp, "".join(self._lines or []).encode("utf-8"))
-        fs.mv(tmp, self.path)
+        self.files.write_bytes(self.path, b"".join(self._lines or []), cap=self.max_bytes, replace=True)
 
     def _write(self, rec: dict[str, Any]) -> None:
-        line = _encode(_clean(rec)) + "\n"
+        line = self._line(rec)
+        self._guard()                             # still ours (a paused driver stops here)
+        if self._size + len(line) > self.max_bytes:
+            raise CheckpointError(self.url, f"not written: the journal would grow to {self._size + len(line):,} "
+                                            f"bytes, more than the {self.max_bytes:,} its readers accept "
+                                            "(research.experiments.journal-max-bytes); raise it and resume "
+                                            "to go on")
         if self._lines is not None:
             self._lines.append(line)
-            self._flush_remote()
-            return
-        if self._lock is not None:
-            self._lock.ensure()           # still ours (a paused driver stops here)
-        self._fh.write(line)              # one write of the whole line
-        self._fh.flush()                  # in the OS before the loop goes on
-        self._seen = self._fh.tell()
+            try:
+                self._flush_remote()
+            except BaseException:
+                self._lines.pop()
+                raise
+            self._size += len(line)
+        else:
+            assert self._fh is not None
+            self._size = self._fh.write(line)     # one write of the whole line
+        self._seen = self._size
 
     def append(self, rec: dict[str, Any]) -> None:
         """Append one record (opening the journal if needed)."""
@@ -425,15 +515,18 @@ class Journal:
         self._write(rec)
 
     def close(self) -> None:
-        """Flush to disk (``fsync``), close, and release the lock."""
+        """Flush to disk (``fsync``), close, and release the lease."""
         try:
-            if self._fh is not None:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._seen = self._fh.tell()
-                self._fh.close()
-                self._fh = None
+            fh, self._fh = self._fh, None
             self._lines = None
+            if fh is not None:
+                try:
+                    fh.sync()
+                except OSError as exc:
+                    raise CheckpointError(self.url, f"could not be synced to disk ({oserror(exc)}); its last "
+                                                    "records may not survive a power cut") from None
+                finally:
+                    fh.close()
         finally:
             self.release()
 

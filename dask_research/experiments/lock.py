@@ -1,255 +1,204 @@
-"""One driver per journal: a lock file with owner, host, pid and a heartbeat.
+"""One driver per journal: the journal's :class:`~dask_research.durable.Lease`.
 
-:class:`JournalLock` guards a local checkpoint journal ``loop.jsonl`` with ``loop.jsonl.lock``,
-a small JSON file naming the driver that holds it (a random owner token, host, pid, start time
-and a heartbeat, refreshed by a daemon thread every quarter of the timeout). A second driver,
-in another process or in this one, is refused at once with a
-:class:`~dask_research.exceptions.CheckpointError` that names the holder. A lock is *stale*,
-and is taken over with a :class:`JournalLockWarning`, when its heartbeat is older than
-``research.experiments.lock-timeout`` seconds, or when its pid is dead on this host.
+A scheduler with a ``checkpoint`` holds the lease of its journal while it drives it. Next to
+``runs/loop.jsonl``:
 
-Every read-and-write of the lock file happens under ``fcntl.flock`` of that file, so two
-drivers that race for a free or stale lock cannot both win. A free lock is an empty file (the
-file is never deleted: deleting a file that another process has open and is about to lock lets
-two processes hold "the" lock). A driver whose lock was taken over while it was paused (a
-frozen or suspended process) notices before its next journal write and stops with a
-:class:`CheckpointError` rather than write into the other driver's journal.
+- ``loop.jsonl.lease``, the lease: a small JSON file naming the driver (owner, host, pid,
+  start, heartbeat and a beat count), rewritten whole by a daemon thread every quarter of
+  ``research.experiments.lock-timeout`` (default 30 s), removed when the driver lets go;
+- ``loop.jsonl.lock``, the file whose ``flock`` the lease's take-over and heartbeat hold. Its
+  content is never read or written, so a lock file left by an earlier version of this module
+  (empty, or holding a dead driver's JSON) holds nothing.
 
-Journals at fsspec URLs other than local files are not locked (object stores offer no atomic
-create-or-fail through fsspec here): one driver per remote journal is the caller's duty.
+The rules are those of :mod:`dask_research.durable.lease`, the same for every capability:
+
+- a second driver is refused with :class:`~dask_research.exceptions.CheckpointError` naming the
+  holder (owner, host, pid) as soon as the holder is shown alive (its lease changed while this
+  process watched: within a heartbeat); a second driver in this process is refused at once;
+- a lease is stale, and is taken over with a :class:`JournalLockWarning`, when its process on
+  this host is gone (at once), or when its bytes have not changed for ``lock-timeout`` seconds
+  of the *waiting* process's own clock (a frozen driver, a driver on another host that died, a
+  forged, future or ``NaN`` heartbeat: whatever the file claims);
+- a driver whose lease was taken over while it was paused stops before its next journal write,
+  with a :class:`CheckpointError` naming the driver that holds it now, or, if that one has
+  finished meanwhile, the driver that took it over (a driver that takes a lease over notes whom
+  it took it from and who it is in ``loop.jsonl.lease-taken``, for that message only);
+- the lease, its lock file and the journal are opened without following links and only as
+  regular files: a link or a FIFO planted there is refused by name, the file it points to
+  untouched.
+
+Journals at fsspec URLs other than local files get the layer's best-effort lease (write, then
+read back; no ``flock`` on object stores).
 
 Examples
 --------
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "loop.jsonl")
->>> first = JournalLock(path)
->>> first.acquire()
+>>> first = JournalLock(path).acquire()
+>>> sorted(os.listdir(os.path.dirname(path)))
+['loop.jsonl.lease', 'loop.jsonl.lock']
 >>> try:
 ...     JournalLock(path).acquire()
 ... except Exception as exc:
-...     print(type(exc).__name__, "in use by another driver" in str(exc))
+...     print(type(exc).__name__, "already held by another writer in this process" in str(exc))
 CheckpointError True
 >>> first.release()
->>> JournalLock(path).acquire()         # free again
+>>> JournalLock(path).acquire().release()         # free again
 """
 from __future__ import annotations
 
-import fcntl
-import json
+import math
 import os
-import socket
-import threading
-import time
-import uuid
+import posixpath
+import sys
 import warnings
 from typing import Any
 
 from .. import config
+from ..durable import LEASE_CAP, Files, Lease, describe_holder, redact
 from ..exceptions import CheckpointError
 
-__all__ = ["JournalLock", "JournalLockWarning"]
+__all__ = ["JournalLock", "JournalLockWarning", "locate"]
+
+LEASE_FORMAT = "dask-research.experiments.journal-lease/1"
+HINT = ("one IterationScheduler per journal: wait for it to finish or stop it (its lease is taken over "
+        "when it has not changed for research.experiments.lock-timeout seconds of the waiting "
+        "process's clock, at once when its process on this host is gone)")
 
 
 class JournalLockWarning(UserWarning):
-    """A stale journal lock (dead pid, or heartbeat older than the timeout) was taken over."""
+    """A stale journal lease (its process gone, or unchanged for the lock timeout) was taken over."""
 
 
-def _pid_alive(pid: int) -> bool:
+class _Errors:
+    """A :class:`CheckpointError` naming the journal; a side file (the lease, its lock, a
+    folder) is named inside the message: by name next to the journal, else in full."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.journal: str | None = None          # the journal as Files shows it
+
+    def __call__(self, shown: str, problem: str) -> Exception:
+        journal = self.journal
+        if journal is not None and shown != journal:
+            near = posixpath.dirname(shown) == posixpath.dirname(journal)
+            problem = f"{posixpath.basename(shown) if near else shown}: {problem}"
+        return CheckpointError(self.url, problem)
+
+
+def locate(journal: str | os.PathLike[str]) -> tuple[Files, str, str]:
+    """``(files, path, url)`` of a journal: the :class:`~dask_research.durable.Files` of its folder
+    (errors: :class:`CheckpointError` naming the journal), its path there, and its name in messages
+    (a local path made absolute; a URL without credentials).
+
+    >>> files, path, url = locate("/tmp/runs/loop.jsonl")
+    >>> files.root, path, url
+    ('/tmp/runs', '/tmp/runs/loop.jsonl', '/tmp/runs/loop.jsonl')
+    """
+    text = os.fspath(journal)
+    if "://" not in text or text.startswith("file://"):
+        local = posixpath.normpath(os.path.abspath(text[len("file://"):] if text.startswith("file://") else text))
+        root, name, url = posixpath.dirname(local), posixpath.basename(local), local
+    else:
+        root, _, name = text.rpartition("/")
+        root = root + "/" if root.endswith(":/") else root      # memory://loop.jsonl
+        url = redact(text)
+    errors = _Errors(url)
+    files = Files(root, error=errors)
+    path = files.join(name)
+    errors.journal = files.display(path)
+    return files, path, url
+
+
+def _timeout(url: str, value: Any) -> float:
+    value = config.get("experiments.lock-timeout", value)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:          # alive, owned by someone else
-        return True
-    return True
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (seconds > 0 and math.isfinite(seconds)):
+        raise CheckpointError(url, f"research.experiments.lock-timeout={value!r} is invalid; expected a "
+                                   "positive, finite number of seconds")
+    return seconds
 
 
-def describe(holder: dict[str, Any], now: float | None = None) -> str:
-    """``pid 123 on host node1 (owner 3f2a..., heartbeat 0.4 s ago)``."""
-    now = time.time() if now is None else now
-    beat = holder.get("heartbeat")
-    age = f"{now - beat:.1f} s ago" if isinstance(beat, (int, float)) else "never"
-    return (f"pid {holder.get('pid')} on host {holder.get('host')!s} "
-            f"(owner {str(holder.get('owner'))[:8]}, started {holder.get('started')}, "
-            f"heartbeat {age})")
-
-
-class JournalLock:
-    """Exclusive, heartbeated lock of one local journal (``<journal>.lock``).
+class JournalLock(Lease):
+    """The lease of one journal (``<journal>.lease``, flock side file ``<journal>.lock``).
 
     Parameters
     ----------
-    journal : str
-        Path of the journal (a local file).
+    journal : str or path
+        The journal (a local path or an fsspec URL).
     timeout : float, optional
-        Seconds after which a lock whose heartbeat stopped is stale
+        Seconds of a waiting driver's own clock after which an unchanged lease is stale
         (``research.experiments.lock-timeout``).
+    located : tuple, optional
+        What :func:`locate` returned for ``journal`` (the :class:`~.checkpoint.Journal` passes
+        its own).
     """
 
-    def __init__(self, journal: str, timeout: float | None = None):
-        self.journal = journal
-        self.path = journal + ".lock"
-        self.timeout = float(config.get("experiments.lock-timeout", timeout))
-        if not self.timeout > 0:
-            raise CheckpointError(journal, f"research.experiments.lock-timeout={self.timeout!r} "
-                                           "is invalid; expected a number of seconds > 0")
-        self.interval = self.timeout / 4
-        self.owner = uuid.uuid4().hex
-        self.host = socket.gethostname()
-        self.held = False
-        self.lost: dict[str, Any] | None = None
-        self._verified = 0.0
-        self._started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._mutex = threading.Lock()
+    def __init__(self, journal: str | os.PathLike[str], timeout: float | None = None,
+                 located: tuple[Files, str, str] | None = None):
+        files, path, url = located if located is not None else locate(journal)
+        self.journal, self.url = path, url
+        self.taken_path = path + ".lease-taken"
+        self._victim: str | None = None           # the token of the lease being taken over
+        super().__init__(files, path + ".lease", lock_path=path + ".lock", label="the journal",
+                         timeout=_timeout(url, timeout), wait=0, fmt=LEASE_FORMAT,
+                         extra={"journal": posixpath.basename(path)}, announce=self._announce, hint=HINT)
 
     def __repr__(self) -> str:
-        return f"JournalLock({self.path!r}, held={self.held})"
+        return f"JournalLock({self.url!r}, held={self.held})"
 
-    # -- the lock file, under flock --------------------------------------------------------
-    def _locked(self, fn: Any) -> Any:
-        folder = os.path.dirname(self.path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with os.fdopen(os.dup(fd), "r+b") as f:
-                data = f.read()
-                try:
-                    holder = json.loads(data) if data.strip() else None
-                except ValueError:
-                    holder = None               # a torn lock file holds nothing
-                if not isinstance(holder, dict):
-                    holder = None
-                return fn(f, holder)
-        finally:
-            os.close(fd)                        # closing releases the flock
-
-    def _mine(self) -> dict[str, Any]:
-        return {"owner": self.owner, "host": self.host, "pid": os.getpid(),
-                "started": self._started, "heartbeat": time.time(), "journal": self.journal,
-                "timeout": self.timeout}
-
-    @staticmethod
-    def _put(f: Any, record: dict[str, Any] | None) -> None:
-        f.seek(0)
-        f.truncate()
-        if record is not None:
-            f.write(json.dumps(record).encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-
-    def stale_reason(self, holder: dict[str, Any], now: float | None = None) -> str | None:
-        """Why ``holder``'s lock is stale, or ``None`` while it is alive."""
-        now = time.time() if now is None else now
-        beat = holder.get("heartbeat")
-        if not isinstance(beat, (int, float)) or now - beat > self.timeout:
-            return f"its heartbeat is older than {self.timeout:g} s"
-        pid = holder.get("pid")
-        if holder.get("host") == self.host and isinstance(pid, int) and not _pid_alive(pid):
-            return f"pid {pid} is no longer running on this host"
-        return None
-
-    # -- public ----------------------------------------------------------------------------
-    def acquire(self) -> None:
-        """Take the lock, or raise :class:`CheckpointError` naming the driver holding it."""
-        if self.held:
-            return
-
-        def take(f: Any, holder: dict[str, Any] | None) -> tuple[str, Any] | None:
-            if holder is not None and holder.get("owner") != self.owner:
-                reason = self.stale_reason(holder)
-                if reason is None:
-                    return ("busy", holder)
-                self._put(f, self._mine())
-                return ("stale", (holder, reason))
-            self._put(f, self._mine())
-            return None
-
-        try:
-            outcome = self._locked(take)
-        except OSError as exc:
-            raise CheckpointError(self.journal, f"cannot lock it: {self.path}: "
-                                                f"{exc.strerror or exc}; the journal's folder "
-                                                "must be writable") from None
-        if outcome is not None and outcome[0] == "busy":
-            raise CheckpointError(
-                self.journal, f"is in use by another driver: {describe(outcome[1])}; one "
-                "IterationScheduler per journal. Wait for it to finish or stop it; a lock "
-                f"whose heartbeat is older than {self.timeout:g} s "
-                "(research.experiments.lock-timeout), or whose pid is dead on its host, is "
-                f"taken over ({self.path})")
-        if outcome is not None:
-            holder, reason = outcome[1]
-            warnings.warn(f"checkpoint {self.journal}: took over the lock of {describe(holder)}"
-                          f", because {reason}", JournalLockWarning, stacklevel=3)
-        self.held, self.lost = True, None
-        self._verified = time.monotonic()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name=f"journal-lock-{self.owner[:6]}",
-                                        daemon=True)
-        self._thread.start()
-
-    def _refresh(self) -> bool:
-        """Heartbeat: True while the lock is still ours (else ``lost`` names the new holder)."""
-        def beat(f: Any, holder: dict[str, Any] | None) -> dict[str, Any] | None:
-            if holder is None or holder.get("owner") != self.owner:
-                return holder or {"owner": None, "host": None, "pid": None}
-            self._put(f, self._mine())
-            return None
-
-        with self._mutex:
-            if not self.held:
-                return False
-            other = self._locked(beat)
-            if other is not None:
-                self.held, self.lost = False, other
-                return False
-            self._verified = time.monotonic()
-            return True
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
+    def acquire(self) -> JournalLock:
+        """Take the lease (see :meth:`~dask_research.durable.Lease.acquire`); after a take-over,
+        note for the driver taken over who took it (``loop.jsonl.lease-taken``)."""
+        self._victim = None
+        super().acquire()
+        victim, self._victim = self._victim, None
+        if victim is not None:
+            note = {"token": victim, "by": self.holder()}
             try:
-                if not self._refresh():
-                    return
-            except OSError:            # a full disk or a vanished folder: try again next beat
-                continue
+                self.files.write_json(self.taken_path, note, cap=LEASE_CAP, replace=True)
+            except CheckpointError:               # only for a message: never a reason to stop
+                pass
+        return self
 
-    def ensure(self) -> None:
-        """Before a journal write: raise :class:`CheckpointError` if the lock was taken over.
+    def check_held(self, path: str | None = None, *args: Any, **kwargs: Any) -> None:
+        """Before a journal write: :class:`CheckpointError` if the lease was lost, naming who
+        holds it now, or who took it over if that driver has finished since."""
+        try:
+            super().check_held(path, *args, **kwargs)
+        except CheckpointError:
+            by = self._taker() if self.lost is None else None
+            if by is None:
+                raise
+            raise CheckpointError(self.url, f"not written: this driver lost the lease of the journal (presumed "
+                                            f"dead and taken over: no heartbeat seen for {self.timeout:g} s, was "
+                                            f"this process paused?); it was taken over by {describe_holder(by)}, "
+                                            "which has let it go since. It stops here; what it wrote is kept") \
+                from None
 
-        The lock file is read again when the last check is older than half a heartbeat
-        interval (after a pause of this process, always), else this costs nothing.
-        """
-        if self.held and time.monotonic() - self._verified > self.interval / 2:
-            self._refresh()
-        if not self.held:
-            if self.lost is not None:
-                raise CheckpointError(
-                    self.journal, "this driver's lock was taken over by "
-                    f"{describe(self.lost)} (no heartbeat for {self.timeout:g} s: was this "
-                    "process paused?); stopping without writing another record")
-            self.acquire()
+    def _taker(self) -> dict[str, Any] | None:
+        """Who took this lease over (from the take-over note), or ``None`` if unknown."""
+        try:
+            note = self.files.read_json(self.taken_path, cap=LEASE_CAP)
+        except CheckpointError:                   # none, or not one we wrote: unknown
+            return None
+        if not isinstance(note, dict) or note.get("token") != self.token or not isinstance(note.get("by"), dict):
+            return None
+        return note["by"]
 
-    def release(self) -> None:
-        """Give the lock up (the lock file is emptied, never deleted)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.interval + 1.0)
-        with self._mutex:
-            if not self.held:
-                return
-            self.held = False
-
-            def free(f: Any, holder: dict[str, Any] | None) -> None:
-                if holder is not None and holder.get("owner") == self.owner:
-                    self._put(f, None)
-
-            try:
-                self._locked(free)
-            except OSError:
-                pass                   # the folder is gone: nothing left to free
+    def _announce(self, kind: str, message: str) -> None:
+        if kind == "takeover":                    # the lease about to be taken over: whose it is
+            h = self.holder()
+            token = h.get("token") if h is not None else None
+            self._victim = token if isinstance(token, str) else None
+        shown = self.files.display(self.path) + ": "       # the lease file, by name
+        if message.startswith(shown):
+            message = f"{posixpath.basename(self.path)}: {message[len(shown):]}"
+        text = f"checkpoint {self.url}: {message}"
+        if kind == "takeover":
+            warnings.warn(text, JournalLockWarning, stacklevel=2)
+        else:
+            print(text, file=sys.stderr, flush=True)

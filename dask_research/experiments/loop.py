@@ -121,9 +121,10 @@ class IterationScheduler(SettingAttributes):
     checkpoint : str, path or fsspec URL, optional
         A journal (JSON lines) of the scheduler's state, appended after every decision; a
         scheduler created with an existing journal continues from it (see
-        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`). A local journal is
-        locked for this scheduler (:mod:`~dask_research.experiments.lock`): a second driver
-        on it is refused with :class:`CheckpointError` naming the holder.
+        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`). This scheduler holds
+        the journal's lease (:mod:`~dask_research.experiments.lock`): a second driver on it is
+        refused with :class:`CheckpointError` naming the holder. A file there that is not a
+        journal, a link or a FIFO is refused, untouched.
     timeout : float, optional
         Seconds one experiment may run (``research.experiments.timeout``; ``None``: no
         limit). A longer one is cancelled and recorded as a failed experiment
@@ -262,8 +263,9 @@ class IterationScheduler(SettingAttributes):
                                          "file is damaged or was edited") from exc
 
     def close(self) -> None:
-        """Release the checkpoint's lock (a run releases it when it ends; the next ``add`` or
-        ``run`` takes it again if no other driver wrote to the journal meanwhile)."""
+        """Sync the checkpoint journal and release its lease (a run does both when it ends; the
+        next ``add`` or ``run`` takes the lease again if no other driver wrote to the journal
+        meanwhile)."""
         if self._recorder.journal is not None:
             self._recorder.journal.close()
 

@@ -4,8 +4,11 @@
 :class:`~.books.Books` that the live loop uses (queue, result, failure, prune, paper
 trigger, paper output) and the ledger's dispatch (with the policy's hooks, so LinUCB matrices
 and discounted sums come back too), and restores the generator state of randomised policies.
-Nothing runs and no expander or paper writer is called: their effects are in the journal. The
-books then hold:
+Nothing runs and no expander or paper writer is called: their effects are in the journal. A
+record must be one the live loop writes: a result's reward passes the live loop's own check
+(:func:`~.execute.coerce_result`), so a reward it would have counted as a failure is refused
+even under a recomputed checksum; :func:`journaled_keywords` checks the header's settings
+(:func:`~.settings.check_header`, then the constructor's own checks). The books then hold:
 
 - the trace so far (events marked ``restored``), results, failures, triggers and papers;
 - ``retry``: the experiments dispatched but without an outcome at the crash, in dispatch order;
@@ -33,14 +36,18 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
 
+from ..durable import schema
 from ..exceptions import CheckpointError, ResearchError
 from .books import Books
 from .checkpoint import Journal, JournalState, hypothesis_from_json
 from .events import EVENT_KINDS, Event
+from .execute import coerce_result
+from .settings import HEADER, check_header
 from .types import ExperimentResult, Hypothesis
 
 __all__ = ["restore", "journaled_keywords"]
@@ -52,21 +59,30 @@ def _num(x: Any) -> float:
     return float(x)           # also "inf", "nan" as written by the journal
 
 
-def _reward(x: Any, vector: bool) -> Any:
-    if vector:
-        if not isinstance(x, list):
-            raise ValueError(f"expected a reward vector, got {x!r}")
-        return tuple(_num(v) for v in x)
-    return _num(x)
+class _NotLive(ValueError):
+    """A record the live loop never writes (the message says why)."""
 
 
 def _outcome(e: dict, h: Hypothesis, books: Books) -> None:
-    """A ``result`` or ``failure`` record, through the books."""
+    """A ``result`` or ``failure`` record, through the books.
+
+    A result's reward passes the live loop's own check (:func:`~.execute.coerce_result`, the
+    one function that decides, for ``run()`` and ``tell()``, whether a reward is a result or
+    a failure): a reward the live loop would have counted as a failure (``inf``, ``nan``,
+    outside [0, 1] with bounded rewards, a wrong vector) is never restored as a result.
+    """
     dur = e.get("duration")
     dur = None if dur is None else _num(dur)
     if e["kind"] == "result":
-        books.result(ExperimentResult(h, _reward(e["reward"], bool(books.ledger.dims)),
-                            dict(e.get("metrics") or {}), dur))
+        led = books.ledger
+        told = ExperimentResult(h, e["reward"], dict(e.get("metrics") or {}), dur)
+        res = coerce_result(told, h, 0.0, led.bounded, led.objectives or None)
+        if not res.ok:
+            why = (res.error or "").split("; ", 1)[-1]
+            raise _NotLive(f"is a result of {h.id!r} with reward {e['reward']!r:.80}, which the live loop "
+                           f"counts as a failure ({why})")
+        reward = res.reward if led.dims else float(res.reward)
+        books.result(dataclasses.replace(res, reward=reward, duration=dur))
     else:
         books.failure(ExperimentResult.failure(h, str(e.get("error")), dur))
 
@@ -83,8 +99,9 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
     the file. Returns ``{hypothesis id: branch}`` of every journaled hypothesis.
 
     Raises :class:`CheckpointError` when the records do not fit together (a dispatch of an
-    unknown hypothesis, a result without a dispatch, a duplicate id): a journal edited by hand
-    or written by another program.
+    unknown hypothesis, a result without a dispatch, a duplicate id) or hold what the live loop
+    never writes (a result whose reward it counts as a failure): a journal edited by hand or
+    written by another program.
     """
     led = books.ledger
     ids: dict[str, str] = {}
@@ -129,6 +146,9 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
             books.elapsed = max(books.elapsed, t)
         except CheckpointError:
             raise
+        except _NotLive as exc:
+            raise CheckpointError(where, f"record {n} {exc}; the journal was edited (its checksum "
+                                         "recomputed) or written by another program") from None
         except (KeyError, TypeError, ValueError, IndexError, ResearchError) as exc:
             raise CheckpointError(where, f"record {n} does not fit the state before it "
                                          f"({type(exc).__name__}: {exc}); the journal is "
@@ -144,12 +164,25 @@ def journaled_keywords(path: str | os.PathLike[str], overrides: dict[str, Any],
                        known: set[str]) -> dict[str, Any]:
     """The scheduler keywords recorded in the header of the journal at ``path``, updated with
     ``overrides``; :class:`CheckpointError` when there is no journal, when it needs a custom
-    policy passed again, or when it names parameters outside ``known``."""
-    state = Journal(path).load(lazy=True)         # the header's settings only
-    where = os.fspath(path)
+    policy passed again, when it names parameters outside ``known`` or that the header never
+    holds, or when a journaled setting (one not overridden) is not of the JSON type the header
+    is written with (its value is then checked by the constructor)."""
+    journal = Journal(path)
+    state = journal.load(lazy=True)               # the header's settings only
+    where = journal.url
     if state is None:
         raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
                                      "a run with IterationScheduler(..., checkpoint=path))")
+    header = {k: v for k, v in state.settings.items() if k not in overrides}
+    unknown = sorted(set(header) - set(HEADER.optional))
+    if unknown:
+        raise CheckpointError(where, f"its settings name unknown parameters {unknown}; it was written by "
+                                     "another version")
+    try:                                          # JSON types as the header is written;
+        check_header(header)                      # the values by the constructor, below
+    except schema.Invalid as exc:
+        raise CheckpointError(where, f"its header's setting {exc}; the file is damaged or was "
+                                     "edited") from None
     settings = {k: v for k, v in state.settings.items() if v is not None or k in (
         "max_experiments", "max_seconds")}
     if settings.get("policy") == "custom" and "policy" not in overrides:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import config, events
+from ..durable import schema
 from ..exceptions import ExperimentError, InputError
 from .execute import is_async_callable
 from .objectives import check_objective
@@ -35,9 +36,12 @@ from .policies.base import Policy, ScoreFn
 from .policies.factory import make_policy
 from .policies.maxbandit import MAX_POLICY_NAMES, make_max_policy
 
-__all__ = ["SchedulerSettings", "SettingAttributes", "check_functions"]
+__all__ = ["SchedulerSettings", "SettingAttributes", "check_functions", "check_header", "MAX_SLOTS"]
 
 _WHERE = "IterationScheduler"
+#: Most experiments in flight at once (a local pool starts a thread per slot, the driver keeps
+#: a list of them): more is a mistake, or a damaged checkpoint header.
+MAX_SLOTS = 65_536
 
 
 def check_functions(runner: Any, expander: Any, paper_writer: Any) -> None:
@@ -135,8 +139,8 @@ class SchedulerSettings:
               max_c: Any = None) -> SchedulerSettings:
         """Settings from the scheduler's keywords (``None``: ``research.experiments.*``),
         checked in the order of the scheduler's parameters."""
-        n_slots = _int("slots", "experiments.slots", slots, "an integer >= 1",
-                       lambda v: v >= 1 and v == int(v))
+        n_slots = _int("slots", "experiments.slots", slots, f"an integer in [1, {MAX_SLOTS}]",
+                       lambda v: 1 <= v <= MAX_SLOTS and v == int(v))
         c_ = _float("c", "experiments.c", c, "a finite number >= 0 (sqrt 2 is the UCB1 default)",
                     _finite_nonneg)
         after = _int("prune_after_runs", "experiments.prune-after-runs", prune_after_runs,
@@ -231,6 +235,51 @@ class SchedulerSettings:
             "timeout": self.timeout, "cancel_grace": self.cancel_grace,
             "objective": self.objective, "max_quantile": self.max_quantile, "max_c": self.max_c,
         }
+
+
+def _threshold(value: Any) -> str | None:
+    """A journaled threshold: a finite number, or a non-empty ``{objective: finite number}``."""
+    def finite(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if finite(value) or (isinstance(value, dict) and value and all(
+            isinstance(k, str) and finite(v) for k, v in value.items())):
+        return None
+    return "a finite number, or an object {objective: finite number}"
+
+
+_NUMBER, _INT = schema.Maybe(schema.Float()), schema.Maybe(schema.Int())
+_TEXT = schema.Maybe(schema.Str(max_len=64))
+_THRESHOLD = schema.Maybe(schema.Where(_threshold))
+#: What :meth:`SchedulerSettings.header` writes, by JSON type (``null``: the default). The
+#: values are then checked by :meth:`SchedulerSettings.parse`, as the constructor's keywords.
+HEADER = schema.Obj({}, optional={
+    "slots": _INT, "c": _NUMBER, "prune_after_runs": _INT, "prune_floor": _THRESHOLD,
+    "paper_threshold": _THRESHOLD, "failure_limit": _INT, "bounded": schema.Maybe(schema.Bool()),
+    "max_experiments": _NUMBER, "max_seconds": _NUMBER, "policy": _TEXT, "gamma": _NUMBER,
+    "alpha": _NUMBER, "seed": _INT,
+    "objectives": schema.Maybe(schema.List(schema.List(schema.Str(max_len=256), length=2), max_len=1024)),
+    "weights": schema.Maybe(schema.List(schema.Float(), max_len=1024)), "apply_order": _TEXT,
+    "timeout": _NUMBER, "cancel_grace": _NUMBER, "objective": _TEXT, "max_quantile": _NUMBER,
+    "max_c": _NUMBER,
+})
+
+
+def check_header(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a journal's header if each has the JSON type :meth:`SchedulerSettings.
+    header` writes; else :class:`~dask_research.durable.schema.Invalid` naming the setting.
+
+    A name the header never holds is refused too. The values themselves are the constructor's
+    to judge (a resume passes them to it).
+
+    >>> check_header({"slots": 2, "apply_order": "dispatch"})
+    {'slots': 2, 'apply_order': 'dispatch'}
+    >>> check_header({"slots": 1e9})
+    Traceback (most recent call last):
+    ...
+    dask_research.durable.schema.Invalid: slots is 1000000000.0; expected a whole number
+    """
+    return schema.check(settings, HEADER)
 
 
 class _Setting:

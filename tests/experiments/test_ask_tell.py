@@ -140,7 +140,7 @@ def test_ask_tell_session_resumes_from_its_journal_after_a_crash(tmp_path):
     pending = proc.stdout.strip().split(",")
     assert len(pending) == 2
 
-    with pytest.warns(JournalLockWarning, match="no longer running"):
+    with pytest.warns(JournalLockWarning, match="on this host, is gone"):
         sched = IterationScheduler.resume(path)       # the dead driver's lock is taken over
     assert sched.objective == "max"
     stats = sched.stats

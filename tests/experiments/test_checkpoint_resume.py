@@ -201,8 +201,9 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run_slots1(tmp_path
     done_before = open(log).read().split()
     assert 12 <= len(done_before) < 50                     # killed mid-run
     runner = cs.LoggingRunner(log, 0.0)
-    with pytest.warns(JournalLockWarning, match=r"took over the lock of pid \d+ .* is no "
-                                                r"longer running on this host"):
+    with pytest.warns(JournalLockWarning, match=r"loop.jsonl.lease: taking over the lease of the "
+                                                r"journal held by .*, because its process, pid \d+ on "
+                                                r"this host, is gone"):
         sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
     report = sched.run()
     whole = cs.scheduler(cs.LoggingRunner(None, 0.0)).run()
@@ -217,7 +218,7 @@ def test_sigkill_mid_run_with_three_slots_runs_every_hypothesis_exactly_once(tmp
     before = open(log).read().split()
     state = Journal(path).load()
     runner = cs.LoggingRunner(log, 0.0)
-    with pytest.warns(JournalLockWarning, match="is no longer running on this host"):
+    with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
         sched = IterationScheduler.resume(path, runner, expander=cs.EXPANDER, progress=False)
     in_flight = {h.id for h in sched._books.retry}
     report = sched.run()
@@ -247,7 +248,7 @@ def test_corrupt_foreign_and_pickled_checkpoints_are_refused(tmp_path):
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"format": "dask-research.experiments.journal", "version": 2}\n'
                       'garbage\n{"kind": "output", "branch": "a", "output": 1}\n')
-    with pytest.raises(CheckpointError, match=r"line 2 is not a JSON object: 'garbage'"):
+    with pytest.raises(CheckpointError, match=r"line 2 is not valid JSON \(.*\): 'garbage'"):
         _scheduler(runner, broken).run()
     future = tmp_path / "future.jsonl"
     future.write_text('{"format": "dask-research.experiments.journal", "version": 9}\n')

@@ -12,7 +12,7 @@ import pytest
 
 from dask_research.exceptions import CheckpointError
 from dask_research.experiments import Hypothesis, IterationScheduler
-from dask_research.experiments.checkpoint import Journal, JournalLegacyWarning
+from dask_research.experiments.checkpoint import Journal, JournalLegacyWarning, _encode
 
 REWARDS = {"a": 0.8, "b": 0.3}
 
@@ -103,7 +103,7 @@ def test_a_torn_tail_is_ignored_and_cut_and_only_the_last_line(tmp_path):
     lines = good.split(b"\n")
     lines[2] = lines[2][:20]
     path.write_bytes(b"\n".join(lines))
-    with pytest.raises(CheckpointError, match=r"line 3 (fails its checksum|is not a JSON)"):
+    with pytest.raises(CheckpointError, match=r"line 3 (fails its checksum|is not valid JSON)"):
         Journal(path).load()
 
 
@@ -142,3 +142,67 @@ def test_a_legacy_version_2_journal_is_read_with_a_warning(tmp_path):
     assert len(state.records) > 3
     new = path.read_text().splitlines()[len(legacy):]
     assert new and all('"crc": "' in ln for ln in new)       # appended records are checked
+
+
+def _resign_line(path, pick, edit):
+    """Edit the first record ``pick`` accepts and recompute its checksum (a deliberate editor)."""
+    lines = path.read_text().splitlines()
+    n = next(k for k, ln in enumerate(lines) if pick(ln))
+    rec = json.loads(lines[n])
+    rec.pop("crc")
+    edit(rec)
+    lines[n] = _encode(rec)
+    path.write_text("\n".join(lines) + "\n")
+    return n + 1
+
+
+@pytest.mark.parametrize("reward", ["inf", "nan", "-inf", 1e308, -5, 1.5, True, [0.5], None])
+def test_a_resigned_reward_the_live_loop_counts_as_a_failure_is_refused_on_resume(tmp_path, reward):
+    path = tmp_path / "loop.jsonl"
+    _scheduler(Runner(), path, max_experiments=3).run()
+    n = _resign_line(path, lambda ln: '"kind": "result"' in ln,
+                     lambda rec: rec["e"].__setitem__("reward", reward))
+    with pytest.raises(CheckpointError, match=rf"loop.jsonl: record {n} is a result of '[ab]-\d' with reward "
+                                              rf"{re.escape(repr(reward))}, which the live loop counts as a "
+                                              r"failure \(.+\); the journal was edited"):
+        IterationScheduler.resume(path, Runner(), progress=False)
+    with pytest.raises(CheckpointError, match=rf"record {n} is a result"):
+        _scheduler(Runner(), path)                    # the constructor replays it the same way
+
+
+@pytest.mark.parametrize("reward, accepted", [(1e308, True), (-5, True), ("inf", False), ("nan", False)])
+def test_resume_accepts_exactly_the_rewards_the_live_loop_accepts(tmp_path, reward, accepted):
+    """Unbounded rewards: the live loop counts 1e308 and -5 as results, inf and nan as failures."""
+    path = tmp_path / "loop.jsonl"
+    live = IterationScheduler(lambda h: float(reward), slots=1, progress=False, bounded=False)
+    live.add([Hypothesis("x-0", "a")])
+    assert bool(live.run().results) is accepted
+    _scheduler(Runner(), path, max_experiments=3, bounded=False).run()
+    _resign_line(path, lambda ln: '"kind": "result"' in ln, lambda rec: rec["e"].__setitem__("reward", reward))
+    if accepted:
+        sched = IterationScheduler.resume(path, Runner(), progress=False)
+        assert reward in [r.reward for r in sched._books.results]
+    else:
+        with pytest.raises(CheckpointError, match="which the live loop counts as a failure"):
+            IterationScheduler.resume(path, Runner(), progress=False)
+
+
+@pytest.mark.parametrize("key, value, problem", [
+    ("slots", 1e9, r"its header's setting slots is 1000000000.0; expected a whole number; the file is "
+                   r"damaged or was edited"),
+    ("slots", 10 ** 9, r"holds a setting that cannot be used \(IterationScheduler: slots=1000000000 is invalid; "
+                       r"expected an integer in \[1, 65536\]\)"),
+    ("bounded", "yes", r"its header's setting bounded is 'yes'; expected true or false"),
+    ("prune_floor", "inf", r"its header's setting prune_floor is 'inf'; expected a finite number, or an "
+                                  r"object \{objective: finite number\}"),
+    ("objectives", [["a"]], r"its header's setting objectives\[0\] is \['a'\]; expected a list of 2 items"),
+    ("checkpoint", "/etc/passwd", r"its settings name unknown parameters \['checkpoint'\]"),
+])
+def test_a_resigned_header_setting_is_refused_naming_it(tmp_path, key, value, problem):
+    path = tmp_path / "loop.jsonl"
+    _scheduler(Runner(), path, max_experiments=2).run()
+    _resign_line(path, lambda ln: '"format"' in ln, lambda rec: rec["settings"].__setitem__(key, value))
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path}: {problem}"):
+        IterationScheduler.resume(path, Runner(), progress=False)
+    if key == "slots":                                # the caller's own value replaces the bad one
+        assert IterationScheduler.resume(path, Runner(), progress=False, slots=2).slots == 2
