@@ -364,15 +364,21 @@ def mc_show(run_id, store, as_json):
     click.echo(f"  shards stored {info['stored_shards']} of {info['shards']}"
                f"{'' if info['complete'] else ' (incomplete: run it again to resume)'}")
     res = info["result"]
-    if res and res.get("mean") is not None:
-        from .montecarlo.result import verification_sentence
+    if res and res.get("mean") is not None:         # recomputed from the stored shards by show
+        from .montecarlo.result import reused_sentence, verification_sentence
 
         ci = res.get("mean_interval95")
         ci_text = f" (95 % CI of the mean [{ci[0]:.6g}, {ci[1]:.6g}])" if isinstance(ci, list) and len(ci) == 2 else ""
         click.echo(f"  mean {res['mean']:.6g}{ci_text}, stderr {res['stderr']:.3g}; output sd {res['sd']:.6g}, "
-                   f"n {res['n']:,}")
+                   f"n {res['n']:,} (recomputed from the stored shards)")
         if res.get("verification"):
             click.echo(f"  verified {verification_sentence(res)}")
+        reused = reused_sentence(res) if "result_mismatch" not in res else None
+        if reused:
+            click.echo(f"  reused shards {reused}")
+    elif res and res.get("result_checked") is False:
+        click.echo("  result: the state of a user reducer, which show cannot recompute without its code; "
+                   "check the shards with mc verify RUN --store ... --job FILE:JOB")
 
 
 @mc.command("pilot")

@@ -3,11 +3,12 @@
 :func:`replay` recomputes stored shards alone and compares them with what the run accepted.
 
 The run id and the manifest are enough: the inputs, seed, partitioning and histogram range come
-from the manifest (plain JSON; nothing in the store is executed). The pipeline comes from the
-caller, never from the store: ``job=``, a job this process ran, a module this process has
-already imported (``__main__`` included; looked up, never imported), or, only with
-``trust_origin=True``, an import of what the manifest records. The rebuilt job must have the
-same content address, so a pipeline edited since the run is refused.
+from the manifest (plain JSON, checked against its schema; nothing in the store is executed).
+The pipeline comes from the caller, never from the store: ``job=``, or the pipeline of a
+:class:`Job` this process has built (a script's or a console's own job), or, only with
+``trust_origin=True``, an import of what the manifest records. No other function of any module
+(``__main__`` included) is ever a candidate, and the rebuilt job must have the same content
+address, so a pipeline edited since the run is refused.
 
 Examples
 --------
@@ -22,20 +23,20 @@ import importlib
 import importlib.util
 import inspect
 import os
-import site
 import sys
-import sysconfig
 import types
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import InputError, PipelineError, ResearchError, StoreError
+from .address import pipeline_fingerprint
 from .distributions import from_spec
 from .job import Job
 from .run import _JOBS, open_store, remember_job
 from .shard import compute_shard
 from .store import RunStore
+from .store.holdings import stored_state_problem
 from .verify import TOLERANCE, hash_order, states_match
 
 __all__ = ["replay", "replay_many", "ReplayReport", "load_job", "show"]
@@ -76,61 +77,21 @@ def _walk(obj: Any, qualname: str) -> Any:
     return obj
 
 
-def _is_library_module(mod: types.ModuleType) -> bool:
-    """Whether ``mod`` is the standard library, an installed package or built into Python."""
-    if mod.__name__ == "__main__":
-        return False
-    if mod.__name__.split(".")[0] == "dask_research":
-        return True     # this package's own functions: public names, never a stored run's pipeline
-    path = getattr(mod, "__file__", None)
-    if not isinstance(path, str) or mod.__name__ in sys.builtin_module_names:
-        return True     # built in, frozen or a namespace package: nothing a user's job is defined in
-    real = os.path.realpath(path)
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
-    if site.ENABLE_USER_SITE and site.getusersitepackages():
-        roots.add(site.getusersitepackages())
-    return any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + os.sep) for r in roots)
+def _built_pipelines(recorded: Any) -> list:
+    """The pipelines of jobs built in this process whose description is the recorded one.
 
-
-def _same_file(a: Any, b: Any) -> bool:
-    if not isinstance(a, str) or not isinstance(b, str) or a.startswith("<") or b.startswith("<"):
-        return False
-    try:
-        return os.path.realpath(a) == os.path.realpath(b)
-    except (OSError, ValueError):
-        return False
-
-
-def _pipelines_in_this_process(origin: dict) -> list:
-    """Candidates for the recorded pipeline among modules this process has already imported.
-
-    Nothing is imported or executed: the manifest's module name is looked up in
-    ``sys.modules`` (``__main__`` included), then any loaded module whose file is the recorded
-    file (the CLI loads ``FILE:JOB`` under a private name). Only a *plain function* defined in
-    that module under that qualified name qualifies (``type(f) is FunctionType``,
-    ``f.__module__`` the module, ``f.__qualname__`` the recorded one), found through ``vars()``
-    without ``__getattr__``, and only in a user's module: never the standard library or an
-    installed package, whose functions anyone can name. The caller checks the content address.
+    Only a pipeline some :class:`Job` of this process was built on is a candidate (see
+    :class:`~dask_research.montecarlo.run.JobRegistry`); a function of ``__main__`` or of any
+    module that no job was built on never is, whatever a manifest names. The caller checks
+    the content address.
     """
-    module, qualname, path = origin.get("module"), origin.get("qualname"), origin.get("file")
-    out: list = []
-    mods: list = []
-    if not isinstance(qualname, str):
-        return out
-    if isinstance(module, str) and module in sys.modules:
-        mods.append(sys.modules[module])
-    if isinstance(path, str):
-        for m in list(sys.modules.values()):
-            if isinstance(m, types.ModuleType) and m not in mods and _same_file(getattr(m, "__file__", None), path):
-                mods.append(m)
-    for m in mods:
-        if not isinstance(m, types.ModuleType) or _is_library_module(m):
+    out = []
+    for fn in _JOBS.pipelines():
+        try:
+            if pipeline_fingerprint(fn) == recorded:
+                out.append(fn)
+        except Exception:     # no content address: it cannot be the recorded pipeline
             continue
-        obj = _walk(m, qualname)
-        if (type(obj) is types.FunctionType and obj.__module__ == m.__name__
-                and obj.__qualname__ == qualname and obj not in out):
-            out.append(obj)
     return out
 
 
@@ -163,26 +124,23 @@ def _import_origin(origin: dict, where: str) -> Any:
     return obj
 
 
-def _load_pipelines(origin: dict, where: str, trust_origin: bool) -> list:
-    """The pipeline candidates for a manifest's origin; never imports unless ``trust_origin``.
+def _load_pipelines(manifest: dict, where: str, trust_origin: bool) -> list:
+    """The pipeline candidates for a manifest: those of jobs built here; never imports unless ``trust_origin``.
 
     A store may have been written by someone else: it must not choose what code runs here. The
-    pipeline comes from the caller's process (a module it has already imported, ``__main__``
-    included) or, with ``trust_origin=True``, from importing what the manifest records. Whatever
-    is found, the rebuilt job must have the run's content address.
+    pipeline comes from the caller's process (a job it built) or, with ``trust_origin=True``,
+    from importing what the manifest records. Whatever is found, the rebuilt job must have
+    the run's content address.
     """
-    qualname = origin.get("qualname")
-    if not isinstance(qualname, str) or not qualname or "<" in qualname:
-        raise StoreError(where, f"the pipeline {qualname!r} cannot be found again by name; pass job= "
-                         "(CLI: --job FILE:JOB or --job MODULE:JOB)")
-    found = _pipelines_in_this_process(origin)
+    origin = manifest.get("origin") or {}
+    found = _built_pipelines(manifest["job"]["pipeline"])
     if found or trust_origin:
         return found
-    raise StoreError(where, f"records its pipeline as {_recorded(origin)}, which this process has not imported, "
-                     "and a store never chooses the code that runs: pass job= the job that ran (command line: "
-                     "--job FILE:JOB or MODULE:JOB, naming the Job object in your own copy of the code), or "
-                     "--trust-origin (trust_origin=True) to import what it records if you trust whoever wrote "
-                     "this store")
+    raise StoreError(where, f"records its pipeline as {_recorded(origin)}, which is not the pipeline of any job "
+                     "built in this process, and a store never chooses the code that runs: pass job= the job that "
+                     "ran (command line: --job FILE:JOB or MODULE:JOB, naming the Job object in your own copy of "
+                     "the code), or --trust-origin (trust_origin=True) to import what it records if you trust "
+                     "whoever wrote this store")
 
 
 def _recorded(origin: dict) -> str:
@@ -213,11 +171,10 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     store : str or RunStore
         The store the run was written to; it must exist.
     job : Job, optional
-        The job, from the caller. Without it, the job is rebuilt from the manifest with the
-        pipeline taken from this process: a job this process ran or rebuilt, else a module it
-        has already imported (looked up in ``sys.modules`` under the recorded name, or by the
-        recorded file, ``__main__`` included). Nothing is imported or executed because a
-        manifest says so.
+        The job, from the caller. Without it: a :class:`Job` this process built with this
+        content address, else the job rebuilt from the manifest on the pipeline of a job this
+        process built (the same function, with the recorded inputs). No other function is a
+        candidate, and nothing is imported or executed because a manifest says so.
     trust_origin : bool, optional
         ``True``: if this process has not imported the pipeline, import the recorded module or
         load the recorded file (under a private name). Only for stores whose writer you trust.
@@ -249,9 +206,7 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
 
 def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: bool) -> Job:
     origin = manifest.get("origin") or {}
-    if not isinstance(origin, dict):
-        raise StoreError(where, "has an 'origin' entry that is not an object (edited or corrupt)")
-    candidates = _load_pipelines(origin, where, trust_origin)
+    candidates = _load_pipelines(manifest, where, trust_origin)
     job: Job | None = None
     for pipeline in candidates + ([None] if trust_origin else []):
         if pipeline is None:   # trusted, and nothing in this process matched: import what is recorded
@@ -260,7 +215,7 @@ def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: boo
             job = _rebuild(manifest, pipeline)
         except StoreError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, InputError) as e:
             raise StoreError(where, f"cannot rebuild the job from it ({type(e).__name__}: {e})") from None
         if job.id == run_id:
             return job
@@ -301,7 +256,12 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
         raise StoreError(rs.display(rs.run_dir(run_id)), f"has no accepted accumulator for shard {shard} "
                          f"({len(stored)} of {job.shards} stored)")
     state, _, path = stored[shard]
-    reducer = job.make_reducer(tuple(manifest["range"]) if manifest.get("range") else None)
+    rng = manifest["range"]
+    reducer = job.make_reducer((rng[0], rng[1]) if rng is not None else None)
+    template = reducer.init() if (rng is not None or job.frozen) else None
+    problem = stored_state_problem(job, shard, state, template)
+    if problem:
+        raise StoreError(rs.display(path), problem)
     try:
         again = compute_shard(job, shard, reducer=reducer)
     except ResearchError:
@@ -326,24 +286,28 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
 def show(run_id: str | None, store: Any) -> dict:
     """What a store holds about a run (or the list of runs when ``run_id`` is None).
 
-    Raises :class:`~dask_research.exceptions.StoreError` if the store does not exist.
+    Every shard is decoded and checked against what the manifest's run produces (the run's
+    histogram and sample count): a state that is not is refused, naming its file. The figures
+    shown (``n``, mean, sd, stderr, min, max, the intervals, skewness, kurtosis, under- and
+    overflow) are recomputed from the stored shards, never taken from ``result.json``; a run
+    whose shards cannot give them (incomplete, or a user reducer, whose code show does not
+    have) shows none.
+
+    Raises :class:`~dask_research.exceptions.StoreError` if the store does not exist, or a
+    file in it is not one the run wrote.
     """
     rs = _existing_store(store, "show")
     if run_id is None:
         return {"store": repr(rs), "runs": rs.list_runs()}
     rid = rs.resolve(run_id)
-    manifest = rs.read_manifest(rid)
+    manifest = rs.read_manifest(rid)         # checked: its schema, the shard count a whole number >= 1
     stored = rs.read_shards(rid)            # decoded: an edited accumulator is refused here too
-    try:
-        shards = int(manifest["job"]["partitioning"]["shards"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise StoreError(rs.display(rs.run_dir(rid) + "/manifest.json"), f"has no valid shard count ({e})") from None
+    rs.check_states(manifest, stored)       # each one what the run's reducer produces
+    shards = manifest["job"]["partitioning"]["shards"]
     result = rs.read_result(rid)
     if result is not None:
-        for k in ("mean", "stderr", "sd", "n"):
-            if not isinstance(result.get(k), (int, float, type(None))):
-                raise StoreError(rs.display(rs.run_dir(rid) + "/result.json"), f"has a non-numeric {k!r}")
-        result = _checked_result(dict(result), stored, shards, rs.display(rs.run_dir(rid) + "/result.json"))
+        moments = "reducer" not in manifest["job"]["accumulate"]
+        result = _checked_result(dict(result), stored, shards, rs.display(rs.path(rid, "result.json")), moments)
     return {"run_id": rid, "name": manifest.get("name"), "created": manifest.get("created"),
             "shards": shards, "stored_shards": len(stored), "complete": len(stored) == shards,
             "range": manifest.get("range"), "versions": manifest.get("versions"),
@@ -354,50 +318,74 @@ def show(run_id: str | None, store: Any) -> dict:
 #: changes the last bits: the engine merges per task block, show merges the shards directly).
 SUMMARY_RTOL = 1e-9
 
+#: The figures of a run's result: ``show`` recomputes each from the stored shards.
+FIGURES = ("n", "mean", "sd", "stderr", "mean_interval95", "skewness", "kurtosis", "min", "max",
+           "output_interval95_percentile", "output_interval95_normal", "underflow", "overflow")
+#: Figures of ``result.json`` that ``show`` cannot recompute without the pipeline: never shown.
+NOT_RECOMPUTED = ("linearized", "state")
 
-def _checked_result(result: dict, stored: dict, shards: int, where: str) -> dict:
-    """``result.json`` checked against the stored shards; its summary recomputed from them.
 
-    ``result.json`` is a convenience copy with no authority: ``n``, ``mean``, ``sd``,
-    ``stderr``, ``min`` and ``max`` shown are those of the stored (checked) accumulators. If
-    the file disagrees with them, or claims a result the shards cannot give (an incomplete
-    run), ``result_mismatch`` says how, its verification record is withheld (it cannot be
-    re-checked) and a :class:`~dask_research.montecarlo.store.StoreWarning` is issued.
-    """
+def _finite(v: Any) -> Any:
     import math
+
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v if not isinstance(v, float) or math.isfinite(v) else None
+
+
+def _agrees(old: Any, new: Any) -> bool:
+    import math
+
+    if isinstance(new, list):
+        return isinstance(old, list) and len(old) == len(new) and all(_agrees(a, b) for a, b in zip(old, new))
+    if old is None:
+        return not (isinstance(new, (int, float)) and math.isfinite(new))
+    if not isinstance(old, (int, float)) or isinstance(old, bool):
+        return False
+    if isinstance(new, int) and isinstance(old, int):
+        return old == new
+    return math.isclose(float(old), float(new), rel_tol=SUMMARY_RTOL, abs_tol=0.0) or (
+        not math.isfinite(float(new)) and not math.isfinite(float(old)))
+
+
+def _checked_result(result: dict, stored: dict, shards: int, where: str, moments: bool = True) -> dict:
+    """``result.json`` checked against the stored shards; its figures recomputed from them.
+
+    ``result.json`` is a convenience copy with no authority: every figure shown (:data:`FIGURES`)
+    is recomputed from the stored (checked) accumulators, and those that cannot be
+    (:data:`NOT_RECOMPUTED`, or all of them for an incomplete run or a user reducer) are not
+    shown. If the file disagrees with the shards, or claims a result the shards cannot give
+    (an incomplete run), ``result_mismatch`` says how, its verification record is withheld (it
+    cannot be re-checked) and a :class:`~dask_research.montecarlo.store.StoreWarning` is issued.
+    """
     import warnings
 
-    from .accumulators import Moments, merge_moments
+    from .accumulators import merge_moments
+    from .result import Result
     from .store import StoreWarning
     from .tree import tree_fold
 
     states = [stored[s][0] for s in sorted(stored)]
     problem = None
+    for k in NOT_RECOMPUTED:
+        result.pop(k, None)
     if len(stored) != shards or not states:
         if result.get("mean") is not None:
             problem = f"claims a result, but only {len(stored)} of {shards} shards are stored"
-            for k in ("n", "mean", "sd", "stderr", "min", "max"):
-                result[k] = None
-    elif all(isinstance(st, Moments) for st in states):
-        m = tree_fold(merge_moments, states)
-        sd = math.sqrt(m.m2 / (m.n - 1)) if m.n > 1 else math.nan
-        fresh = {"n": m.n, "mean": m.mean, "sd": sd, "stderr": sd / math.sqrt(m.n) if m.n else math.nan,
-                 "min": m.min, "max": m.max}
-        bad = []
-        for k, v in fresh.items():
-            if k not in result:
-                continue      # not claimed by the file (an older or partial summary): nothing to compare
-            old = result[k]
-            if old is None and not math.isfinite(v):
-                continue
-            if not isinstance(old, (int, float)) or isinstance(old, bool) or not math.isclose(
-                    float(old), float(v), rel_tol=SUMMARY_RTOL, abs_tol=0.0):
-                bad.append(f"{k} {old!r} (the shards give {v!r})")
-        result.update({k: (v if math.isfinite(v) else None) for k, v in fresh.items()})
+        for k in FIGURES:
+            result[k] = None
+    elif moments:
+        fresh = Result(result.get("run_id", ""), tree_fold(merge_moments, states)).summary()
+        bad = [f"{k} {result[k]!r} (the shards give {fresh[k]!r})" for k in FIGURES
+               if k in result and not _agrees(result[k], fresh[k])]
+        result.update({k: _finite(fresh[k]) for k in FIGURES})
+        result["result_checked"] = True
         if bad:
             problem = "disagrees with the stored shards: " + ", ".join(bad)
     else:
-        result["result_checked"] = False   # a user reducer: its summary is not recomputed here
+        for k in FIGURES:        # a user reducer's figures: only its own code can recompute them
+            result[k] = None
+        result["result_checked"] = False
     if problem is not None:
         result["result_mismatch"] = problem
         result["verification"] = None

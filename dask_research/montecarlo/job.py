@@ -115,6 +115,9 @@ class Job:
             gpu_draws.check_portable(self.inputs)
         self._check_signature()
         self._id: str | None = None
+        from .run import remember_job  # the jobs built here: the only pipelines replay may pick unasked
+
+        remember_job(self)
 
     # -- validation -------------------------------------------------------------------------
     @staticmethod

@@ -29,7 +29,7 @@ from ..exceptions import InputError
 from .accumulators import Moments
 from .linearize import Linearized
 
-__all__ = ["Result", "Interval", "verification_sentence"]
+__all__ = ["Result", "Interval", "verification_sentence", "reused_sentence"]
 
 
 def _decimals(halfwidth: float) -> int | None:
@@ -240,6 +240,9 @@ class Result:
             lines.append(self._wall_line())
         if self.verification:
             lines.append(self._verified_line())
+        reused = reused_sentence(self.to_summary_record())
+        if reused:
+            lines.append(f"  reused shards        {reused}")
         return "\n".join(lines)
 
     def _wall_line(self) -> str:
@@ -348,3 +351,32 @@ def verification_sentence(record: Mapping[str, Any]) -> str:
     quarantined = v.get("quarantined_workers") or []
     tail = f"; quarantined {', '.join(quarantined)}" if quarantined else ""
     return f"{len(checked)} shards re-run, {verdict}: {'; '.join(parts) or 'none'}{tail}"
+
+
+def reused_sentence(record: Mapping[str, Any]) -> str | None:
+    """How many of the shards a run reused from its store were re-run (``None``: it reused none).
+
+    A reused shard was computed by an earlier run and read back from the store, where anyone
+    who can write the store could have edited it. The store refuses every state that breaks an
+    accumulator's invariants; an edit that keeps them all is caught only by re-running the
+    shard, so with ``k`` of ``N`` reused shards re-run, one edited shard is caught with
+    probability ``k/N``. ``research.montecarlo.verify-reused: all`` re-runs every one.
+
+    >>> reused_sentence({"verification": {"reused_checked": [3, 9]}, "reused_shards": 16})
+    '2 of 16 reused shards re-run: a stored shard edited within every invariant is caught only if it is one of them (probability 2/16); research.montecarlo.verify-reused: all re-runs every one'
+    >>> reused_sentence({"verification": {"reused_checked": list(range(4))}, "reused_shards": 4})
+    '4 of 4 reused shards re-run: every shard this result reuses from the store was recomputed'
+    """
+    reused = int(record.get("reused_shards") or 0)
+    if reused <= 0:
+        return None
+    v = record.get("verification")
+    if v and "reused_checked" not in v:
+        return (f"{reused} shards reused from the store; how many were re-run is not recorded (an older version "
+                "wrote this result): research.montecarlo.verify-reused: all re-runs every one")
+    k = len((v or {}).get("reused_checked") or [])
+    if k >= reused:
+        return f"{k} of {reused} reused shards re-run: every shard this result reuses from the store was recomputed"
+    why = " (verify=0)" if not v else ""
+    return (f"{k} of {reused} reused shards re-run{why}: a stored shard edited within every invariant is caught only "
+            f"if it is one of them (probability {k}/{reused}); research.montecarlo.verify-reused: all re-runs every one")

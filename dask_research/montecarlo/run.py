@@ -12,6 +12,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import weakref
 from typing import Any
@@ -91,13 +92,66 @@ def open_store(store: Any, must_exist: bool = False) -> RunStore | None:
     return rs.require() if must_exist else rs
 
 
-#: Jobs this process has run or rebuilt, by content address (weak: they live while the caller keeps them).
-_JOBS: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
+class JobRegistry:
+    """The jobs built in this process, and the pipelines they were built on: what replay may run.
+
+    Every :class:`Job` adds itself when it is built (weakly: a job lives while the caller
+    keeps it). Its pipeline is kept too, weakly, while it lives anywhere (a script's function
+    outlives ``del job``), so ``replay(run_id, shard, store)`` in the script or console that
+    built the job finds it. Nothing else of a module is ever a candidate: a helper function of
+    ``__main__`` that no job was built on is never called because a manifest names it.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
+        self._pipelines: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._guard = threading.Lock()
+
+    def add(self, job: Job) -> None:
+        """Record ``job`` (and its pipeline, where it can be referred to weakly)."""
+        with self._guard:
+            self._jobs.add(job)
+            with contextlib.suppress(TypeError):     # a builtin or bound method: kept through its job
+                self._pipelines.add(job.pipeline)
+
+    def get(self, run_id: str) -> Job | None:
+        """A live job built here whose content address is ``run_id``."""
+        with self._guard:
+            jobs = list(self._jobs)
+        for job in jobs:
+            try:
+                if job.id == run_id:
+                    return job
+            except Exception:     # a pipeline without a content address: never a match
+                continue
+        return None
+
+    def pipelines(self) -> list[Any]:
+        """The pipelines of the jobs built here, each once."""
+        with self._guard:
+            found = [j.pipeline for j in self._jobs] + list(self._pipelines)
+        out: list[Any] = []
+        seen: set[int] = set()
+        for fn in found:
+            if id(fn) not in seen:
+                seen.add(id(fn))
+                out.append(fn)
+        return out
+
+    def clear(self) -> None:
+        """Forget every job (as if this process had built none)."""
+        with self._guard:
+            self._jobs.clear()
+            self._pipelines.clear()
+
+
+#: Jobs built in this process (see :class:`JobRegistry`).
+_JOBS = JobRegistry()
 
 
 def remember_job(job: Job) -> None:
     """Record ``job`` as one this process built, so ``replay(job.id, ...)`` finds its pipeline."""
-    _JOBS[job.id] = job
+    _JOBS.add(job)
 
 
 def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,

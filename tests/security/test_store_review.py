@@ -116,15 +116,18 @@ def test_a_manifest_never_makes_replay_call_a_builtin_or_library_function(tmp_pa
     rid = made.stdout.split()[-1]
     out = run_python(VICTIM, tmp_path, rid, str(store))
     assert out.returncode == 0, out.stderr
-    assert "RAISED StoreError" in out.stdout and "this process has not imported" in out.stdout, out.stdout
+    assert "RAISED StoreError" in out.stdout and "not the pipeline of any job built in this process" in out.stdout, \
+        out.stdout
     assert "JSON IS A module | f2py imported: False" in out.stdout, out.stdout
     cli = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "replay", rid, "--shard", "0",
                           "--store", str(store)], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
                          timeout=120)
-    assert cli.returncode != 0 and "has not imported" in cli.stderr + cli.stdout
+    assert cli.returncode != 0 and "not the pipeline of any job built in this process" in cli.stderr + cli.stdout
 
 
-def test_only_plain_user_functions_are_found_and_never_through_getattr(tmp_path, monkeypatch):
+def test_only_pipelines_of_jobs_built_here_are_candidates_never_through_getattr(tmp_path, monkeypatch):
+    """A function of an imported module is a candidate only once a Job was built on it; the walk
+    that finds it never runs a module ``__getattr__``, and a library's functions never qualify."""
     import importlib
 
     replay = importlib.import_module("dask_research.montecarlo.audit")
@@ -134,26 +137,21 @@ def test_only_plain_user_functions_are_found_and_never_through_getattr(tmp_path,
         def __getattr__(name):          # a module __getattr__ must never run on a manifest's word
             CALLS.append(name)
             return lambda **kw: kw
-        def _private(a):
-            return a
-        class Model:
-            def simulate(self, a):
-                return a
+        def helper(a):
+            return a + 1
         def pipeline(a):
             return a
-        alias = print
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     import usermod
 
-    find = lambda qualname: replay._pipelines_in_this_process({"module": "usermod", "qualname": qualname})  # noqa: E731
-    assert find("pipeline") == [usermod.pipeline]
-    for qualname in ("missing", "_private", "alias", "Model.simulate.__globals__", "Model.__init__", "Model"):
-        assert find(qualname) == [], qualname
+    find = replay._built_pipelines
+    helper, pipeline = pipeline_fingerprint(usermod.helper), pipeline_fingerprint(usermod.pipeline)
+    assert find(helper) == [] and find(pipeline) == []          # imported, but no job built on them
+    job = mc.Job(usermod.pipeline, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=8, seed=1)
+    assert find(pipeline) == [usermod.pipeline] and find(helper) == []
     assert usermod.CALLS == []
-    # The same walk on library modules finds nothing at all.
-    assert replay._pipelines_in_this_process({"module": "os.path", "qualname": "join"}) == []
-    assert replay._pipelines_in_this_process({"module": "dask_research.demo", "qualname": "demo_job"}) == []
+    assert find(pipeline_fingerprint(os.path.join)) == [] and job.pipeline is usermod.pipeline
 
 
 # -- 2: different jobs never share an address ----------------------------------------------------
@@ -265,7 +263,9 @@ def test_a_forged_lease_is_taken_over_after_lease_timeout_of_our_own_clock(tmp_p
         with lease:
             pass
     assert time.monotonic() - t0 < 60
-    assert "heartbeat unknown" in said[0] and "taking over a stale lease of mallory" in said[1], said
+    assert "is held by mallory" in said[0] and "heartbeat unknown" in said[0], said
+    assert "taking over the lease of run" in said[1] and "held by mallory" in said[1], said
+    assert "has not changed for 1 s by this process's clock" in said[1], said
     with dask.config.set({"research.montecarlo.lease-timeout": 1.0}):
         (run_dir / "lease.json").write_text('{"owner":"mallory","host":"elsewhere","pid":1,"heartbeat":1e12}')
         res = mc.run(job, client=client, store=store, progress=False, verify=0)
@@ -288,8 +288,9 @@ def test_a_fifo_or_device_in_the_store_is_refused_at_once(tmp_path, client, what
         os.symlink("/dev/zero", target)
     else:
         os.mkfifo(target)
-    kind = "a device" if what == "shard-devzero" else "a FIFO"
-    with pytest.raises(StoreError, match=rf"{target.name}: is {kind}, not a regular file"):
+    problem = "is a symbolic link; links inside it are refused" if what == "shard-devzero" else \
+        "is a FIFO, not a regular file"
+    with pytest.raises(StoreError, match=rf"{target.name}: {problem}"):
         if what == "lease-fifo":
             mc.run(job, client=client, store=store, progress=False, verify=0)
         else:
@@ -314,13 +315,13 @@ def test_two_takers_of_one_stale_lease_leave_one_holder(tmp_path):
     # Both find the same lease and judge it stale (its process is dead) ...
     seen = {}
     for lease in (a, b):
-        assert not lease._try_create(lease._doc(time.time()))
+        assert not lease._try_create()
         seen[lease] = lease._raw()
-        assert lease._stale(lease._parse(seen[lease]), seen[lease])
+        assert "is gone" in lease._stale(lease._parse(seen[lease]), seen[lease])
     # ... A takes it over and creates its own; B's takeover must not remove A's fresh lease.
-    assert a._take_over(seen[a]) and a._try_create(a._doc(time.time()))
+    assert a._take_over(seen[a]) and a._try_create()
     assert not b._take_over(seen[b])
-    assert not b._try_create(b._doc(time.time()))
+    assert not b._try_create()
     assert a.holder()["token"] == a.token
     assert sorted(p.name for p in run_dir.iterdir()) == ["lease.json", "lease.lock"]
 
@@ -331,10 +332,12 @@ def test_a_writer_that_lost_its_lease_stops_writing(tmp_path):
     states = {0: mc.Moments.from_samples(np.array([0.5]), (0.0, 1.0), 4)}
     with rs.lease(rid, announce=lambda m: None) as lease:
         rs.write_shards(rid, states, worker="w")                       # holds it: written
-        # Presumed dead and taken over by another run:
-        pathlib.Path(lease.path).write_text(json.dumps({**lease.holder(), "token": "thief", "owner": "bob"}))
+        # Presumed dead and taken over by another run (the whole file replaced at once):
+        tmp = pathlib.Path(lease.path).with_name("lease.swap")
+        tmp.write_text(json.dumps({**lease.holder(), "token": "thief", "owner": "bob"}))
+        os.replace(tmp, lease.path)
         with pytest.raises(StoreError, match=r"000000000001-000000000002.json: not written: this writer lost the "
-                                             r"lease of run cdcdcdcdcdcd .*now bob"):
+                                             r"lease of run cdcdcdcdcdcd .*held now by bob"):
             rs.write_shards(rid, {1: states[0]}, worker="w")
         with pytest.raises(StoreError, match="lost the lease"):
             rs.write_result(rid, {"mean": 1.0})
@@ -368,7 +371,7 @@ def test_a_shards_dir_swapped_for_a_link_mid_write_writes_nothing_outside(tmp_pa
         pass   # refusing is fine too; writing outside is not
     monkeypatch.undo()
     assert swapped and os.listdir(outside) == []
-    with pytest.raises(StoreError, match="shards: is a symbolic link inside the store"):
+    with pytest.raises(StoreError, match="shards: is a symbolic link; links inside it are refused"):
         rs.write_shards(rid, {1: mc.Moments.from_samples(np.array([0.5]), (0.0, 1.0), 4)}, worker="w")
 
 

@@ -103,7 +103,7 @@ def test_a_hostile_manifest_never_runs_its_file(tmp_path, stored, module):
 
 @pytest.mark.timeout(240, method="thread")
 def test_the_pipeline_comes_from_the_caller(tmp_path, stored):
-    """job=/--job, an already imported module, or trust_origin=True; the id is checked in each."""
+    """job=/--job, a job this process built, or trust_origin=True; the id is checked in each."""
     path, store, rid = stored
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
@@ -114,8 +114,8 @@ def test_the_pipeline_comes_from_the_caller(tmp_path, stored):
         try:
             mc.replay({rid!r}, 1, {str(store)!r})
         except StoreError as e:
-            print("not imported:", "has not imported" in str(e))
-        # The caller imports the file under a name of its own: found by its file, not imported again.
+            print("not imported:", "not the pipeline of any job built in this process" in str(e))
+        # The caller imports the file under a name of its own: its job is built, so its pipeline is found.
         spec = importlib.util.spec_from_file_location("mine", {str(path)!r})
         m = importlib.util.module_from_spec(spec); sys.modules["mine"] = m; spec.loader.exec_module(m)
         print("imported:", mc.replay({rid!r}, 1, {str(store)!r}).match)

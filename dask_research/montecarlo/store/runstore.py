@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["RunStore"]
 
 _WARNED: set[str] = set()
+#: What follows a shard file's states, up to its checksum's opening quote.
+_TAIL = b'},"checksum":'
 
 
 def _warn_foreign(path: str) -> None:
@@ -241,7 +243,7 @@ class RunStore:
 
     def write_shard_file(self, run_id: str, states: dict[int, Any], worker: str,
                          encoder: Callable = encode, cap: int | None = None) -> tuple[str, str]:
-        """:meth:`write_shards`, returning ``(path, checksum)``: the first file and the sha256 of all the states.
+        """:meth:`write_shards`, returning ``(path, checksum)``: the (first) file and the sha256 of its states.
 
         What a block task that writes its own shard files (on a worker) sends back to the client.
         """
@@ -251,54 +253,51 @@ class RunStore:
             body = {str(k): encoder(v) for k, v in sorted(states.items())}
         except CodecError as e:
             raise StoreError(self.display(self.run_dir(run_id)), f"cannot store the accumulator: {e}") from None
-        signed = checksum(body)
         limit = store_files.cap() if cap is None else int(cap)
-        written = time.time()
-
-        def document(part: dict[str, Any], signature: str) -> dict[str, Any]:
-            return {"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker, "written": written,
-                    "states": part, "checksum": signature}
-
         where = self.display(self.files.path(run_id, "shards"))
-        data = self._encoded(where, document(body, signed))
-        if len(data) <= limit:
-            outputs = [(body, data)]
-        else:          # more than one file may hold: split in shard order, each file within the cap
-            outputs = [(part, self._encoded(where, document(part, checksum(part))))
-                     for part in self._split(where, body, len(self._encoded(where, document({}, signed))), limit)]
-        paths = []
-        for part, raw in outputs:
-            keys = [int(k) for k in part]
+        # Each state is encoded once; a file is its head, its states and its checksum, byte for
+        # byte what jsondoc.dumps writes of the whole document (so what jsondoc.loads reads).
+        head = jsondoc.dumps({"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker,
+                              "written": time.time()})[:-1] + b',"states":{'
+        entries = [(key, self._entry(where, key, value)) for key, value in body.items()]
+        written = []
+        for group in self._split(where, entries, len(head) + len(_TAIL) + 67, limit):
+            part = body if len(group) == len(entries) else {key: body[key] for key, _ in group}
+            signature = checksum(part)
+            data = head + b",".join(e for _, e in group) + _TAIL + b'"' + signature.encode() + b'"}'
+            keys = [int(key) for key, _ in group]
             path = self.files.path(run_id, "shards", shard_file_name(min(keys), max(keys) + 1))
-            self._write_shard_doc(run_id, path, part, raw, limit)
-            paths.append(path)
-        return paths[0], signed
+            self._write_shard_doc(run_id, path, part, data, limit)
+            written.append((path, signature))
+        return written[0]
 
-    def _encoded(self, where: str, doc: Any) -> bytes:
-        try:
-            return jsondoc.dumps(doc)
+    @staticmethod
+    def _entry(where: str, key: str, value: Any) -> bytes:
+        """``"key":value`` as the shard file holds it; nested at most as deep as its readers read."""
+        try:                                        # the file adds two levels: itself and "states"
+            return jsondoc.dumps({key: value}, max_depth=jsondoc.MAX_DEPTH - 1)[1:-1]
         except jsondoc.Malformed as e:
-            raise StoreError(where, f"not written: the shard states {e}") from None
+            raise StoreError(where, f"not written: the state of shard {key} {e}") from None
 
-    def _split(self, where: str, body: dict[str, Any], base: int, limit: int) -> list[dict[str, Any]]:
-        """``body`` cut, in shard order, into parts whose shard file (``base`` bytes when empty) fits ``limit``."""
-        parts: list[dict[str, Any]] = []
-        part: dict[str, Any] = {}
+    @staticmethod
+    def _split(where: str, entries: list[tuple[str, bytes]], base: int, limit: int) -> list[list[tuple[str, bytes]]]:
+        """``entries`` cut, in shard order, into groups whose shard file (``base`` bytes when empty) fits ``limit``."""
+        groups: list[list[tuple[str, bytes]]] = []
+        group: list[tuple[str, bytes]] = []
         size = base
-        for key, value in body.items():
-            entry = len(self._encoded(where, {key: value})) - 2           # "key":value
-            if base + entry > limit:
-                raise StoreError(where, f"not written: shard {key}'s accumulator alone makes a {base + entry:,}-byte "
-                                 f"shard file, more than the {limit:,} the store's readers accept; use fewer bins "
-                                 "or a smaller reducer state")
-            grown = size + entry + (1 if part else 0)
-            if part and grown > limit:
-                parts.append(part)
-                part, grown = {}, base + entry
-            part[key] = value
+        for key, entry in entries:
+            if base + len(entry) > limit:
+                raise StoreError(where, f"not written: shard {key}'s accumulator alone makes a "
+                                 f"{base + len(entry):,}-byte shard file, more than the {limit:,} the store's "
+                                 "readers accept; use fewer bins or a smaller reducer state")
+            grown = size + len(entry) + (1 if group else 0)
+            if group and grown > limit:
+                groups.append(group)
+                group, grown = [], base + len(entry)
+            group.append((key, entry))
             size = grown
-        parts.append(part)
-        return parts
+        groups.append(group)
+        return groups
 
     def _write_shard_doc(self, run_id: str, path: str, states: dict[str, Any], data: bytes, limit: int) -> None:
         if len(data) > limit:    # a smaller cap than the store's (which its own write enforces)
