@@ -9,6 +9,14 @@ MUNGE socket, state, spool, pid and log files are in the temporary directory, an
 the configuration through ``SLURM_CONF`` (:attr:`Slurm.env`). :meth:`Slurm.stop` stops every
 daemon it started by its pid.
 
+**Every exit path stops it.** A watchdog process starts first, in a session of its own, and
+holds the read end of a pipe whose write end only this process has. When this process ends,
+however it ends (a normal stop, Ctrl-C, SIGTERM, pytest-timeout's ``os._exit``, SIGKILL), the
+pipe closes and the watchdog cancels the SLURM's jobs, stops its daemons (SIGTERM, then
+SIGKILL), kills every process left whose environment names this SLURM's ``SLURM_CONF`` (the
+jobs' processes and ``slurmstepd``) and removes the MUNGE directory. A daemon is only ever
+signalled by its pid together with its start time, so a reused pid is never hit.
+
 The pytest fixture ``slurm`` (session scope) is registered by ``tests/deploy/conftest.py``
 from :func:`slurm_fixture`; it skips, saying why, where the packages (Debian ``slurm-wlm``
 and ``munge``), dask-jobqueue or root are missing.
@@ -28,6 +36,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -95,6 +104,8 @@ class Slurm:
     memory_mb: int
     munge_dir: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    watchdog: subprocess.Popen | None = None
+    _watch_fd: int | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -152,6 +163,147 @@ class Slurm:
                 p.wait(timeout=10)
         if self.munge_dir and all(p.poll() is not None for p in self.procs.values()):
             shutil.rmtree(self.munge_dir, ignore_errors=True)
+        self._release_watchdog()
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watch_fd is not None:
+            os.write(self._watch_fd, (line + "\n").encode())
+
+    def _release_watchdog(self) -> None:
+        """Close the watchdog's pipe: it sweeps whatever is left (nothing, after a stop) and exits."""
+        fd, self._watch_fd = self._watch_fd, None
+        if fd is not None:
+            os.close(fd)
+        if self.watchdog is not None:
+            try:
+                self.watchdog.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait(timeout=10)
+
+
+#: The watchdog (run as ``python -c``, stdlib only): reads ``pid PID START``, ``conf PATH``,
+#: ``munge DIR``, ``scancel PATH`` and ``partition NAME`` lines from the pipe until it closes or its parent is gone,
+#: then stops everything it was told about (see the module docstring).
+_WATCHDOG = r"""
+import os, select, shutil, signal, subprocess, sys, time
+
+fd, parent = int(sys.argv[1]), int(sys.argv[2])
+
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()   # a zombie has ended
+
+parent_start = start_time(parent)
+pids, confs, munge, scancel, partition, buf = [], [], [], [], [], b""
+while True:
+    ready, _, _ = select.select([fd], [], [], 1.0)
+    if ready:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            kind, _, rest = line.decode().partition(" ")
+            if kind == "pid":
+                pid, start = rest.split()
+                pids.append((int(pid), start))
+            elif kind == "conf":
+                confs.append(rest)
+            elif kind == "munge":
+                munge.append(rest)
+            elif kind == "scancel":
+                scancel.append(rest)
+            elif kind == "partition":
+                partition.append(rest)
+    elif start_time(parent) != parent_start:
+        break                        # the parent ended while a forked child still holds the pipe
+
+def alive():
+    return [(pid, start) for pid, start in pids if start_time(pid) == start]
+
+def strays():
+    # Every process whose environment names this SLURM: its jobs, slurmstepd, the daemons.
+    marks = [b"\0SLURM_CONF=" + c.encode() + b"\0" for c in confs]
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), 1):
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = b"\0" + f.read() + b"\0"
+        except OSError:
+            continue
+        if any(m in env for m in marks):
+            start = start_time(int(name))
+            if start is not None:
+                out.append((int(name), start))
+    return out
+
+def signal_all(targets, sig):
+    for pid, start in targets:
+        if start_time(pid) == start:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+if alive() and confs and scancel and partition:
+    for conf in confs:
+        try:
+            subprocess.run([scancel[0], "--full", "--quiet", f"--partition={partition[0]}"],
+                           env={**os.environ, "SLURM_CONF": conf},
+                           timeout=10, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except Exception:
+            pass
+signal_all(alive(), signal.SIGTERM)
+deadline = time.monotonic() + 20
+while alive() and time.monotonic() < deadline:
+    time.sleep(0.1)
+for _ in range(3):
+    left = alive() + strays()
+    if not left:
+        break
+    signal_all(left, signal.SIGKILL)
+    time.sleep(0.2)
+for d in munge:
+    shutil.rmtree(d, ignore_errors=True)
+"""
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/PID/stat`` (when the process started, in clock ticks after boot)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_watchdog(slurm: Slurm) -> None:
+    """Start the watchdog of ``slurm`` (before any daemon): see the module docstring."""
+    read_fd, write_fd = os.pipe()                 # neither end is inherited by exec'd children
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    log = open(os.path.join(slurm.root, "log", "watchdog.log"), "wb")
+    try:
+        slurm.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(read_fd), str(os.getpid())],
+                                          pass_fds=(read_fd,), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    finally:
+        os.close(read_fd)
+        log.close()
+    slurm._watch_fd = write_fd
+    slurm._tell_watchdog(f"conf {slurm.conf}")
+    slurm._tell_watchdog(f"munge {slurm.munge_dir}")
+    scancel = _which("scancel")
+    if scancel:
+        slurm._tell_watchdog(f"scancel {scancel}")
+    slurm._tell_watchdog(f"partition {slurm.partition}")
 
 
 def _conf_text(root: str, node: str, hw: dict[str, int], ports: list[int], munge_socket: str) -> str:
@@ -233,12 +385,16 @@ def start_slurm(root: str, timeout: float = 60.0) -> Slurm:
     def spawn(name: str, args: list[str], **kw) -> None:
         out = open(os.path.join(logs, f"{name}.stdout"), "wb")
         try:
-            slurm.procs[name] = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                 cwd=root, start_new_session=True, **kw)
+            p = slurm.procs[name] = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                     cwd=root, start_new_session=True, **kw)
         finally:
             out.close()
+        start = _start_time(p.pid)
+        if start is not None:
+            slurm._tell_watchdog(f"pid {p.pid} {start}")
 
     try:
+        _start_watchdog(slurm)
         spawn("munged", [_program("munged"), "--foreground", "--force", f"--socket={munge_socket}",
                          f"--key-file={key}", f"--pid-file={os.path.join(mdir, 'munged.pid')}",
                          f"--log-file={os.path.join(mdir, 'munged.log')}",
