@@ -108,13 +108,38 @@ def _each_once(path):
     return outcomes
 
 
+def _freeze(proc, lock_path):
+    """SIGSTOP ``proc`` outside its heartbeat's brief flock of ``lock_path``.
+
+    A process frozen *inside* that flock (held for the milliseconds of one beat) keeps every
+    other driver from taking its lease over until it is stopped or resumed: the taker says so
+    after 30 s ("... that process is stuck: stop it"). That is the durable layer's rule; this
+    test is about a driver frozen between beats, so it freezes it there (seen in /proc/locks).
+    """
+    inode = os.stat(lock_path).st_ino
+    deadline = time.monotonic() + BOUND
+    while True:
+        os.kill(proc.pid, signal.SIGSTOP)
+        with open("/proc/locks") as f:
+            held = any("FLOCK" in line and f" {proc.pid} " in line and line.split()[5].endswith(f":{inode}")
+                       for line in f)
+        if not held:
+            return
+        os.kill(proc.pid, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            pytest.fail(f"the driver held its lock file at every try for {BOUND} s")
+        time.sleep(0.01)
+
+
 def _forge(path, **kw):
     """A lease as another driver would have written it (or a forger: any field may be odd)."""
     holder = {"format": "dask-research.experiments.journal-lease/1", "token": "f" * 32,
               "owner": "mallory", "host": "elsewhere", "pid": 1, "started": time.time(),
               "heartbeat": time.time(), "beats": 1}
     holder.update(kw)
-    pathlib.Path(path).write_text(json.dumps(holder))
+    tmp = pathlib.Path(f"{path}.forging")
+    tmp.write_text(json.dumps(holder))
+    os.replace(tmp, path)             # whole, as a lease is written: a reader never sees it half-written
 
 
 @pytest.mark.timeout(300, method="thread")
@@ -180,7 +205,7 @@ def test_a_frozen_driver_is_taken_over_and_when_it_wakes_names_the_new_holder(tm
     second = None
     try:
         _wait("3 results", lambda: _results(path) >= 3, first)
-        os.kill(first.pid, signal.SIGSTOP)             # frozen: its lease stops changing
+        _freeze(first, tmp_path / "loop.jsonl.lock")   # frozen: its lease stops changing
         second, second_log = _driver(tmp_path, "second", path, delay=0.0, env=env, gate=gate)
         if taker == "holding":                         # it runs 4 experiments, both slots then wait
             _wait("the second driver waiting at its gate",
