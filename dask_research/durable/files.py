@@ -374,13 +374,15 @@ class Files:
             raise self.fail(path, f"would be {size:,} bytes, more than the {cap:,} its readers accept; "
                             "nothing was written")
 
-    def write_bytes(self, path: str, data: bytes, *, cap: int, replace: bool = False) -> bool:
+    def write_bytes(self, path: str, data: bytes, *, cap: int, replace: bool = False, sync: bool = True) -> bool:
         """Write ``data`` whole at ``path``: True if written, False if it exists (without ``replace``).
 
         Local: a temporary file (``O_EXCL``, no links), written, synced, then hard-linked into
         place (atomic, never replacing) or, with ``replace``, renamed over the old file; the
         directory is synced. Object stores: one ``put``. ``data`` longer than ``cap`` (what its
-        readers accept) is refused before anything is written.
+        readers accept) is refused before anything is written. ``sync=False`` skips both syncs
+        (still whole or absent, but possibly lost to a power cut): for files that are only ever
+        a hint of something alive, such as a lease's heartbeat, written under a lock others wait on.
         """
         self._check_cap(path, len(data), cap)
         if not self.local:
@@ -394,12 +396,12 @@ class Files:
             return True
         try:
             with self.parent(path, create=True) as (pfd, name):
-                return self._write_local(pfd, name, path, data, replace)
+                return self._write_local(pfd, name, path, data, replace, sync)
         except FileNotFoundError as e:     # the directory vanished under us
             raise self.fail(path, f"could not be written ({oserror(e)}); nothing was stored under "
                             "this name") from None
 
-    def _write_local(self, pfd: int, name: str, path: str, data: bytes, replace: bool) -> bool:
+    def _write_local(self, pfd: int, name: str, path: str, data: bytes, replace: bool, sync: bool) -> bool:
         st = self._lstat_at(pfd, name)
         if st is not None and stat.S_ISLNK(st.st_mode):
             raise self.link_error(path)
@@ -414,14 +416,16 @@ class Files:
             made = True
             try:
                 _write_all(fd, data)
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             if replace:
                 os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
             elif not self._link_into_place(pfd, tmp, name):
                 return False
-            _fsync(pfd)
+            if sync:
+                _fsync(pfd)
             return True
         except OSError as e:
             raise self.fail(path, f"could not be written ({oserror(e)}); nothing was stored under this name") \
