@@ -1,43 +1,52 @@
-"""Checkpoint files of the experience plane: one atomic commit per checkpoint, no pickle.
+"""Checkpoint files of the experience plane: one atomic commit per checkpoint, one writer, no pickle.
 
 Every checkpoint of a plane (:meth:`ExperiencePlane.checkpoint`) and of a cluster shard
-(``WorkerShard.checkpoint``) is written here. A checkpoint directory holds committed
-*versions* and a pointer naming the current one::
+(``WorkerShard.checkpoint``) is written here, and every file of it is opened, read, written,
+renamed and removed through the durability layer (:class:`~dask_research.durable.Files`, with
+:class:`~dask_research.exceptions.CheckpointError` as its error). A checkpoint directory holds
+committed *versions*, a pointer naming the current one, and the lease of its writer::
 
     ck/
-      CURRENT            one line: "v000007", written to a temporary name, then renamed
+      CURRENT            one line: "v000007" (replaced atomically: the commit)
       v000007/
-        data.npz         one array per field (+ the prioritized sampler's leaves), no pickle
+        data.npz         one uncompressed .npy member per array, no pickle
         meta.json        spec, ring counters, sampler/generator/limiter state, the byte count
                          and SHA-256 of data.npz, and (shards) the shard's identity
+      .lease             the writer's lease (owner, host, pid, heartbeat), while it lives
+      .lock              what a lease take-over and each heartbeat ``flock`` for a moment
+                         (the file the writers before the durable layer locked; never removed)
 
-A write goes through four named steps: ``data-written`` and ``meta-written`` (both files in a
-fresh temporary directory, flushed to disk), ``version-renamed`` (that directory renamed to
-``vNNNNNN``, not yet current) and ``pointer-committed`` (``CURRENT`` replaced by one
-``os.replace``: the commit). Only then are older versions and leftovers of interrupted writes
-removed. A process killed at any point leaves the previous checkpoint restorable and
-untouched, or the new one committed; a reader never pairs one version's metadata with another's
-data (each version names the digest of its own data file).
+**One writer per directory, for its lifetime.** A :class:`Writer` takes the directory's
+:class:`~dask_research.durable.Lease` at its first checkpoint and keeps it, heartbeating, until
+it is closed (a plane's or a shard's ``close()``): a second live writer, in this process or
+another, is refused with a :class:`CheckpointError` naming it (``wait=0``: no waiting for a
+live holder); a holder whose process is dead on this host is taken over at once, and one whose
+lease has not changed for :data:`LEASE_TIMEOUT` seconds of the new writer's own clock (frozen,
+or on a host that went away) is taken over then. A writer that was taken over stops with a
+:class:`CheckpointError` before its next step instead of writing next to the new holder; its
+next checkpoint asks for the lease anew (refused while the new holder lives).
 
-Readers follow ``CURRENT`` (a name that is not ``vNNNNNN`` is refused, so a hostile pointer
-cannot send a restore elsewhere). A directory without ``CURRENT`` but with ``meta.json`` is read
-as the layout of dask-research before versioned checkpoints (no digest); a versioned checkpoint
-whose ``meta.json`` lacks the ``data`` record is refused. Readers never block and never follow a
-link inside the checkpoint: ``CURRENT``, the version directory, ``meta.json`` and ``data.npz``
-are opened relative to their parent's descriptor without following symbolic links and without
-blocking, and anything that is not a regular file (a FIFO, a device, a link) is refused with a
-:class:`CheckpointError`; ``CURRENT`` and ``meta.json`` are read up to :data:`MAX_META_BYTES`,
-``data.npz`` must have the size its metadata records. (The checkpoint directory itself may be a
-link.)
+**A write** goes through four named steps: ``data-written`` and ``meta-written`` (both files in
+a fresh temporary directory, each synced, then the directory), ``version-renamed`` (that
+directory renamed to ``vNNNNNN``, not yet current) and ``pointer-committed`` (``CURRENT``
+replaced atomically: the commit). Only then are older versions and leftovers of interrupted
+writes removed. A process killed at any point leaves the previous checkpoint restorable and
+untouched, or the new one committed; a reader never pairs one version's metadata with
+another's data (each version names the digest of its own data file).
 
-Writers of one directory are serialised within a process (the periodic shard checkpoint and a
-requested one may overlap, the second waits). Across processes a write holds ``fcntl.flock`` on
-``.lock`` in the directory, which names the writer (pid, host, version, start time) while the
-write lasts: a second process that writes meanwhile is refused at once with a
-:class:`CheckpointError` naming the holder, rather than interleave the two writes (which could
-delete each other's versions or roll ``CURRENT`` back). The kernel releases the lock of a
-killed writer, so the next writer takes it over and removes what the dead write left. Cleanup
-after a commit removes only versions older than the new one.
+**Readers** follow ``CURRENT`` (a name that is not ``vNNNNNN`` is refused, so a hostile pointer
+cannot send a restore elsewhere). A directory without ``CURRENT`` but with ``meta.json`` is
+read as the layout of dask-research before versioned checkpoints (no digest); a versioned
+checkpoint whose ``meta.json`` lacks the ``data`` record is refused. No link inside the
+checkpoint is followed and nothing but a regular file is opened (a FIFO, a device or a link is
+refused before a byte is read; the checkpoint directory itself may be a link). ``CURRENT`` and
+``meta.json`` are read up to :data:`POINTER_BYTES` and :data:`MAX_META_BYTES`, the caps their
+writer enforces; ``meta.json`` must be strict JSON (no ``NaN``, bounded depth). ``data.npz``
+must have the size and digest its metadata records, and, before any array is read, its members
+must be exactly the arrays the caller expects (:class:`Array`: dtype and shape, from the spec
+and the counts, never from sizes the metadata claims), each stored uncompressed with an
+``.npy`` header that matches: a restore never allocates more than the file holds, and an
+unknown, compressed or oversized member is refused.
 
 Examples
 --------
@@ -47,36 +56,38 @@ Examples
 >>> v = checkpoints.write(d, {"format": "example"}, {"x": np.arange(3)})
 >>> v.name, checkpoints.current(d) == v
 ('v000001', True)
->>> meta, arrays, where = checkpoints.load(d)
+>>> meta, arrays, where = checkpoints.load(d, expect=lambda meta: {"x": checkpoints.Array("int64", (3,))})
 >>> arrays["x"].tolist(), meta["data"]["bytes"] > 0
 ([0, 1, 2], True)
+>>> checkpoints.load(d, expect=lambda meta: {"y": checkpoints.Array("int64", (3,))})
+Traceback (most recent call last):
+...
+dask_research.exceptions.CheckpointError: checkpoint .../v000001/data.npz: holds an array 'x' that this checkpoint does not have (expected exactly: 'y'); refused before reading any array
 """
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
+import dataclasses
 import hashlib
-import json
 import logging
 import os
 import pathlib
+import posixpath
 import re
-import shutil
-import socket
-import stat
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..durable import TMP_MARK, Files, Lease
 from ..exceptions import CheckpointError
 
-__all__ = ["write", "load", "read_meta", "current", "POINTER", "LOCK",
-           "STEPS", "MAX_META_BYTES"]
+__all__ = ["write", "load", "read_meta", "current", "Writer", "Array", "POINTER", "LEASE", "LOCK",
+           "STEPS", "MAX_META_BYTES", "POINTER_BYTES", "LEASE_TIMEOUT", "NPY_HEADER_BYTES",
+           "npz_cap"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,22 +95,29 @@ logger = logging.getLogger(__name__)
 POINTER = "CURRENT"
 #: the named steps of a write, in order (see the module docstring)
 STEPS = ("data-written", "meta-written", "version-renamed", "pointer-committed")
-#: file whose ``flock`` a writer holds (with its pid, host and version as content) while it writes
+#: the writer's lease file (a :class:`~dask_research.durable.Lease`: owner, host, pid, heartbeat)
+LEASE = ".lease"
+#: the file a lease take-over and each heartbeat ``flock`` for a moment (never removed; the
+#: writers before the durable layer held it for a whole write and left it empty)
 LOCK = ".lock"
-#: the most bytes ``CURRENT`` or a ``meta.json`` may have (a larger one is refused, not read)
+#: the most bytes a ``meta.json`` may have (its writer refuses more, its readers read no more)
 MAX_META_BYTES = 64 * 2**20
+#: the most bytes ``CURRENT`` may have (a version name and a newline)
+POINTER_BYTES = 64
+#: seconds of a waiting writer's own clock after which a lease that has not changed is stale
+#: (its holder beats every quarter of it, from a thread of its own, while its process lives)
+LEASE_TIMEOUT = 30.0
+#: the most bytes an ``.npy`` header in ``data.npz`` may have (numpy writes about 128)
+NPY_HEADER_BYTES = 4096
+#: bytes of zip bookkeeping per member (local header, central entry, zip64 records), beyond
+#: its name (twice) and its ``.npy`` header
+_ZIP_MEMBER_BYTES = 256
+_ZIP_END_BYTES = 1024
 _VERSION = re.compile(r"v([0-9]{6,})")
-_TMP_PREFIX = ".tmp-"
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_OLD_TMP_PREFIX = ".tmp-"            # temporary names of the writers before the durable layer
 
 #: Called with each step's name as the write passes it (tests pause or kill the process there).
 _step_hook: Callable[[str], None] | None = None
-
-_locks: dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
 
 
 def _step(name: str) -> None:
@@ -108,435 +126,448 @@ def _step(name: str) -> None:
         hook(name)
 
 
-def _lock_for(path: pathlib.Path) -> threading.Lock:
-    key = os.path.realpath(path)
-    with _locks_guard:
-        return _locks.setdefault(key, threading.Lock())
+def _files(path: str | os.PathLike[str]) -> Files:
+    files = Files(path, error=CheckpointError)
+    if not files.local:
+        raise CheckpointError(files.display(files.url), "is not a local directory; replay checkpoints are "
+                              "written to and read from local (or network-mounted) directories")
+    return files
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+@dataclasses.dataclass(frozen=True)
+class Array:
+    """An array a checkpoint's ``data.npz`` must hold: its exact ``dtype`` and ``shape``.
 
-
-def _sha256_fd(fd: int) -> str:
-    h = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while True:
-        block = os.read(fd, 1 << 20)
-        if not block:
-            break
-        h.update(block)
-    return h.hexdigest()
-
-
-def _versions(path: pathlib.Path) -> list[int]:
-    out = []
-    for p in path.iterdir():
-        m = _VERSION.fullmatch(p.name)
-        if m and p.is_dir():
-            out.append(int(m.group(1)))
-    return sorted(out)
-
-
-# --- reading: relative to directory descriptors, no links, nothing but regular files -----
-def _open_in(dir_fd: int, name: str, path: pathlib.Path, label: str, *, directory: bool = False
-             ) -> int:
-    """Open ``name`` in the directory ``dir_fd`` without following a link and without blocking.
-
-    Raises ``FileNotFoundError`` if it does not exist, :class:`CheckpointError` if it is a
-    link or not a regular file (``directory``: not a directory).
+    ``required=False``: it may be absent (never different).
     """
-    flags = os.O_RDONLY | _CLOEXEC | _NOFOLLOW | (_DIRECTORY if directory else _NONBLOCK)
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        try:
-            is_link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
-        except OSError:
-            is_link = False
-        if is_link:
-            raise CheckpointError(str(path), f"{label} is a symbolic link; a checkpoint's "
-                                             "files are never links (refused, not followed)") from None
-        what = "a directory" if directory else "a regular file"
-        if e.errno in (errno.ENOTDIR, errno.EISDIR):
-            raise CheckpointError(str(path), f"{label} is not {what}") from None
-        raise CheckpointError(str(path), f"{label} is unreadable ({type(e).__name__}: "
-                                         f"{e.strerror or e})") from None
-    mode = os.fstat(fd).st_mode
-    if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
-        os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-        want = "a directory" if directory else "a regular file"
-        raise CheckpointError(str(path), f"{label} is {kind}, not {want}; refused (reading it "
-                                         "could block or never end)")
-    return fd
+
+    dtype: Any
+    shape: tuple[int, ...]
+    required: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        n = np.dtype(self.dtype).itemsize
+        for s in self.shape:
+            n *= int(s)
+        return n
 
 
-def _read_small(fd: int, path: pathlib.Path, label: str) -> bytes:
-    """At most :data:`MAX_META_BYTES` of the regular file ``fd`` (a larger one is refused)."""
-    if os.fstat(fd).st_size > MAX_META_BYTES:
-        raise CheckpointError(str(path), f"{label} has {os.fstat(fd).st_size:,} bytes, more than "
-                                         f"the {MAX_META_BYTES:,} it may have")
-    chunks, got = [], 0
-    while got <= MAX_META_BYTES:
-        block = os.read(fd, min(1 << 20, MAX_META_BYTES + 1 - got))
-        if not block:
-            break
-        chunks.append(block)
-        got += len(block)
-    if got > MAX_META_BYTES:                  # grew while read
-        raise CheckpointError(str(path), f"{label} has more than the {MAX_META_BYTES:,} bytes it "
-                                         "may have")
-    return b"".join(chunks)
+#: What a reader expects of ``data.npz``, from the (validated) metadata: array name -> Array.
+Expect = Callable[[dict[str, Any]], Mapping[str, Array]]
 
 
-def _open_root(path: pathlib.Path) -> int:
-    """Descriptor of the checkpoint directory (which may itself be a link)."""
-    try:
-        return os.open(path, os.O_RDONLY | _CLOEXEC | _DIRECTORY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise
-    except OSError as e:
-        raise CheckpointError(str(path), f"is unreadable ({type(e).__name__}: "
-                                         f"{e.strerror or e})") from None
+def npz_cap(arrays: Mapping[str, Array]) -> int:
+    """The most bytes a ``data.npz`` holding ``arrays`` may have: their bytes plus bookkeeping.
+
+    The writer refuses to write more and the reader refuses to read more (the same function).
+
+    >>> npz_cap({"x": Array("int64", (3,))})
+    5410
+    """
+    return _ZIP_END_BYTES + sum(a.nbytes + NPY_HEADER_BYTES + _ZIP_MEMBER_BYTES + 2 * len(name.encode()) + 8
+                                for name, a in arrays.items())
 
 
-def _pointer(root: int, path: pathlib.Path) -> str | None:
+def _versions(names: Iterable[str]) -> list[int]:
+    return sorted(int(m.group(1)) for m in map(_VERSION.fullmatch, names) if m)
+
+
+# --- reading --------------------------------------------------------------------------------
+def _pointer(files: Files) -> str | None:
     """The version name ``CURRENT`` holds (None without ``CURRENT``)."""
+    path = files.join(POINTER)
     try:
-        fd = _open_in(root, POINTER, path, POINTER)
+        raw = files.read_bytes(path, POINTER_BYTES)
     except FileNotFoundError:
         return None
     try:
-        raw = _read_small(fd, path, POINTER)
-    except OSError as e:
-        raise CheckpointError(str(path), f"{POINTER} is unreadable ({type(e).__name__}: {e})") from None
-    finally:
-        os.close(fd)
-    try:
         name = raw.decode("utf-8").strip()
     except UnicodeDecodeError as e:
-        raise CheckpointError(str(path), f"{POINTER} is unreadable ({type(e).__name__}: {e})") from None
+        raise files.fail(path, f"is not a version name (not UTF-8 text: byte {e.start})") from None
     if not _VERSION.fullmatch(name):
-        raise CheckpointError(str(path), f"{POINTER} names {name[:40]!r}; expected a version "
-                                         "directory name like 'v000001'")
+        raise files.fail(path, f"names {name[:40]!r}; expected a version directory name like 'v000001'")
     return name
 
 
-def current(path: str | os.PathLike) -> pathlib.Path | None:
+def current(path: str | os.PathLike[str]) -> pathlib.Path | None:
     """The committed version directory of checkpoint ``path`` (None if none was committed).
 
     Raises :class:`CheckpointError` if ``CURRENT`` names something other than a version, or is
     not a regular file.
     """
-    path = pathlib.Path(path)
-    try:
-        root = _open_root(path)
-    except (FileNotFoundError, NotADirectoryError):
+    files = _files(path)
+    if not files.exists(files.root):
         return None
-    try:
-        name = _pointer(root, path)
-    finally:
-        os.close(root)
-    return None if name is None else path / name
+    name = _pointer(files)
+    return None if name is None else pathlib.Path(files.join(name))
 
 
-@contextlib.contextmanager
-def _opened(path: pathlib.Path, version: pathlib.Path | None
-            ) -> Iterator[tuple[int, pathlib.Path, bool]]:
-    """``(descriptor, path, versioned)`` of the committed version of ``path`` (or of the
-    directory ``version`` that :func:`read_meta` returned); closed on exit."""
-    missing = CheckpointError(str(path), "meta.json is missing (no committed checkpoint: not a "
-                                         "checkpoint, or its first write never finished)")
-    try:
-        root = _open_root(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise missing from None
-    try:
-        name: str | None
-        if version is not None and pathlib.Path(version) != path:
-            name = pathlib.Path(version).name
-            if not _VERSION.fullmatch(name):
-                raise CheckpointError(str(path), f"{name[:40]!r} is not a version directory "
-                                                 "name like 'v000001'")
-        elif version is None:
-            name = _pointer(root, path)
-        else:
-            name = None
-        if name is None:                     # the layout before versioned checkpoints
-            try:
-                os.lstat("meta.json", dir_fd=root)
-            except FileNotFoundError:
-                raise missing from None
-            where_fd, where, versioned = os.dup(root), path, False
-        else:
-            try:
-                where_fd = _open_in(root, name, path, name, directory=True)
-            except FileNotFoundError:
-                if version is not None:
-                    raise CheckpointError(str(path), f"version {name} is gone (a newer checkpoint "
-                                                     "replaced it after it was read); read the "
-                                                     "checkpoint again") from None
-                raise CheckpointError(str(path), f"{POINTER} names {name}, which is missing") from None
-            where, versioned = path / name, True
-    finally:
-        os.close(root)
-    try:
-        yield where_fd, where, versioned
-    finally:
-        os.close(where_fd)
+def _locate(files: Files, version: str | os.PathLike[str] | None) -> tuple[str, bool]:
+    """``(directory holding meta.json, versioned)`` of the committed version (or of ``version``)."""
+    missing = files.fail(files.join("meta.json"), "is missing (no committed checkpoint: not a checkpoint, "
+                         "or its first write never finished)")
+    if not files.exists(files.root):
+        raise missing
+    name: str | None
+    if version is not None and posixpath.normpath(os.path.abspath(os.fspath(version))) != files.root:
+        name = pathlib.Path(version).name
+        if not _VERSION.fullmatch(name):
+            raise files.fail(files.join(name), "is not a version directory name like 'v000001'")
+    elif version is None:
+        name = _pointer(files)
+    else:
+        name = None
+    if name is None:                       # the layout before versioned checkpoints
+        if not files.exists(files.join("meta.json")):
+            raise missing
+        return files.root, False
+    where = files.join(name)
+    with contextlib.suppress(FileNotFoundError), files.directory(where):
+        return where, True                 # a link or a file there is refused by directory()
+    if version is not None:
+        raise files.fail(where, "is gone (a newer checkpoint replaced it after it was read); read "
+                         "the checkpoint again")
+    raise files.fail(files.join(POINTER), f"names {name}, which is missing")
 
 
-def _meta_at(where_fd: int, where: pathlib.Path, path: pathlib.Path) -> dict[str, Any]:
-    try:
-        fd = _open_in(where_fd, "meta.json", path, f"meta.json of {where.name}")
-    except FileNotFoundError:
-        raise CheckpointError(str(path), f"meta.json is missing from {where.name}") from None
-    try:
-        raw = _read_small(fd, path, "meta.json")
-    finally:
-        os.close(fd)
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(str(path), f"meta.json is not valid JSON ({e})") from None
-    except RecursionError:
-        raise CheckpointError(str(path), "meta.json is nested too deeply") from None
+def _meta_at(files: Files, where: str) -> dict[str, Any]:
+    path = posixpath.join(where, "meta.json")
+    meta = files.read_json(path, cap=MAX_META_BYTES)
     if not isinstance(meta, dict):
-        raise CheckpointError(str(path), "meta.json does not hold an object")
+        raise files.fail(path, f"holds {type(meta).__name__}, not an object; not a checkpoint's metadata")
     return meta
 
 
-# --- writing --------------------------------------------------------------------------------
-def _describe(holder: Any) -> str:
-    if not isinstance(holder, dict):
-        return "another process (it has not named itself yet)"
-    return (f"pid {holder.get('pid')} on host {holder.get('host')}, writing since "
-            f"{holder.get('started')}")
-
-
-def _read_holder(fd: int) -> Any:
-    try:
-        raw = os.pread(fd, 4096, 0)
-        return json.loads(raw.decode("utf-8")) if raw.strip() else None
-    except (OSError, ValueError):
-        return None
-
-
-@contextlib.contextmanager
-def _exclusive(path: pathlib.Path) -> Iterator[None]:
-    """Hold ``path/.lock`` (``flock``) for one write; refuse at once if another process holds it.
-
-    The lock file holds the writer's pid, host and start time while it writes and is emptied
-    afterwards (never deleted: a deleted lock file lets two processes lock two files). A
-    non-empty lock file that is not locked was left by a writer that died mid-write; its
-    leftovers are removed by this write's cleanup.
-    """
-    lock = path / LOCK
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _CLOEXEC | _NOFOLLOW | _NONBLOCK, 0o644)
-    except OSError:
-        if os.path.islink(lock):
-            raise CheckpointError(str(path), f"{LOCK} is a symbolic link; refused") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(str(path), f"{LOCK} is not a regular file; refused")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CheckpointError(
-                str(path), f"is being checkpointed by {_describe(_read_holder(fd))} ({lock} "
-                "is locked); one process writes a checkpoint directory at a time: give each "
-                "plane its own directory, or retry when that write has finished") from None
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            logger.warning("checkpoint %s: this file system cannot lock %s (%s); writes of "
-                           "two processes into it are not detected", path, lock, e.strerror)
-            unlocked = True
-        else:
-            unlocked = False
-        if unlocked:
-            yield
-            return
-        previous = _read_holder(fd)
-        if previous is not None:
-            logger.warning("checkpoint %s: the write by %s did not finish (its process "
-                           "died); taking over its lock and removing what it left", path,
-                           _describe(previous))
-        record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode("utf-8"), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)                          # closing releases the flock
-
-
-def write(path: str | os.PathLike, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
-          ) -> pathlib.Path:
-    """Commit ``meta`` (JSON-able) and ``arrays`` as the new current version of ``path``.
-
-    Returns the committed version directory. ``meta`` gains ``"data": {"file", "bytes",
-    "sha256"}``. On any failure the temporary directory is removed and the previous version
-    stays current; an ``OSError`` (a full disk, a path that is a file) is raised as a
-    :class:`CheckpointError` naming ``path``. While another process writes into ``path``, a
-    :class:`CheckpointError` naming that process is raised at once and nothing is written.
-    """
-    path = pathlib.Path(path)
-    try:
-        return _write(path, meta, arrays)
-    except OSError as e:                      # a full disk, a read-only or foreign path
-        raise CheckpointError(str(path), f"could not be written ({type(e).__name__}: "
-                                         f"{e.strerror or e}); the previous checkpoint, if "
-                                         "any, is kept") from e
-
-
-def _write(path: pathlib.Path, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
-           ) -> pathlib.Path:
-    path.mkdir(parents=True, exist_ok=True)
-    with _lock_for(path), _exclusive(path):
-        prev = current(path)
-        n = max(_versions(path), default=0) + 1
-        name = f"v{n:06d}"
-        tmp = path / f"{_TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
-            data = tmp / "data.npz"
-            with open(data, "wb") as f:
-                np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
-                f.flush()
-                os.fsync(f.fileno())
-                size = os.fstat(f.fileno()).st_size
-            _step("data-written")
-            doc = dict(meta)
-            fd = os.open(data, os.O_RDONLY | _CLOEXEC)
-            try:
-                digest = _sha256_fd(fd)
-            finally:
-                os.close(fd)
-            doc["data"] = {"file": "data.npz", "bytes": size, "sha256": digest}
-            with open(tmp / "meta.json", "w") as f:
-                f.write(json.dumps(doc, indent=1))
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            _step("meta-written")
-            target = path / name
-            os.rename(tmp, target)
-            _fsync_dir(path)
-            _step("version-renamed")
-            ptr = path / f"{_TMP_PREFIX}{POINTER}-{uuid.uuid4().hex[:8]}"
-            with open(ptr, "w") as f:
-                f.write(name + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.replace(ptr, path / POINTER)
-            except BaseException:
-                ptr.unlink(missing_ok=True)
-                raise
-            _fsync_dir(path)
-            _step("pointer-committed")
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                committed = current(path) == path / name
-            except CheckpointError:           # an unreadable pointer does not name ours
-                committed = False
-            if not committed:
-                shutil.rmtree(path / name, ignore_errors=True)
-            raise
-        _clean(path, keep=name, below=n, prev=prev)
-    return target
-
-
-def _clean(path: pathlib.Path, keep: str, below: int, prev: pathlib.Path | None) -> None:
-    """Remove versions older than ``below`` (but ``keep``) and leftovers of interrupted writes.
-
-    Runs under the directory's lock, so every temporary name is a dead writer's.
-    """
-    for p in path.iterdir():
-        if p.name == keep:
-            continue
-        m = _VERSION.fullmatch(p.name)
-        if (m and int(m.group(1)) < below) or p.name.startswith(_TMP_PREFIX):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-    if prev is None:          # a plane checkpointed here before versions: drop its files
-        for legacy in ("meta.json", "data.npz", "shard.json"):
-            (path / legacy).unlink(missing_ok=True)
-
-
-# --- reading ----------------------------------------------------------------------------------
-def read_meta(path: str | os.PathLike, version: pathlib.Path | None = None
+def read_meta(path: str | os.PathLike[str], version: str | os.PathLike[str] | None = None
               ) -> tuple[dict[str, Any], pathlib.Path]:
     """``(meta, version directory)`` of the committed checkpoint at ``path`` (or of the
     version directory ``version`` that an earlier call returned)."""
-    path = pathlib.Path(path)
-    with _opened(path, version) as (where_fd, where, _):
-        return _meta_at(where_fd, where, path), where
+    files = _files(path)
+    where, _ = _locate(files, version)
+    return _meta_at(files, where), pathlib.Path(where)
 
 
-def load(path: str | os.PathLike, version: pathlib.Path | None = None
-         ) -> tuple[dict[str, Any], dict[str, np.ndarray], pathlib.Path]:
+def load(path: str | os.PathLike[str], version: str | os.PathLike[str] | None = None,
+         expect: Expect | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray], pathlib.Path]:
     """``(meta, arrays, version directory)`` of the committed checkpoint at ``path`` (or of
     ``version``, a directory :func:`read_meta` returned).
 
-    The data file must match the size and SHA-256 its metadata records (a versioned checkpoint
-    without that record is refused; only the layout before versions lacks it); arrays are
-    loaded with ``allow_pickle=False``. Any problem raises :class:`CheckpointError` naming
-    ``path``. The arrays are not checked against a spec here: see
-    :func:`~dask_research.replay.snapshot.check_snapshot`.
+    ``expect(meta)`` says which arrays ``data.npz`` must hold (:class:`Array`; it may also
+    refuse the metadata by raising): the member list must be exactly those names, and each
+    member is checked (stored uncompressed, an ``.npy`` header of that dtype and shape, no more
+    bytes than that) before any array is read; without ``expect``, any uncompressed members are
+    read, each bounded by its own header. The data file must also match the size and SHA-256
+    its metadata records (a versioned checkpoint without that record is refused; only the
+    layout before versions lacks it). Nothing is unpickled. Any problem raises
+    :class:`CheckpointError` naming the file.
     """
-    path = pathlib.Path(path)
-    with _opened(path, version) as (where_fd, where, versioned):
-        meta = _meta_at(where_fd, where, path)
-        rec = meta.get("data")
-        if versioned and rec is None:
-            raise CheckpointError(str(path), f"meta.json of {where.name} has no 'data' record "
-                                             "(the size and SHA-256 of its data.npz, which every "
-                                             "versioned checkpoint records); refused")
-        if rec is not None and (not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str)
-                                or type(rec.get("bytes")) is not int):
-            raise CheckpointError(str(path), "meta.json's 'data' entry is malformed")
+    files = _files(path)
+    where, versioned = _locate(files, version)
+    meta = _meta_at(files, where)
+    meta_path, data_path = posixpath.join(where, "meta.json"), posixpath.join(where, "data.npz")
+    rec = meta.get("data")
+    if versioned and rec is None:
+        raise files.fail(meta_path, "has no 'data' record (the size and SHA-256 of its data.npz, which every "
+                         "versioned checkpoint records); refused")
+    if rec is not None and (not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str)
+                            or type(rec.get("bytes")) is not int or rec["bytes"] < 0):
+        raise files.fail(meta_path, f"has a malformed 'data' record {str(rec)[:80]}; expected "
+                         "{\"file\": \"data.npz\", \"bytes\": <count>, \"sha256\": <hex digest>}")
+    expected = None if expect is None else dict(expect(meta))
+    try:
+        with files.open_read(data_path) as fd:
+            size = os.fstat(fd).st_size
+            cap = npz_cap(expected) if expected is not None else rec["bytes"] if rec is not None else None
+            if cap is not None and size > cap:
+                raise files.fail(data_path, f"is {size:,} bytes, more than the {cap:,} "
+                                 + ("the arrays its metadata describes take" if expected is not None
+                                    else "its metadata records") + "; refused unread")
+            if rec is not None and (size != rec["bytes"] or _sha256(files, data_path, fd, size) != rec["sha256"]):
+                raise files.fail(data_path, f"does not match its meta.json ({size:,} bytes, "
+                                 f"{rec['bytes']:,} recorded, or another digest; the file was changed or truncated)")
+            os.lseek(fd, 0, os.SEEK_SET)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                arrays = _read_npz(files, data_path, f, size, expected)
+    except FileNotFoundError:
+        raise files.fail(data_path, "is missing") from None
+    return meta, arrays, pathlib.Path(where)
+
+
+def _sha256(files: Files, path: str, fd: int, size: int) -> str:
+    h, left = hashlib.sha256(), size
+    os.lseek(fd, 0, os.SEEK_SET)
+    while left > 0:
         try:
-            fd = _open_in(where_fd, "data.npz", path, f"data.npz of {where.name}")
-        except FileNotFoundError:
-            raise CheckpointError(str(path), "data.npz is missing") from None
-        with os.fdopen(fd, "rb") as f:
-            if rec is not None:
-                size = os.fstat(fd).st_size
-                if size != rec["bytes"] or _sha256_fd(fd) != rec["sha256"]:
-                    raise CheckpointError(str(path), f"data.npz of {where.name} does not match "
-                                                     f"its meta.json ({size:,} bytes; the file "
-                                                     "was changed or truncated)")
-                f.seek(0)
+            block = os.read(fd, min(left, 1 << 20))
+        except OSError as e:
+            raise files.fail(path, f"cannot be read ({e.strerror or e})") from None
+        if not block:
+            break
+        h.update(block)
+        left -= len(block)
+    return h.hexdigest()
+
+
+def _unreadable(files: Files, path: str, e: BaseException) -> Exception:
+    return files.fail(path, f"is unreadable ({type(e).__name__}: {str(e)[:200]})")
+
+
+def _read_npz(files: Files, path: str, f: Any, size: int, expected: Mapping[str, Array] | None
+              ) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``f`` (``size`` bytes), each member checked before it is read."""
+    try:
+        zf = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise _unreadable(files, path, e) from None
+    with zf:
+        infos = zf.infolist()
+        names = [i.filename[:-4] if i.filename.endswith(".npy") else i.filename for i in infos]
+        for info in infos:
+            if not info.filename.endswith(".npy"):
+                raise files.fail(path, f"holds a member {info.filename[:60]!r} that is not an .npy array; refused")
+        if len(set(names)) != len(names):
+            raise files.fail(path, "holds an array twice; refused")
+        if expected is not None:
+            shown = ", ".join(repr(n) for n in expected)
+            for name in names:
+                if name not in expected:
+                    raise files.fail(path, f"holds an array {name[:60]!r} that this checkpoint does not have "
+                                     f"(expected exactly: {shown}); refused before reading any array")
+            for name, a in expected.items():
+                if a.required and name not in names:
+                    raise files.fail(path, f"has no array {name!r} (expected exactly: {shown})")
+        plans = [_check_member(files, path, zf, info, name, size, None if expected is None else expected[name])
+                 for info, name in zip(infos, names)]
+        return {name: _read_member(files, path, zf, info, name, *plan)
+                for (info, name), plan in zip(zip(infos, names), plans)}
+
+
+def _check_member(files: Files, path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str,
+                  size: int, want: Array | None) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """``(dtype, shape, fortran order, header bytes)`` of member ``info``, or the refusal."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise files.fail(path, f"array {name!r} is compressed; a checkpoint stores its arrays uncompressed "
+                         "(so that reading one never allocates more than the file holds); refused")
+    if info.flag_bits & 0x1:
+        raise files.fail(path, f"array {name!r} is encrypted; refused")
+    if info.file_size != info.compress_size or info.file_size > size:
+        raise files.fail(path, f"array {name!r} claims {info.file_size:,} bytes in a file of {size:,}; refused")
+    try:
+        with zf.open(info) as m:
+            version = np.lib.format.read_magic(m)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(m, max_header_size=NPY_HEADER_BYTES)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(m, max_header_size=NPY_HEADER_BYTES)
+            else:
+                raise ValueError(f".npy format version {version}")
+            header = m.tell()
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError, SyntaxError, ...; all: unreadable
+        raise files.fail(path, f"array {name!r} has an unreadable .npy header ({type(e).__name__}: "
+                         f"{str(e)[:160]})") from None
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise files.fail(path, f"array {name!r} holds Python objects ({dtype}); nothing is unpickled; refused")
+    if want is not None and (dtype != np.dtype(want.dtype) or tuple(shape) != tuple(want.shape)):
+        raise files.fail(path, f"array {name!r} is {dtype} {tuple(shape)}; this checkpoint's metadata makes it "
+                         f"{np.dtype(want.dtype)} {tuple(want.shape)} (a restore casts nothing)")
+    nbytes = dtype.itemsize
+    for s in shape:
+        nbytes *= int(s)
+    if header + nbytes != info.file_size:
+        raise files.fail(path, f"array {name!r} has {info.file_size - header:,} bytes of data; its header "
+                         f"({dtype} {tuple(shape)}) makes it {nbytes:,}")
+    return dtype, tuple(shape), bool(fortran), header
+
+
+def _read_member(files: Files, path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str,
+                 dtype: np.dtype, shape: tuple[int, ...], fortran: bool, header: int) -> np.ndarray:
+    nbytes = info.file_size - header
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    try:
+        with zf.open(info) as m:
+            m.read(header)
+            got = 0
+            while got < nbytes:
+                block = m.read(min(nbytes - got, 1 << 20))
+                if not block:
+                    break
+                view[got:got + len(block)] = block
+                got += len(block)
+            m.read(1)                     # at the end: zipfile checks the member's CRC
+    except Exception as e:  # noqa: BLE001 - a torn member: BadZipFile, EOFError, zlib.error
+        raise files.fail(path, f"array {name!r} is unreadable ({type(e).__name__}: {str(e)[:160]})") from None
+    if got != nbytes:
+        raise files.fail(path, f"array {name!r} ends after {got:,} of its {nbytes:,} bytes")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+
+
+# --- writing --------------------------------------------------------------------------------
+class Writer:
+    """The one writer of checkpoint directory ``path``, for its lifetime (see the module docstring).
+
+    :meth:`write` commits a version; the first one takes the directory's lease, which is kept
+    (heartbeating) until :meth:`close`. Writes of one writer from several threads are
+    serialised (a periodic shard checkpoint and a requested one may overlap: the second waits).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.files = _files(path)
+        self.path = self.files.root
+        self.lease: Lease | None = None
+        self.closed = False
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Writer({self.path!r}, held={bool(self.lease is not None and self.lease.held)})"
+
+    def _acquire(self) -> Lease:
+        files = self.files
+
+        def announce(kind: str, message: str) -> None:
+            (logger.warning if kind == "takeover" else logger.info)("%s", message)
+
+        lease = Lease(files, files.join(LEASE), lock_path=files.join(LOCK),
+                      label=f"checkpoint directory {files.display(self.path)}",
+                      timeout=LEASE_TIMEOUT, wait=0, fmt="dask-research-replay-checkpoint-lease/1",
+                      announce=announce,
+                      hint="one writer per checkpoint directory for the writer's lifetime: give each plane "
+                           "(or shard) its own directory, or close the plane that holds it")
+        return lease.acquire()
+
+    def acquire(self) -> Writer:
+        """Take the directory's lease now, if this writer does not hold it yet (see :meth:`write`)."""
+        with self._mutex:
+            self._held()
+        return self
+
+    def _held(self) -> Lease:
+        if self.closed:
+            raise self.files.fail(self.path, "this checkpoint writer was closed (its plane or shard was "
+                                  "closed); nothing was written")
+        if self.lease is None:
+            self.lease = self._acquire()
+        return self.lease
+
+    def write(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> pathlib.Path:
+        """Commit ``meta`` (JSON-able) and ``arrays`` as the new current version; returns its directory.
+
+        ``meta`` gains ``"data": {"file", "bytes", "sha256"}``. On any failure the temporary
+        directory is removed and the previous version stays current; an ``OSError`` (a full
+        disk) is raised as a :class:`CheckpointError` naming the directory.
+        """
+        with self._mutex:
+            lease = self._held()
             try:
-                with np.load(f, allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-            except Exception as e:  # noqa: BLE001 - any failure to parse the archive: unreadable
-                # (a flipped bit in an .npy header reaches numpy's literal_eval: SyntaxError,
-                # tokenize.TokenError; a truncated zip: BadZipFile, EOFError)
-                raise CheckpointError(str(path), f"data.npz is unreadable ({type(e).__name__}: "
-                                                 f"{e})") from None
-    return meta, arrays, where
+                return _commit(self.files, lease, meta, arrays)
+            except OSError as e:           # a full disk, a read-only file system
+                raise self.files.fail(self.path, f"could not be written ({type(e).__name__}: "
+                                      f"{e.strerror or e}); the previous checkpoint, if any, is kept") from e
+            finally:
+                if not lease.held:         # taken over (or its file removed): this write stopped
+                    self.lease = None      # with the error; a later one must take the lease anew
+                    lease.release()
+
+    def write_json(self, name: str, doc: Any, cap: int) -> None:
+        """Replace the small JSON document ``name`` beside the versions (atomically, at most
+        ``cap`` bytes), as this directory's writer (an integration's own state, e.g. TorchRL's
+        ``writer.json``); refused unless this writer holds the lease."""
+        if "/" in name or name == POINTER or _VERSION.fullmatch(name) or name.startswith((LEASE, LOCK)):
+            raise self.files.fail(self.files.join(name), "is a name the checkpoint itself uses; refused")
+        with self._mutex:
+            if self.closed or self.lease is None:
+                raise self.files.fail(self.files.join(name), "not written: this writer holds no lease on the "
+                                      "directory (write a checkpoint first)")
+            path = self.files.join(name)
+            self.lease.check_held(path)
+            self.files.write_json(path, doc, cap=cap, replace=True)
+
+    def close(self) -> None:
+        """Release the directory's lease (if this writer holds it); later writes are refused."""
+        with self._mutex:
+            self.closed = True
+            lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def write(path: str | os.PathLike[str], meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+          ) -> pathlib.Path:
+    """Commit one version into ``path`` as a writer of its own (taking the lease for this write only).
+
+    See :meth:`Writer.write`. While another writer holds the directory (a live plane that
+    checkpointed there, in this process or another), a :class:`CheckpointError` naming it is
+    raised and nothing is written.
+    """
+    with Writer(path) as w:
+        return w.write(meta, arrays)
+
+
+def _commit(files: Files, lease: Lease, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+            ) -> pathlib.Path:
+    pointer = files.join(POINTER)
+    lease.check_held(pointer, fresh=True)
+    prev = _pointer(files)
+    names = files.listdir(files.root)
+    n = max(_versions(names), default=0) + 1
+    name = f"v{n:06d}"
+    tmp, target = files.join(f"{name}{TMP_MARK}{uuid.uuid4().hex[:8]}"), files.join(name)
+    cap = npz_cap({k: Array(np.asarray(a).dtype, np.shape(a)) for k, a in arrays.items()})
+    files.make_dir(tmp)
+    try:
+        data = posixpath.join(tmp, "data.npz")
+        with files.new_file(data, cap) as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+        with files.open_read(data) as fd:
+            size = os.fstat(fd).st_size
+            digest = _sha256(files, data, fd, size)
+        _step("data-written")
+        doc = dict(meta)
+        doc["data"] = {"file": "data.npz", "bytes": size, "sha256": digest}
+        files.write_json(posixpath.join(tmp, "meta.json"), doc, cap=MAX_META_BYTES)
+        _step("meta-written")
+        lease.check_held(target, fresh=True)
+        files.rename(tmp, target)
+        _step("version-renamed")
+        lease.check_held(pointer, fresh=True)
+        files.write_bytes(pointer, f"{name}\n".encode(), cap=POINTER_BYTES, replace=True)
+        _step("pointer-committed")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            files.remove_tree(tmp)
+        try:
+            committed = _pointer(files) == name
+        except CheckpointError:           # an unreadable pointer does not name ours
+            committed = False
+        if not committed:
+            with contextlib.suppress(Exception):
+                files.remove_tree(target)
+        raise
+    _clean(files, keep=name, below=n, legacy=prev is None)
+    return pathlib.Path(target)
+
+
+def _clean(files: Files, keep: str, below: int, legacy: bool) -> None:
+    """Remove versions older than ``below`` (but ``keep``) and leftovers of interrupted writes.
+
+    Runs while this writer holds the directory's lease, so every temporary name is a dead
+    writer's (or an interrupted take-over's).
+    """
+    for name in files.listdir(files.root):
+        if name == keep or name.startswith((LEASE, LOCK)):     # the lease's files are the lease's business
+            continue
+        m = _VERSION.fullmatch(name)
+        if (m and int(m.group(1)) < below) or name.startswith(_OLD_TMP_PREFIX) or TMP_MARK in name:
+            files.remove_tree(files.join(name))
+    if legacy:                # a plane checkpointed here before versions: drop its files
+        for old in ("meta.json", "data.npz", "shard.json"):
+            files.remove(files.join(old))
+

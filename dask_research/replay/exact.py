@@ -65,6 +65,12 @@ def check_int_to_float(name: str, a: np.ndarray, dst: np.dtype) -> None:
                               "or a wider float, or convert it first")
 
 
+def _example(a: np.ndarray) -> object:
+    """The first value of ``a`` as Python shows it (an object array's values have no ``item()``)."""
+    v = a.flat[0]
+    return v.item() if isinstance(v, np.generic) else v
+
+
 def key_array(indices: np.ndarray, where: str) -> np.ndarray:
     """``indices`` as int64 keys; refuses non-integers (2.9 would become key 2) and values
     beyond int64 (uint64 2**64-1 would become -1). An empty array of any dtype is no keys."""
@@ -72,7 +78,7 @@ def key_array(indices: np.ndarray, where: str) -> np.ndarray:
     if a.size == 0:
         return a.astype(np.int64)
     if a.dtype.kind not in "iu":
-        raise InputError("indices", f"{a.dtype} values such as {a.flat[0].item()!r}",
+        raise InputError("indices", f"{a.dtype} values such as {_example(a)!r}",
                          "integer keys (Batch.indices)", where=where)
     if a.dtype.kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > np.iinfo(np.int64).max:
         raise InputError("indices", int(a.max()), "integer keys below 2**63", where=where)
@@ -83,6 +89,6 @@ def priority_values(priorities: np.ndarray, where: str) -> np.ndarray:
     """``priorities`` as float64; refuses complex and boolean values (not priorities)."""
     a = np.asarray(priorities)
     if a.size and a.dtype.kind not in "iuf":
-        raise InputError("priorities", f"{a.dtype} values such as {a.flat[0].item()!r}",
+        raise InputError("priorities", f"{a.dtype} values such as {_example(a)!r}",
                          "real numbers", where=where)
     return a.astype(np.float64, copy=False)

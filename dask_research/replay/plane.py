@@ -13,6 +13,10 @@ was overwritten in the meantime is dropped instead of landing on its successor. 
 Thread safety: ingest, sampling, priority updates, migration and checkpoints may run in
 different threads; each holds the plane's lock only for its own copy.
 
+Checkpoints: the first :meth:`ExperiencePlane.checkpoint` into a directory makes the plane that
+directory's one writer (it takes the directory's lease, :mod:`~dask_research.replay.checkpoints`)
+until :meth:`ExperiencePlane.close`; another live plane, in this process or another, is refused.
+
 Examples
 --------
 >>> import numpy as np
@@ -34,6 +38,7 @@ import os
 import pathlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,7 +46,7 @@ import numpy as np
 
 from .. import config
 from ..exceptions import InputError
-from . import snapshot
+from . import checkpoints, snapshot
 from .batch import Batch
 from .delivery import BatchIterator, tensordict_output
 from .migrator import Migrator
@@ -54,8 +59,21 @@ from .source import Draw, EmptyPlaneError
 from .spec import ExperienceSpec, add_checks, priority_arrays
 from .stats import PlaneCounters, PlaneStats
 from .storages import HostStorage, Tier, TieredStorage
+from .storages.host import _check_host_memory
 
-__all__ = ["ExperiencePlane", "EmptyPlaneError", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["ExperiencePlane", "EmptyPlaneError", "FORMAT", "FORMAT_VERSION", "DRAW_BYTES"]
+
+#: Bytes a drawn transition costs beyond its record while a batch is drawn (the random numbers,
+#: slots, keys and weights); a batch whose records and these exceed the memory available is
+#: refused up front (asked of the OS only for batches above 64 MiB).
+DRAW_BYTES = 64
+_ASK_ABOVE = 64 * 2**20
+
+
+def _close_writers(writers: dict[str, checkpoints.Writer]) -> None:
+    """Release the checkpoint leases of a plane (at close, or when it is collected unclosed)."""
+    for w in list(writers.values()):
+        w.close()
 
 
 class ExperiencePlane:
@@ -136,6 +154,9 @@ class ExperiencePlane:
             name = f"plane-{uuid.uuid4().hex[:8]}"
         self.name = str(name)
         self._publisher = None
+        self._writers: dict[str, checkpoints.Writer] = {}      # checkpoint directory -> its writer
+        self._writers_guard = threading.Lock()
+        weakref.finalize(self, _close_writers, self._writers)      # a plane collected unclosed
         if client is not None:
             from .publish import auto_publisher
 
@@ -268,7 +289,10 @@ class ExperiencePlane:
         one GPU tier is gathered on the device and returned as a ``(n, itemsize)`` uint8 CuPy
         array instead of host records. With ``leaves``, the sampler's priority leaves of the
         drawn slots come along (None without priorities). Raises :class:`EmptyPlaneError` on
-        an empty plane.
+        an empty plane. A ``batch_size`` that is not a positive whole number, or a batch that
+        would not fit in the memory available (its records plus :data:`DRAW_BYTES` per
+        transition), is refused up front (:class:`~dask_research.exceptions.InputError`,
+        :class:`~dask_research.exceptions.CapacityError`).
 
         >>> import numpy as np
         >>> from dask_research import replay
@@ -280,6 +304,7 @@ class ExperiencePlane:
         (True, [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
         >>> p.close()
         """
+        batch_size = self._batch_size(batch_size)
         with self._lock:
             t0 = time.perf_counter()
             size = self.ring.size
@@ -309,12 +334,35 @@ class ExperiencePlane:
         """Sample one batch now, in this thread, as numpy arrays (no rate limiting).
 
         Field arrays are views of one fresh record buffer (no copies); ``indices`` are keys.
+        A batch size that is not a positive whole number, or a batch larger than the memory
+        available, is refused up front (see :meth:`draw`).
+
+        >>> from dask_research import replay
+        >>> p = replay.ExperiencePlane({"x": ((), "int64")}, capacity=8)
+        >>> _ = p.ingest({"x": [1, 2, 3]})
+        >>> p.sample(10**15)                                 # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        dask_research.exceptions.CapacityError: sample(1,000,000,000,000,000): a batch of that many transitions (72 bytes each while it is drawn; sample smaller batches) needs 72,000,000,000,000,000 bytes but only ... are available
+        >>> p.sample(2.5)
+        Traceback (most recent call last):
+        ...
+        dask_research.exceptions.InputError: sample: batch_size=2.5 is invalid; expected a positive whole number of transitions
+        >>> p.close()
         """
-        batch_size = int(config.get("replay.batch-size", batch_size))
-        if batch_size < 1:
-            raise InputError("batch_size", batch_size, "a positive integer", where="sample")
-        rec, keys, weights, _ = self.draw(batch_size)
+        rec, keys, weights, _ = self.draw(self._batch_size(config.get("replay.batch-size", batch_size)))
         return Batch({n: rec[n] for n in self.spec.names}, keys, weights)
+
+    def _batch_size(self, batch_size: Any) -> int:
+        """``batch_size`` as an int, or the refusal: not a positive whole number, or more than fits."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise InputError("batch_size", batch_size, "a positive whole number of transitions", where="sample")
+        n = int(batch_size)
+        per = self.spec.itemsize + DRAW_BYTES
+        if n * per > _ASK_ABOVE:
+            _check_host_memory(n * per, f"sample({n:,}): a batch of that many transitions ({per} bytes each "
+                               "while it is drawn; sample smaller batches)")
+        return n
 
     def gather_keys(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Records of ``keys`` (any shape, flattened) and a mask of which keys were valid.
@@ -338,7 +386,11 @@ class ExperiencePlane:
 
         Accepts numpy, torch or CuPy arrays. Keys of transitions that were overwritten since
         they were sampled are skipped. Returns how many priorities were applied. A no-op for
-        samplers without priorities.
+        samplers without priorities. Keys that are not integers and priorities that are not
+        real numbers (objects, strings, complex), negative, not finite, or whose leaf would
+        exceed the sampler's bound are refused with an
+        :class:`~dask_research.exceptions.InputError` naming the value, and nothing is applied
+        (see :class:`~dask_research.replay.PrioritizedSampler`).
         """
         keys, pr = priority_arrays(indices, priorities, where="update_priorities")
         if not self.sampler.prioritized:
@@ -455,7 +507,7 @@ class ExperiencePlane:
         if self._migrator is not None:
             self._migrator.poke()
 
-    def checkpoint(self, path: str | os.PathLike, chunk: int = 16_384,
+    def checkpoint(self, path: str | os.PathLike[str], chunk: int = 16_384,
                    extra: Mapping[str, Any] | None = None) -> pathlib.Path:
         """Commit the plane to checkpoint directory ``path`` in one atomic step.
 
@@ -465,9 +517,23 @@ class ExperiencePlane:
         commit (see :mod:`~dask_research.replay.checkpoints`). A crash at any point leaves the
         previous checkpoint restorable, or the new one complete. ``extra`` (JSON-able) is stored
         in the metadata as ``meta["extra"]``. Returns ``path``.
+
+        The first checkpoint into ``path`` makes this plane its one writer until :meth:`close`
+        (it holds the directory's lease): while it lives, another plane checkpointing into
+        ``path`` (in this process or another) is refused with a
+        :class:`~dask_research.exceptions.CheckpointError` naming this one.
         """
         snapshot.commit(self, path, chunk, extra)
         return pathlib.Path(path)
+
+    def checkpoint_writer(self, path: str | os.PathLike[str]) -> checkpoints.Writer:
+        """This plane's writer of checkpoint directory ``path`` (made on first use; closed by :meth:`close`)."""
+        key = os.path.realpath(os.fspath(path))
+        with self._writers_guard:
+            w = self._writers.get(key)
+            if w is None or w.closed:
+                w = self._writers[key] = checkpoints.Writer(path)
+            return w
 
     @classmethod
     def restore(cls, path: str | os.PathLike, tiers: Sequence[Tier] | None = None,
@@ -491,7 +557,8 @@ class ExperiencePlane:
 
     # --- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop background threads and delivery pipelines; release tiers (disk files)."""
+        """Stop background threads and delivery pipelines; release tiers (disk files) and the
+        checkpoint directories this plane writes (their leases)."""
         for d in self._deliveries:
             d.close()
         if self._publisher is not None:
@@ -499,6 +566,8 @@ class ExperiencePlane:
         if self._migrator is not None:
             self._migrator.close()
         self.storage.close()
+        with self._writers_guard:
+            _close_writers(self._writers)
 
     def __enter__(self) -> ExperiencePlane:
         return self

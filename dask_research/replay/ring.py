@@ -35,7 +35,11 @@ import numpy as np
 from .. import config
 from ..exceptions import CapacityError, InputError
 
-__all__ = ["Ring", "fit_batch"]
+__all__ = ["Ring", "fit_batch", "MAX_KEYS"]
+
+#: The most keys a ring hands out (``2**62``): a restore refuses counters beyond it, which
+#: leaves ``2**62`` more insertions before an int64 key could overflow (centuries at any rate).
+MAX_KEYS = 2**62
 
 
 def fit_batch(fields: Mapping[str, Any], n: int, capacity: int, itemsize: int,

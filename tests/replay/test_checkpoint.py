@@ -74,7 +74,7 @@ def test_restore_into_tiers_and_a_smaller_plane(tmp_path):
 
 
 def test_corrupt_and_foreign_checkpoints(tmp_path):
-    with pytest.raises(CheckpointError, match="meta.json is missing"):
+    with pytest.raises(CheckpointError, match="meta.json: is missing"):
         ExperiencePlane.restore(tmp_path)
     (tmp_path / "meta.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
@@ -88,19 +88,19 @@ def test_corrupt_and_foreign_checkpoints(tmp_path):
     data = checkpoints.current(tmp_path / "ok") / "data.npz"
     good = data.read_bytes()
     data.write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match="data.npz of v000001 does not match its meta.json"):
+    with pytest.raises(CheckpointError, match="v000001/data.npz: does not match its meta.json"):
         ExperiencePlane.restore(tmp_path / "ok")
     meta_file = data.parent / "meta.json"
     doc = json.loads(meta_file.read_text())
     del doc["data"]                       # a version must name its data's digest
     meta_file.write_text(json.dumps(doc))
-    with pytest.raises(CheckpointError, match="meta.json of v000001 has no 'data' record"):
+    with pytest.raises(CheckpointError, match="v000001/meta.json: has no 'data' record"):
         ExperiencePlane.restore(tmp_path / "ok")
     legacy = tmp_path / "legacy"          # the layout before versions has no digest: parsed
     legacy.mkdir()
     (legacy / "meta.json").write_text(json.dumps(doc))
     (legacy / "data.npz").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match="data.npz is unreadable"):
+    with pytest.raises(CheckpointError, match="legacy/data.npz: is unreadable"):
         ExperiencePlane.restore(legacy)
     (legacy / "data.npz").write_bytes(good)
     assert len(ExperiencePlane.restore(legacy)) == 5

@@ -65,13 +65,13 @@ def _killed_at(tmp_path, step):
             proc.kill()
             proc.wait(timeout=30)
         proc.stderr.close()
-    return ck
+    return ck, proc.pid
 
 
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("step", checkpoints.STEPS)
 def test_sigkill_at_each_step_leaves_one_whole_checkpoint(tmp_path, step):
-    ck = _killed_at(tmp_path, step)
+    ck, child = _killed_at(tmp_path, step)
     committed = step == "pointer-committed"
     plane = ExperiencePlane.restore(ck)
     keys = plane.contents()["action"]
@@ -83,16 +83,17 @@ def test_sigkill_at_each_step_leaves_one_whole_checkpoint(tmp_path, step):
     meta, version = checkpoints.read_meta(ck)
     assert meta["count"] == len(want) and version.name == ("v000002" if committed else "v000001")
 
-    holder = json.loads((ck / checkpoints.LOCK).read_text())  # the dead writer's lock
-    assert holder["pid"] != os.getpid()
+    holder = json.loads((ck / checkpoints.LEASE).read_text())  # the dead writer's lease
+    assert holder["pid"] == child
     plane.ingest(make_batch(10, start=len(want), seed=9))     # the next checkpoint takes the
-    plane.checkpoint(ck)                                      # lock over and cleans up
+    plane.checkpoint(ck)                                      # lease over and cleans up
     names = sorted(p.name for p in ck.iterdir())
-    assert names == [checkpoints.LOCK, "CURRENT", checkpoints.current(ck).name], names
-    assert (ck / checkpoints.LOCK).read_text() == ""          # free again
+    assert names == [checkpoints.LEASE, checkpoints.LOCK, "CURRENT", checkpoints.current(ck).name], names
+    assert json.loads((ck / checkpoints.LEASE).read_text())["pid"] == os.getpid()   # this plane's now
     np.testing.assert_array_equal(ExperiencePlane.restore(ck).contents()["action"],
                                   np.arange(len(want) + 10))
     plane.close()
+    assert not (ck / checkpoints.LEASE).exists()              # released with the plane
 
 
 def test_reported_shard_checkpoint_size_is_what_the_files_hold(tmp_path):
@@ -123,12 +124,12 @@ def test_hostile_or_dangling_pointer_is_refused(tmp_path):
     plane.ingest(make_batch(20))
     plane.checkpoint(tmp_path / "ck")
     (tmp_path / "ck" / "CURRENT").write_text("../elsewhere")
-    with pytest.raises(CheckpointError, match=r"CURRENT names '../elsewhere'; expected a version"):
+    with pytest.raises(CheckpointError, match=r"CURRENT: names '../elsewhere'; expected a version"):
         ExperiencePlane.restore(tmp_path / "ck")
     (tmp_path / "ck" / "CURRENT").write_text("v000009\n")
-    with pytest.raises(CheckpointError, match="CURRENT names v000009, which is missing"):
+    with pytest.raises(CheckpointError, match="CURRENT: names v000009, which is missing"):
         ExperiencePlane.restore(tmp_path / "ck")
-    with pytest.raises(CheckpointError, match="meta.json is missing"):
+    with pytest.raises(CheckpointError, match="empty/meta.json: is missing"):
         ExperiencePlane.restore(tmp_path / "empty")
 
 
@@ -142,6 +143,7 @@ def test_the_layout_before_versions_is_still_read_and_replaced(tmp_path):
     (old / "meta.json").write_text(json.dumps(meta))
     np.testing.assert_array_equal(ExperiencePlane.restore(old).contents()["action"], np.arange(20))
     plane.checkpoint(old)
+    plane.close()                                  # releases the lease (its lock file stays)
     assert sorted(p.name for p in old.iterdir()) == [checkpoints.LOCK, "CURRENT", "v000001"]
 
 
@@ -159,10 +161,12 @@ def test_a_failed_write_names_the_path_keeps_the_previous_and_leaves_nothing(tmp
                                               r"on device\); the previous checkpoint, if any, is kept"):
         plane.checkpoint(tmp_path / "ck")
     monkeypatch.undo()
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [checkpoints.LOCK, "CURRENT",
-                                                                   "v000001"]
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert [n for n in names if n not in (checkpoints.LEASE, checkpoints.LOCK)] == ["CURRENT", "v000001"], names
+    assert checkpoints.LEASE in names              # the plane is still the directory's writer
     np.testing.assert_array_equal(ExperiencePlane.restore(tmp_path / "ck").contents()["action"],
                                   np.arange(30))
     (tmp_path / "file").write_text("x")
-    with pytest.raises(CheckpointError, match="file: could not be written"):
+    with pytest.raises(CheckpointError, match="file: cannot be created"):
         plane.checkpoint(tmp_path / "file")
+    plane.close()

@@ -46,9 +46,9 @@ def _unblock(fifo):
 # --- finding 5: FIFOs, devices, links and huge files are refused at once --------------------
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.parametrize("target, message", [
-    ("CURRENT", "CURRENT is a FIFO, not a regular file"),
-    ("meta.json", "meta.json of v000001 is a FIFO, not a regular file"),
-    ("data.npz", "data.npz of v000001 is a FIFO, not a regular file"),
+    ("CURRENT", "ck/CURRENT: is a FIFO, not a regular file"),
+    ("meta.json", "v000001/meta.json: is a FIFO, not a regular file"),
+    ("data.npz", "v000001/data.npz: is a FIFO, not a regular file"),
 ])
 def test_a_fifo_in_a_checkpoint_is_refused_not_read(tmp_path, target, message):
     ck = tmp_path / "ck"
@@ -75,20 +75,20 @@ def test_links_inside_a_checkpoint_are_refused(tmp_path):
     os.symlink("/dev/zero", data)                 # the old reader hashed it until memory ran out
     t, out = in_thread(lambda: checkpoints.load(ck), join=20)
     assert not t.is_alive(), "a data.npz linked to /dev/zero was read without end"
-    assert "data.npz of v000001 is a symbolic link" in str(out.get("error")), out
+    assert "v000001/data.npz: is a symbolic link" in str(out.get("error")), out
     data.unlink()
     data.write_bytes(good)
 
     elsewhere = _plane_checkpoint(tmp_path / "other")        # a whole version, linked in
     (ck / "v000007").symlink_to(elsewhere, target_is_directory=True)
     (ck / "CURRENT").write_text("v000007\n")
-    with pytest.raises(CheckpointError, match="v000007 is a symbolic link"):
+    with pytest.raises(CheckpointError, match="ck/v000007: is a symbolic link"):
         checkpoints.load(ck)
     (ck / "CURRENT").write_text("v000001\n")
     meta = version / "meta.json"
     meta.rename(tmp_path / "meta.json")
     meta.symlink_to(tmp_path / "meta.json")
-    with pytest.raises(CheckpointError, match="meta.json of v000001 is a symbolic link"):
+    with pytest.raises(CheckpointError, match="v000001/meta.json: is a symbolic link"):
         ExperiencePlane.restore(ck)
     meta.unlink()
     (tmp_path / "meta.json").rename(meta)
@@ -104,27 +104,31 @@ def test_an_oversized_pointer_or_meta_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoints, "MAX_META_BYTES", 4096)
     with open(version / "meta.json", "r+b") as f:            # sparse: cheap to make
         f.truncate(10 * 4096)
-    with pytest.raises(CheckpointError, match=r"meta.json has 40,960 bytes, more than the 4,096"):
+    with pytest.raises(CheckpointError, match=r"meta.json: is 40,960 bytes, more than the 4,096 it may have"):
         checkpoints.read_meta(ck)
     with open(ck / "CURRENT", "r+b") as f:
         f.truncate(10 * 4096)
-    with pytest.raises(CheckpointError, match="CURRENT has 40,960 bytes"):
+    with pytest.raises(CheckpointError, match="CURRENT: is 40,960 bytes, more than the 64 it may have"):
         checkpoints.current(ck)
 
 
-def test_a_lock_file_that_is_not_a_file_is_refused_and_nothing_written(tmp_path):
+@pytest.mark.parametrize("name", [checkpoints.LEASE, checkpoints.LOCK])
+def test_a_lease_or_lock_file_that_is_not_a_file_is_refused_and_nothing_written(tmp_path, name):
     ck = tmp_path / "ck"
-    _plane_checkpoint(ck)
-    (ck / checkpoints.LOCK).unlink()
-    os.mkfifo(ck / checkpoints.LOCK)
-    with pytest.raises(CheckpointError, match=r"\.lock is not a regular file"):
+    _plane_checkpoint(ck)                        # closed: its lease is released (removed)
+    assert not (ck / checkpoints.LEASE).exists()
+    (ck / name).unlink(missing_ok=True)
+    os.mkfifo(ck / name)
+    with pytest.raises(CheckpointError, match=rf"ck/\{name}: is a FIFO, not a regular file"):
         checkpoints.write(ck, {"who": "x"}, {"x": np.arange(3)})
-    assert sorted(p.name for p in ck.iterdir()) == [checkpoints.LOCK, "CURRENT", "v000001"]
-    (ck / checkpoints.LOCK).unlink()
-    (ck / checkpoints.LOCK).symlink_to(tmp_path / "outside")    # a write would follow it out
-    with pytest.raises(CheckpointError, match=r"\.lock is a symbolic link"):
+    assert sorted(p.name for p in ck.iterdir() if p.name != checkpoints.LOCK) == sorted(
+        {name, "CURRENT", "v000001"} - {checkpoints.LOCK})
+    (ck / name).unlink()
+    (ck / name).symlink_to(tmp_path / "outside")    # a write would follow it out
+    with pytest.raises(CheckpointError, match=rf"ck/\{name}: is a symbolic link"):
         checkpoints.write(ck, {"who": "x"}, {"x": np.arange(3)})
     assert not (tmp_path / "outside").exists()
+    assert checkpoints.current(ck).name == "v000001"
 
 
 # --- finding 13: a version must carry the digest of its own data ---------------------------
@@ -141,7 +145,7 @@ def test_a_version_without_its_data_record_is_refused(tmp_path, edit):
     else:
         meta["data"] = None
     (v2 / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match="meta.json of v000002 has no 'data' record"):
+    with pytest.raises(CheckpointError, match="v000002/meta.json: has no 'data' record"):
         checkpoints.load(ck)
 
 
@@ -174,20 +178,21 @@ def _small_checkpoint(ck):
 
 @pytest.mark.parametrize("replace, message", [
     ({"field.x": np.array([300, 2, 3, 4], np.int64)},          # was restored as 44
-     r"array 'field.x' is int64 \(4,\); field 'x' of 4 transitions is int8 \(4,\)"),
+     r"data.npz: array 'field.x' is int64 \(4,\); this checkpoint's metadata makes it int8 \(4,\)"),
     ({"field.y": np.full((4, 2), 1e300)},                      # was restored as inf
      r"array 'field.y' is float64 \(4, 2\)"),
     ({"field.y": np.full((4, 1), 7.0, np.float32)},            # was broadcast into (2,)
-     r"array 'field.y' is float32 \(4, 1\); field 'y' of 4 transitions is float32 \(4, 2\)"),
+     r"array 'field.y' is float32 \(4, 1\); this checkpoint's metadata makes it float32 \(4, 2\)"),
     ({"field.x": np.array([2.7, 2, 3, 4])},                    # was restored as 2
      r"array 'field.x' is float64"),
     ({"field.x": np.array([1, 2, 3], np.int8)},                # fewer than count
      r"array 'field.x' is int8 \(3,\)"),
     ({"sampler.leaf": np.array([np.nan, 1, 1, 1])},            # sample() failed afterwards
-     r"'sampler.leaf' holds nan at 0 \(key 0\); priorities are finite and >= 0"),
+     r"'sampler.leaf' holds nan at 0 \(key 0\); priority leaves are finite, >= 0 and at most 1e\+280"),
     ({"sampler.leaf": np.array([-5.0, 1, 1, 1])},
      r"'sampler.leaf' holds -5.0 at 0"),
-    ({"sampler.leaf": np.ones(3)}, r"'sampler.leaf' is float64 \(3,\); expected float64 \(4,\)"),
+    ({"sampler.leaf": np.ones(3)},
+     r"'sampler.leaf' is float64 \(3,\); this checkpoint's metadata makes it float64 \(4,\)"),
 ])
 def test_an_edited_checkpoint_with_a_recomputed_digest_is_refused(tmp_path, replace, message):
     ck = tmp_path / "ck"
@@ -198,9 +203,9 @@ def test_an_edited_checkpoint_with_a_recomputed_digest_is_refused(tmp_path, repl
 
 
 @pytest.mark.parametrize("meta_edit, message", [
-    ({"first_key": 7}, r"first_key 7 \+ count 4 != total 4"),
-    ({"count": -1}, r"'count' is -1; expected a count >= 0"),
-    ({"total": True}, r"'total' is True"),
+    ({"first_key": 7}, r"meta.json: first_key 7 \+ count 4 != total 4"),
+    ({"count": -1}, r"meta.json: count is -1; expected a whole number in \[0, 4611686018427387904\]"),
+    ({"total": True}, r"meta.json: total is True; expected a whole number"),
 ])
 def test_edited_counters_are_refused(tmp_path, meta_edit, message):
     ck = tmp_path / "ck"
@@ -220,7 +225,7 @@ def test_a_nan_max_priority_is_refused(tmp_path):
     meta = json.loads((version / "meta.json").read_text())
     meta["sampler"]["state"]["max_priority"] = float("nan")
     (version / "meta.json").write_text(json.dumps(meta))      # JSON NaN, as Python writes it
-    with pytest.raises(CheckpointError, match="sampler max_priority is nan"):
+    with pytest.raises(CheckpointError, match="meta.json: holds NaN, which is not JSON"):
         ExperiencePlane.restore(ck, migrate="manual")
 
 
@@ -271,8 +276,7 @@ def test_a_second_process_is_refused_naming_the_writer_and_nothing_is_lost(tmp_p
         b = subprocess.run([sys.executable, "-c", SECOND, str(ck)], env=dict(os.environ),
                            capture_output=True, text=True, timeout=90)
         assert b.returncode != 0, b.stdout
-        assert (f"is being checkpointed by pid {a.pid} on host {socket.gethostname()}"
-                in b.stderr), b.stderr
+        assert f"on host {socket.gethostname()}, pid {a.pid}" in b.stderr, b.stderr
         assert "CheckpointError" in b.stderr
         assert not any(p.name.startswith(".tmp-") for p in ck.iterdir() if "v000002" not in p.name)
         go.write_text("go")
@@ -307,7 +311,7 @@ def test_a_version_replaced_between_reads_is_named(tmp_path):
     checkpoints.write(ck, {"who": "v1"}, {"x": np.arange(3)})
     meta, where = checkpoints.read_meta(ck)
     checkpoints.write(ck, {"who": "v2"}, {"x": np.arange(3)})      # removes v000001
-    with pytest.raises(CheckpointError, match="version v000001 is gone .a newer checkpoint "
+    with pytest.raises(CheckpointError, match="v000001: is gone .a newer checkpoint "
                                               "replaced it after it was read"):
         checkpoints.load(ck, where)
     assert checkpoints.load(ck)[0]["who"] == "v2"

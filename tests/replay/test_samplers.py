@@ -157,7 +157,38 @@ def test_sum_tree_agrees_with_numpy(cap, data):
 
 
 def test_all_zero_priorities_are_refused():
+    """Up front, by the update that would make them so (nothing applied); a sampler used on its
+    own without any positive leaf refuses to sample."""
     plane = _plane(8, 8, PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0))
-    plane.update_priorities(np.arange(8), np.zeros(8))
     with pytest.raises(InputError, match="expected at least one positive priority"):
-        plane.sample(4)
+        plane.update_priorities(np.arange(8), np.zeros(8))
+    assert len(plane.sample(4).indices) == 4
+    s = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0)
+    s.attach(4)
+    with pytest.raises(InputError, match="expected at least one positive priority"):
+        s.sample(cursor=0, size=4, batch_size=2, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("kwargs, name", [({"alpha": float("inf")}, "alpha"), ({"beta": float("nan")}, "beta"),
+                                          ({"eps": float("inf")}, "eps"), ({"alpha": True}, "alpha"),
+                                          ({"alpha": 40.0, "eps": 1e10}, "eps")])
+def test_sampler_parameters_are_finite_and_keep_leaves_bounded(kwargs, name):
+    with pytest.raises(InputError, match=f"PrioritizedSampler: {name}="):
+        PrioritizedSampler(**{"alpha": 0.6, "beta": 0.4, **kwargs})
+
+
+@settings(max_examples=60, deadline=None)
+@given(pr=st.lists(st.floats(0.0, 1e300, allow_subnormal=False), min_size=1, max_size=8),
+       alpha=st.sampled_from([0.5, 1.0, 2.0]))
+def test_accepted_priorities_keep_the_sum_finite_and_refused_ones_change_nothing(pr, alpha):
+    """Whatever update is accepted leaves a finite, positive mass; a refused one changes no leaf."""
+    plane = _plane(16, 16, PrioritizedSampler(alpha=alpha, beta=1.0, eps=0.0))
+    before = plane.sampler.leaves(np.arange(16))
+    try:
+        plane.update_priorities(np.arange(len(pr)), np.array(pr))
+    except InputError:
+        np.testing.assert_array_equal(plane.sampler.leaves(np.arange(16)), before)
+    mass = plane.sampler.mass(len(plane))
+    assert np.isfinite(mass) and mass > 0
+    keys = plane.sample(64).indices
+    assert (plane.sampler.leaves(keys % 16) > 0).all()

@@ -33,7 +33,6 @@ import numpy as np
 
 from ...exceptions import InputError, ResearchError
 from .. import snapshot
-from ..checkpoints import load
 from ..plane import ExperiencePlane
 from ..samplers import Sampler
 from ..spec import ExperienceSpec
@@ -199,7 +198,11 @@ class WorkerShard:
     def checkpoint(self, root: str | pathlib.Path) -> dict[str, Any]:
         """Commit this shard to ``root/<uid>/`` (the single-process plane's format, one atomic
         step); returns what the committed files hold (``size`` and ``inserted`` as saved, not
-        the live counts, which ingest may have moved on meanwhile)."""
+        the live counts, which ingest may have moved on meanwhile).
+
+        The first checkpoint into a directory makes this shard its one writer (it holds the
+        directory's lease) until :meth:`close`; another live writer there is refused with a
+        :class:`~dask_research.exceptions.CheckpointError` naming it."""
         path = pathlib.Path(root) / self.uid
         t0 = time.perf_counter()
         meta, version = snapshot.commit(
@@ -216,12 +219,13 @@ class WorkerShard:
         if self.plane.size:
             raise InputError("shard", f"{self.plane.size} transitions", "an empty shard to "
                              "restore into", where="WorkerShard.restore")
-        meta, arrays, _ = load(path)
-        self.plane.load_snapshot(meta, arrays, where=str(path))
+        meta, arrays, version = snapshot.read(path)       # validated before any array is read
+        self.plane.load_snapshot(meta, arrays, where=str(version))
         self.restored_from = str(path)
         return self.plane.size
 
     def close(self) -> None:
+        """Close the shard's plane (and so release the checkpoint directories it writes)."""
         self.plane.close()
 
     def __repr__(self) -> str:

@@ -40,6 +40,7 @@ Examples
 from __future__ import annotations
 
 import json
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,8 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler as _TRLSampler
 from torchrl.data.replay_buffers.storages import Storage as _TRLStorage
 
-from ...exceptions import InputError
+from ...durable import Files, schema
+from ...exceptions import CheckpointError, InputError
 from ..batch import Batch
 from ..plane import ExperiencePlane
 
@@ -64,6 +66,11 @@ from .tensordict import (  # noqa: F401
     tensordict_batches,
     to_tensordict,
 )
+
+#: where :meth:`PlaneStorage.dumps` keeps the writer's next slot, beside the plane's checkpoint
+WRITER_FILE = "writer.json"
+#: the most bytes ``writer.json`` may have (its writer refuses more, its reader reads no more)
+WRITER_CAP = 4096
 
 
 def _identity(x: Any) -> Any:
@@ -149,22 +156,29 @@ class PlaneStorage(_TRLStorage):
         self._bump_mutation_revision()
 
     def dumps(self, path: Any) -> None:
-        import pathlib
-
-        self.plane.checkpoint(pathlib.Path(path) / "plane")
-        (pathlib.Path(path) / "plane" / "writer.json").write_text(json.dumps({"next": self._next}))
+        """Checkpoint the plane into ``path/plane`` (this plane is then that directory's one
+        writer until it is closed) and replace ``path/plane/writer.json`` (the writer's next slot)."""
+        root = pathlib.Path(path) / "plane"
+        self.plane.checkpoint(root)
+        self.plane.checkpoint_writer(root).write_json(WRITER_FILE, {"next": self._next}, cap=WRITER_CAP)
 
     def loads(self, path: Any) -> None:
-        import pathlib
-
+        """Load what :meth:`dumps` wrote; a checkpoint or a ``writer.json`` that is not one is a
+        :class:`~dask_research.exceptions.CheckpointError` naming the file."""
         root = pathlib.Path(path) / "plane"
+        files = Files(root, error=CheckpointError)
+        doc = files.read_json(files.join(WRITER_FILE), cap=WRITER_CAP)
+        try:
+            nxt = schema.check(doc, schema.Obj({"next": schema.Int(0, self.max_size - 1)}))["next"]
+        except schema.Invalid as e:
+            raise files.fail(files.join(WRITER_FILE), f"{e}; refused") from None
         restored = ExperiencePlane.restore(root, sampler=type(self.plane.sampler)())
         try:
             meta, arrays = restored.snapshot()
         finally:
             restored.close()
         self.plane.load_snapshot(meta, arrays, where=str(root))
-        self._next = int(json.loads((root / "writer.json").read_text())["next"])
+        self._next = nxt
         self._bump_mutation_revision()
 
     def __repr__(self) -> str:

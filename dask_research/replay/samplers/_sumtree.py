@@ -23,6 +23,9 @@ Examples
 (4.0, 1.0)
 >>> t.find(np.array([0.5, 1.5, 3.99])).tolist()
 [0, 3, 3]
+>>> t.set(np.array([1, 2]), np.array([MAX_LEAF, MAX_LEAF]))      # the bound keeps the sum finite
+>>> t.total < float("inf"), t.find(np.array([0.25 * t.total, 0.75 * t.total])).tolist()
+(True, [1, 2])
 """
 from __future__ import annotations
 
@@ -31,6 +34,10 @@ import numpy as np
 #: the forest's roots: the deepest level with at most this many nodes (a cumsum over it
 #: costs about two tree levels)
 MAX_TOP = 2048
+#: the largest leaf a tree may hold: the sum of 2**62 such leaves (more than any ring has slots)
+#: is still a finite float64 (below 1.8e308), so the sum, every partial sum and every draw stay
+#: finite; the prioritized sampler refuses priorities whose leaf would exceed it
+MAX_LEAF = 1e280
 
 
 class SumTree:

@@ -10,7 +10,8 @@ transitions deserve the fastest tier.
 What the plane, checkpoints and cluster shards read of a sampler goes through its methods:
 :meth:`Sampler.leaves` (priority leaves of slots), :meth:`Sampler.mass` (the sampling mass),
 :meth:`Sampler.priorities` (leaves turned back into priorities), :meth:`Sampler.state_dict` /
-:meth:`Sampler.from_state` (parameters into and out of a checkpoint).
+:meth:`Sampler.from_state` (parameters into and out of a checkpoint), checked against
+:meth:`Sampler.state_schema` before a restore uses them.
 
 Examples
 --------
@@ -28,6 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from ...durable import schema
 
 
 def ring_slots(cursor: int, size: int, capacity: int, j: np.ndarray) -> np.ndarray:
@@ -127,6 +130,22 @@ class Sampler(ABC):
     def state_dict(self) -> dict[str, Any]:
         """Parameters and state; numpy arrays are allowed (checkpoints store them in .npz)."""
         return {}
+
+    @classmethod
+    def state_schema(cls) -> schema.Checker:
+        """What the JSON part of :meth:`state_dict` may hold (a :mod:`dask_research.durable.schema`
+        checker): a restore checks a checkpoint's sampler state against it before anything uses it.
+        The default admits any object (a sampler of one's own); the built-in samplers admit
+        exactly what they write.
+
+        >>> from dask_research.durable import schema
+        >>> from dask_research.replay import RecentSampler
+        >>> schema.check({"window": 0}, RecentSampler.state_schema(), "state")
+        Traceback (most recent call last):
+        ...
+        dask_research.durable.schema.Invalid: state.window is 0; expected a whole number in [1, 4611686018427387904]
+        """
+        return schema.Obj({}, extra=schema.Any_())
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> Sampler:

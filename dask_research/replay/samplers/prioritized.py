@@ -7,6 +7,13 @@ transitions get the largest priority seen so far, so each is likely to be replay
 once. Priorities are ``|td_error| + eps`` style non-negative numbers; ``eps`` keeps a zero
 priority from removing a transition from the distribution.
 
+What is refused, up front and with nothing applied (an :class:`~dask_research.exceptions.InputError`
+naming the value): a priority that is negative, ``NaN`` or infinite; one whose leaf
+``(p + eps) ** alpha`` exceeds :data:`~._sumtree.MAX_LEAF` (``1e280``: the sum over any ring
+then stays a finite float64, where ``[1e308, 1e308]`` would make it ``inf`` and every draw land
+on the last slot); and an update that would leave every stored transition with leaf 0 (nothing
+could be sampled any more). Priorities are never clipped: what is stored is what was given.
+
 Examples
 --------
 >>> import numpy as np
@@ -19,18 +26,62 @@ Examples
 >>> slots, w = s.sample(cursor=0, size=4, batch_size=4, rng=np.random.default_rng(0))
 >>> float(w.max()) <= 1.0
 True
+>>> s.update(np.array([1, 2]), np.array([1e308, 1e308]))
+Traceback (most recent call last):
+...
+dask_research.exceptions.InputError: update_priorities: priorities=1e+308 is invalid; expected finite numbers >= 0 whose leaf (p + eps) ** alpha (eps=0.0, alpha=1.0) is at most 1e+280, so that the sum over the ring stays finite
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ... import config
+from ...durable import schema
 from ...exceptions import InputError
-from ._sumtree import SumTree
+from ._sumtree import MAX_LEAF, SumTree
 from .base import Sampler
+
+
+def leaf_of(p: np.ndarray | float, eps: float, alpha: float) -> np.ndarray:
+    """The leaves ``(p + eps) ** alpha`` as float64 (``inf`` where they overflow, never a warning)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return np.power(np.asarray(p, dtype=np.float64) + eps, alpha)
+
+
+def _parameter(name: str, value: Any, configured: bool = True) -> float:
+    """``value`` (or, if ``configured`` and None, ``research.replay.<name>``) as a finite float >= 0."""
+    v = config.get(f"replay.{name}", value) if configured else value
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = math.nan
+    if isinstance(v, bool) or not (f >= 0 and math.isfinite(f)):
+        raise InputError(name, v, "a finite number >= 0", where="PrioritizedSampler")
+    return f
+
+
+class _StateSchema(schema.Checker):
+    """The JSON part of a prioritized sampler's state: its parameters, and a ``max_priority``
+    whose leaf (what new transitions get) is within :data:`MAX_LEAF`."""
+
+    expected = "a prioritized sampler's state"
+    _obj = schema.Obj({"alpha": schema.Float(0), "beta": schema.Float(0), "eps": schema.Float(0)},
+                      optional={"shuffle": schema.Bool(), "max_priority": schema.Float(0)})
+
+    def check(self, value: Any, where: str) -> Any:
+        self._obj.check(value, where)
+        top = max(value.get("max_priority", 1.0), 1.0)     # new transitions get its leaf (1.0 at first)
+        leaf = float(leaf_of(top, value["eps"], value["alpha"]))
+        if not leaf <= MAX_LEAF:
+            key = "max_priority" if "max_priority" in value else "eps"
+            raise schema.Invalid(f"{where}.{key}" if where else key,
+                                 f"is {value[key]!r}; the leaf (p + eps) ** alpha of new transitions would be "
+                                 f"{leaf:g}, more than {MAX_LEAF:g}, the most a priority leaf may be")
+        return value
 
 
 class PrioritizedSampler(Sampler):
@@ -60,23 +111,24 @@ class PrioritizedSampler(Sampler):
     def __init__(self, alpha: float | None = None, beta: float | None = None, eps: float = 1e-6,
                  shuffle: bool = True):
         self.shuffle = bool(shuffle)
-        self.alpha = float(config.get("replay.alpha", alpha))
-        self.beta = float(config.get("replay.beta", beta))
-        if not self.alpha >= 0:
-            raise InputError("alpha", alpha, "a number >= 0", where="PrioritizedSampler")
-        if not self.beta >= 0:
-            raise InputError("beta", beta, "a number >= 0", where="PrioritizedSampler")
-        if not eps >= 0:
-            raise InputError("eps", eps, "a number >= 0", where="PrioritizedSampler")
-        self.eps = float(eps)
+        self.alpha = _parameter("alpha", alpha)
+        self.beta = _parameter("beta", beta)
+        self.eps = _parameter("eps", eps, configured=False)
+        if not float(leaf_of(1.0, self.eps, self.alpha)) <= MAX_LEAF:
+            raise InputError("eps", eps, f"a value whose leaf (1 + eps) ** alpha (alpha={self.alpha:g}) is at most "
+                             f"{MAX_LEAF:g}", where="PrioritizedSampler")
         self.max_priority = 1.0
 
     def attach(self, capacity: int) -> None:
         super().attach(capacity)
         self.tree = SumTree(capacity)
 
-    def _leaf(self, p: np.ndarray | float) -> np.ndarray | float:
-        return (p + self.eps) ** self.alpha
+    def _leaf(self, p: np.ndarray | float) -> np.ndarray:
+        return leaf_of(p, self.eps, self.alpha)
+
+    @classmethod
+    def state_schema(cls) -> schema.Checker:
+        return _StateSchema()
 
     def on_insert(self, start: int, n: int) -> None:
         self.tree.set_range(start, start + n, float(self._leaf(self.max_priority)))
@@ -116,9 +168,25 @@ class PrioritizedSampler(Sampler):
         if not np.isfinite(priorities).all() or (priorities < 0).any():
             bad = priorities[~(np.isfinite(priorities) & (priorities >= 0))][0]
             raise InputError("priorities", float(bad), "finite numbers >= 0", where="update_priorities")
-        self.max_priority = max(self.max_priority, float(priorities.max()))
         leaf = self._leaf(priorities)
+        over = ~(leaf <= MAX_LEAF)
+        if over.any():
+            raise InputError("priorities", float(priorities[over][0]), "finite numbers >= 0 whose leaf "
+                             f"(p + eps) ** alpha (eps={self.eps}, alpha={self.alpha}) is at most {MAX_LEAF:g}, "
+                             "so that the sum over the ring stays finite", where="update_priorities")
+        if not leaf.any() and not self._positive_besides(slots):
+            raise InputError("priorities", f"0 for all {len(slots)} of them", "at least one positive priority "
+                             f"among the stored transitions once applied (with eps={self.eps} every stored "
+                             "transition would have priority 0 and nothing could be sampled; use eps > 0)",
+                             where="update_priorities")
+        self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.set(slots, leaf, np.where(leaf > 0, leaf, np.inf))
+
+    def _positive_besides(self, slots: np.ndarray) -> bool:
+        """Whether a leaf other than those of ``slots`` is positive (only the slots of stored
+        transitions have positive leaves)."""
+        leaves = self.tree.leaves()
+        return int(np.count_nonzero(leaves)) > int(np.count_nonzero(leaves[np.unique(slots)]))
 
     def leaves(self, slots: np.ndarray) -> np.ndarray:
         return self.tree.sum[slots + self.tree.L]
@@ -173,6 +241,11 @@ class PrioritizedSampler(Sampler):
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.max_priority = float(state["max_priority"])
         leaves = np.asarray(state["leaves"], dtype=np.float64)
+        bad = ~((leaves >= 0) & (leaves <= MAX_LEAF))
+        if leaves.shape != (self.capacity,) or bad.any():
+            shown = leaves.shape if leaves.shape != (self.capacity,) else float(leaves[bad][0])
+            raise InputError("leaves", shown, f"{self.capacity} finite leaves in [0, {MAX_LEAF:g}]",
+                             where="PrioritizedSampler.load_state_dict")
         self.tree.load(leaves, np.where(leaves > 0, leaves, np.inf))
 
     def __repr__(self) -> str:

@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ...durable import schema
 from ...exceptions import InputError
+from ..ring import MAX_KEYS
 from .base import Sampler, ring_slots
 
 
@@ -50,6 +52,10 @@ class RecentSampler(Sampler):
 
     def state_dict(self) -> dict[str, Any]:
         return {"window": self.window}
+
+    @classmethod
+    def state_schema(cls) -> schema.Checker:
+        return schema.Obj({"window": schema.Int(1, MAX_KEYS)})
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> RecentSampler:

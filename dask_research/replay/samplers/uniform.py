@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...durable import schema
 from .base import Sampler
 
 
@@ -30,6 +31,10 @@ def uniform_ranks(rng: np.random.Generator, size: int, n: int) -> np.ndarray:
 
 class UniformSampler(Sampler):
     """Every stored transition is equally likely (with replacement), no importance weights."""
+
+    @classmethod
+    def state_schema(cls) -> schema.Checker:
+        return schema.Obj({})           # no parameters, no state
 
     def sample(self, cursor: int, size: int, batch_size: int,
                rng: np.random.Generator) -> tuple[np.ndarray, None]:
