@@ -46,3 +46,23 @@ def test_readme_says_what_the_tests_need_before_the_test_command():
     # and it names everything CI installs for the suite
     ci = (ROOT / ".ci" / "run").read_text()
     assert _apt_packages(ci) <= _apt_packages(said) | {w.strip("`") for w in said.split()}, _apt_packages(ci)
+
+
+def test_the_test_command_brings_every_integration_and_keeps_the_cpu_torch():
+    test_cmd = _bash_blocks((ROOT / "README.md").read_text())[1]
+    installs = [part.strip() for part in test_cmd.split("&&") if part.strip().startswith("pip install")]
+    pinned = re.search(r'"torch==([\d.]+)"', installs[0]).group(1)
+    extras = re.search(r'-e "\.\[([\w,-]+)\]"', installs[1]).group(1).split(",")
+    assert {"test", "torch", "rl", "dashboard", "torchrl", "rllib"} <= set(extras)
+    assert f'"torch=={pinned}"' in installs[1]       # no extra may replace the CPU build
+    cfg = (ROOT / "setup.cfg").read_text()
+    for extra in extras:
+        assert re.search(rf"^{extra} =$", cfg, re.M), extra
+
+
+def test_the_fast_lane_is_documented_and_its_marker_registered():
+    readme = (ROOT / "README.md").read_text()
+    assert 'python -m pytest -m "not slow"' in readme
+    cfg = (ROOT / "setup.cfg").read_text()
+    assert re.search(r"^    slow: ", cfg, re.M) and "--strict-markers" in cfg
+    assert (ROOT / "tools" / "stress_suite.sh").exists() and "tools/stress_suite.sh" in readme
