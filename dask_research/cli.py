@@ -101,7 +101,7 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
 
 def _tls_configured() -> bool:
     """Whether Dask's configuration gives a client a TLS context (``distributed.comm.tls.*``)."""
-    from distributed.security import Security
+    from distributed import Security
 
     return Security().get_connection_args("client").get("ssl_context") is not None
 

@@ -14,11 +14,12 @@ import asyncio
 import inspect
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._compat import in_async_call
+from .._compat import client_asynchronous, in_async_call
 from ..exceptions import CheckpointError, ExperimentError, InputError
 from .asktell import AskTellSession
 from .backends import DaskBackend, LocalBackend
@@ -27,24 +28,24 @@ from .checkpoint import Journal, hypothesis_to_json
 from .driver import LoopDriver
 from .ledger import BranchLedger
 from .limits import check_batch_memory
-from .policies.base import Policy, ScoreFn
+from .policies.base import Policy
 from .progress import ProgressBar
 from .recorder import Recorder
 from .report import Report
 from .resume import journaled_keywords, restore
 from .run import Run
-from .settings import SchedulerSettings, SettingAttributes, check_functions
+from .settings import KEYWORDS, SETTINGS, SchedulerSettings, check_functions, parameters_doc
 from .sources import Branch, SourceTable
 from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["IterationScheduler"]
 
 
-class IterationScheduler(SettingAttributes):
+class IterationScheduler:
     """UCB iteration scheduler: hypotheses in branches feed ``slots`` parallel experiments.
 
-    Every keyword that is ``None`` is read from ``research.experiments.*`` in ``dask.config``
-    when the scheduler is created.
+    Every setting (the keywords after ``client``) that is ``None`` is read from
+    ``research.experiments.*`` in ``dask.config`` when the scheduler is created.
 
     Parameters
     ----------
@@ -54,18 +55,6 @@ class IterationScheduler(SettingAttributes):
         (a number) or a ``(reward, metrics)`` pair; the scheduler wraps it and measures the
         duration. Exceptions and unusable returns become failed results; they never stop the
         loop. With a client the runner must pickle.
-    slots : int
-        Experiments in flight at once (``>= 1``).
-    c : float
-        UCB1 exploration constant (``>= 0``; default sqrt 2).
-    prune_after_runs : int
-        Completed runs before the pruning gate looks at a branch.
-    prune_floor : float
-        A branch whose mean is below this after ``prune_after_runs`` runs is pruned: it is
-        never selected again and its queued hypotheses are dropped (and listed in the report).
-    paper_threshold : float
-        The first time a branch's mean exceeds this, ``paper.trigger`` is recorded and
-        ``paper_writer`` (if any) starts in parallel.
     expander : callable, optional
         ``Result -> list[Hypothesis]``, called on every successful result; its hypotheses are
         queued (e.g. :data:`~.runners.deterministic_expander`). Keep it pure and cheap: it runs
@@ -74,81 +63,14 @@ class IterationScheduler(SettingAttributes):
         ``(branch, stats, best_result) -> anything``, sync or ``async def``; runs as a task
         (or a Dask future) and never blocks the loop. Its return values are in
         ``report.papers``; the run waits for unfinished writers before returning.
-    max_experiments : int, optional
-        Stop dispatching after this many experiments (this run).
-    max_seconds : float, optional
-        Stop dispatching after this many seconds of wall clock (this run).
     client : distributed.Client, optional
         Run experiments as Dask futures on this client (sync or asynchronous). Without one
         they run as asyncio tasks in this process (sync runners in a thread per slot).
-    failure_limit : int, optional
-        Failed experiments a branch may have before it is pruned (``research.experiments.
-        failure-limit``; ``0`` disables the limit).
-    bounded : bool, optional
-        Rewards lie in [0, 1] (``research.experiments.bounded-rewards``). Then ``prune_floor``
-        and ``paper_threshold`` must lie in [0, 1] and rewards outside it are failures.
-    progress : bool, optional
-        Show a progress bar (``research.experiments.progress``): its total is
-        ``max_experiments`` when given, it ends at 100 % whatever stops the run, and in a
-        notebook without ipywidgets it is tqdm's text bar (:mod:`.progress`).
-    log_events : bool, optional
-        With a client, forward events to the Dask event log under
-        ``research.experiments.event-topic`` (``research.experiments.log-events``).
-    policy : str, Policy or callable, optional
-        ``"ucb1"`` (default, ``research.experiments.policy``), ``"ucb1-tuned"``, ``"kl-ucb"``,
-        ``"thompson"``, ``"discounted-ucb"``, ``"pareto-ucb1"`` (vector rewards),
-        ``"linucb"`` / ``"linucb-hybrid"`` (hypothesis features), a
-        :class:`~.policies.Policy`, or ``policy(mean, n, c, total) -> scores`` over numpy
-        arrays in branch order (for baselines and experiments with policies).
-    gamma : float, optional
-        Discount of ``"discounted-ucb"`` per applied result (``research.experiments.gamma``).
-    alpha : float, optional
-        LinUCB confidence width (``research.experiments.alpha``).
-    seed : int, optional
-        Seed of randomised policies: Thompson, Pareto UCB1 (``research.experiments.seed``).
-    objectives : dict or list, optional
-        Vector rewards: ``{"accuracy": "max", "cost": "min"}``. The runner then returns a
-        vector (or a dict keyed by objective); ``prune_floor`` and ``paper_threshold`` may be
-        dicts of per-objective thresholds, or numbers applied to the weighted mean.
-    weights : dict or sequence of float, optional
-        Weights of the objectives in the scalar mean (default equal).
-    apply_order : {"completion", "dispatch"}, optional
-        ``"completion"`` (default, ``research.experiments.apply-order``) counts each result
-        when it arrives; ``"dispatch"`` buffers early finishers and counts results in dispatch
-        order, and decision ``k`` waits for the result of decision ``k - slots``, so a run with
-        deterministic rewards makes the same decisions whatever the completion order (at a
-        cost in occupancy: see the docs).
-    checkpoint : str, path or fsspec URL, optional
-        A journal (JSON lines) of the scheduler's state, appended after every decision; a
-        scheduler created with an existing journal continues from it (see
-        :meth:`resume` and :mod:`dask_research.experiments.checkpoint`). This scheduler holds
-        the journal's lease (:mod:`~dask_research.experiments.lock`): a second driver on it is
-        refused with :class:`CheckpointError` naming the holder. A file there that is not a
-        journal, a link or a FIFO is refused, untouched.
-    timeout : float, optional
-        Seconds one experiment may run (``research.experiments.timeout``; ``None``: no
-        limit). A longer one is cancelled and recorded as a failed experiment
-        (:mod:`~dask_research.experiments.timeouts`).
-    cancel_grace : float, optional
-        With ``max_seconds``: experiments still in flight this many seconds after it passed
-        are cancelled, not counted, and listed in ``Report.cancelled``
-        (``research.experiments.cancel-grace``).
-    trace_scores : int or "all", optional
-        ``select`` events keep the scores of the best this many branches
-        (``research.experiments.trace-scores``); ``"all"`` keeps every branch's score.
-    objective : {"mean", "max"}, optional
-        What a branch is worth (``research.experiments.objective``): ``"mean"`` its average
-        reward; ``"max"`` its best single result, for searches that keep only the best
-        (see :mod:`.objectives`). With ``"max"`` and no ``policy`` the policy is
-        ``max_policy``.
-    max_policy : {"threshold-ascent", "quantile-ucb"}, optional
-        Max-bandit policy of ``objective="max"`` (``research.experiments.max-policy``).
-    max_quantile, max_c : float, optional
-        Quantile level and confidence width of the quantile bound of ``objective="max"``
-        (``research.experiments.max-quantile``, ``max-c``; :mod:`.maxbandit`).
+{settings}
 
-    Every setting is also an attribute (``sched.slots``, ``sched.timeout = 1.5``), held in
-    ``sched.settings`` (:class:`~.settings.SchedulerSettings`).
+    Every setting is also an attribute (``sched.slots``, ``sched.timeout = 1.5``, checked like
+    the keyword), held in ``sched.settings`` (:class:`~.settings.SchedulerSettings`, whose
+    table :data:`~.settings.SETTINGS` is the one place a setting is declared).
 
     Examples
     --------
@@ -163,53 +85,17 @@ class IterationScheduler(SettingAttributes):
     ('queue_empty', 'low-mean', ['attention'])
     """
 
-    def __init__(
-        self,
-        runner: Callable[[Hypothesis], Any] | None,
-        slots: int | None = None,
-        c: float | None = None,
-        prune_after_runs: int | None = None,
-        prune_floor: float | None = None,
-        paper_threshold: float | None = None,
-        expander: Callable[[ExperimentResult], Iterable[Hypothesis]] | None = None,
-        paper_writer: Callable[..., Any] | None = None,
-        max_experiments: int | None = None,
-        max_seconds: float | None = None,
-        client: Any = None,
-        failure_limit: int | None = None,
-        bounded: bool | None = None,
-        progress: bool | None = None,
-        policy: str | Policy | ScoreFn | None = None,
-        log_events: bool | None = None,
-        checkpoint: str | os.PathLike[str] | None = None,
-        gamma: float | None = None,
-        alpha: float | None = None,
-        seed: int | None = None,
-        objectives: Any = None,
-        weights: Any = None,
-        apply_order: str | None = None,
-        timeout: float | None = None,
-        cancel_grace: float | None = None,
-        trace_scores: int | str | None = None,
-        objective: str | None = None,
-        max_policy: str | None = None,
-        max_quantile: float | None = None,
-        max_c: float | None = None,
-    ):
+    def __init__(self, runner: Callable[[Hypothesis], Any] | None, *args: Any,
+                 expander: Callable[[ExperimentResult], Iterable[Hypothesis]] | None = None,
+                 paper_writer: Callable[..., Any] | None = None, client: Any = None, **settings: Any):
+        if args:
+            settings, expander, paper_writer, client = _positional(args, settings, expander, paper_writer, client)
         check_functions(runner, expander, paper_writer)
         self.runner = runner
         self.expander = expander
         self.paper_writer = paper_writer
         self.client = client
-        self.settings = s = SchedulerSettings.parse(
-            slots=slots, c=c, prune_after_runs=prune_after_runs, prune_floor=prune_floor,
-            paper_threshold=paper_threshold, max_experiments=max_experiments,
-            max_seconds=max_seconds, failure_limit=failure_limit, bounded=bounded,
-            progress=progress, policy=policy, log_events=log_events, checkpoint=checkpoint,
-            gamma=gamma, alpha=alpha, seed=seed, objectives=objectives, weights=weights,
-            apply_order=apply_order, timeout=timeout, cancel_grace=cancel_grace,
-            trace_scores=trace_scores, objective=objective, max_policy=max_policy,
-            max_quantile=max_quantile, max_c=max_c)
+        self.settings = s = SchedulerSettings.parse(**settings)
         self.ledger = BranchLedger(
             s.c, s.make_policy(), objectives=list(s.objectives.items()) if s.objectives else None,
             weights=s.weights, bounded=s.bounded)
@@ -220,8 +106,8 @@ class IterationScheduler(SettingAttributes):
         self._session: AskTellSession | None = None
         self._known: dict[str, str] = {}          # ids restored from the checkpoint -> branch
         self._running = False
-        if checkpoint is not None:                # a bad checkpoint raises before anything runs
-            journal = Journal(checkpoint)
+        if s.checkpoint is not None:              # a bad checkpoint raises before anything runs
+            journal = Journal(s.checkpoint)
             journal.acquire()                     # one driver per journal: refused at once
             try:
                 state = journal.load(lazy=True)   # one record at a time into the ledger
@@ -251,16 +137,29 @@ class IterationScheduler(SettingAttributes):
         >>> report = sched.run()                                          # doctest: +SKIP
         """
         where = os.fspath(path)
-        known = set(inspect.signature(cls.__init__).parameters)
-        settings = journaled_keywords(path, kwargs, known)
+        functions = {k: kwargs.pop(k) for k in ("expander", "paper_writer", "client") if k in kwargs}
+        settings = journaled_keywords(path, kwargs)
         try:
-            return cls(runner, checkpoint=path, **settings)
+            return cls(runner, checkpoint=path, **functions, **settings)
         except (InputError, ExperimentError) as exc:
             name = getattr(exc, "name", None)
             if name in kwargs:                  # the caller's own override: their error
                 raise
             raise CheckpointError(where, f"holds a setting that cannot be used ({exc}); the "
                                          "file is damaged or was edited") from exc
+
+    # -- the settings as attributes ----------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """A setting (``sched.slots``): only reached when no attribute of that name exists."""
+        if name in _ATTRIBUTES and "settings" in self.__dict__:
+            return getattr(self.__dict__["settings"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _ATTRIBUTES and "settings" in self.__dict__:
+            setattr(self.settings, name, value)      # checked like the keyword
+        else:
+            object.__setattr__(self, name, value)
 
     def close(self) -> None:
         """Sync the checkpoint journal and release its lease (a run does both when it ends; the
@@ -361,8 +260,7 @@ class IterationScheduler(SettingAttributes):
             if "error" in box:
                 raise box["error"]
             return box["report"]
-        if getattr(self.client, "asynchronous", False) or getattr(self.client, "_asynchronous",
-                                                                  False):
+        if client_asynchronous(self.client) or in_async_call(getattr(self.client, "loop", None)):
             raise ExperimentError(
                 "the client is asynchronous; use `report = await sched.run_async()` instead of "
                 "sched.run()")
@@ -444,3 +342,50 @@ class IterationScheduler(SettingAttributes):
             raise ExperimentError("no ask/tell session yet; report() follows ask()/tell() "
                                   "(run() returns its own report)")
         return self._session.report()
+
+
+#: The settings that are attributes of the scheduler (its ``.policy`` is the Policy object).
+_ATTRIBUTES = frozenset(row.name for row in SETTINGS if row.attribute)
+
+#: The positional order of the scheduler's parameters before its settings were passed whole.
+_OLD_ORDER = ("slots", "c", "prune_after_runs", "prune_floor", "paper_threshold", "expander", "paper_writer",
+              "max_experiments", "max_seconds", "client", "failure_limit", "bounded", "progress", "policy",
+              "log_events", "checkpoint", "gamma", "alpha", "seed", "objectives", "weights", "apply_order",
+              "timeout", "cancel_grace", "trace_scores", "objective", "max_policy", "max_quantile", "max_c")
+
+
+def _positional(args: tuple, settings: dict[str, Any], expander: Any, paper_writer: Any,
+                client: Any) -> tuple[dict[str, Any], Any, Any, Any]:
+    """Map positional arguments after ``runner`` to their names: ``slots`` by position stays;
+    anything further is deprecated (pass keywords)."""
+    if len(args) > len(_OLD_ORDER):
+        raise TypeError(f"IterationScheduler takes at most {len(_OLD_ORDER) + 1} positional arguments")
+    if len(args) > 1:
+        warnings.warn("IterationScheduler's arguments after runner and slots are keyword-only; passing them by "
+                      f"position ({', '.join(_OLD_ORDER[1:len(args)])}) is deprecated", DeprecationWarning,
+                      stacklevel=3)
+    named = dict(zip(_OLD_ORDER, args))
+    fns = {"expander": expander, "paper_writer": paper_writer, "client": client}
+    for k in fns:
+        if k in named:
+            fns[k] = named.pop(k)
+    clash = sorted(set(named) & set(settings))
+    if clash:
+        raise TypeError(f"IterationScheduler got multiple values for argument {clash[0]!r}")
+    return {**named, **settings}, fns["expander"], fns["paper_writer"], fns["client"]
+
+
+def _signature() -> inspect.Signature:
+    """``(runner, slots=None, *, expander=None, paper_writer=None, client=None, <every setting>=None)``."""
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("runner", P.POSITIONAL_OR_KEYWORD),
+              P("slots", P.POSITIONAL_OR_KEYWORD, default=None)]
+    params += [P(n, P.KEYWORD_ONLY, default=None) for n in ("expander", "paper_writer", "client")]
+    params += [P(n, P.KEYWORD_ONLY, default=None) for n in KEYWORDS if n != "slots"]
+    return inspect.Signature(params)
+
+
+IterationScheduler.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+if IterationScheduler.__doc__:
+    IterationScheduler.__doc__ = IterationScheduler.__doc__.replace(
+        "{settings}", "\n".join("    " + line if line else line for line in parameters_doc().splitlines()))

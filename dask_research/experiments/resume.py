@@ -47,7 +47,7 @@ from .books import Books
 from .checkpoint import Journal, JournalState, hypothesis_from_json
 from .events import EVENT_KINDS, Event
 from .execute import coerce_result
-from .settings import HEADER, check_header
+from .settings import check_header
 from .types import ExperimentResult, Hypothesis
 
 __all__ = ["restore", "journaled_keywords"]
@@ -160,13 +160,12 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
     return ids
 
 
-def journaled_keywords(path: str | os.PathLike[str], overrides: dict[str, Any],
-                       known: set[str]) -> dict[str, Any]:
-    """The scheduler keywords recorded in the header of the journal at ``path``, updated with
+def journaled_keywords(path: str | os.PathLike[str], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler settings recorded in the header of the journal at ``path``, updated with
     ``overrides``; :class:`CheckpointError` when there is no journal, when it needs a custom
-    policy passed again, when it names parameters outside ``known`` or that the header never
-    holds, or when a journaled setting (one not overridden) is not of the JSON type the header
-    is written with (its value is then checked by the constructor)."""
+    policy passed again, or when a journaled setting (one not overridden) is not one the header
+    is written with, of its JSON type (:func:`~.settings.check_header`; its value is then checked
+    by the constructor, as a keyword)."""
     journal = Journal(path)
     state = journal.load(lazy=True)               # the header's settings only
     where = journal.url
@@ -174,24 +173,13 @@ def journaled_keywords(path: str | os.PathLike[str], overrides: dict[str, Any],
         raise CheckpointError(where, "does not exist or is empty; nothing to resume (start "
                                      "a run with IterationScheduler(..., checkpoint=path))")
     header = {k: v for k, v in state.settings.items() if k not in overrides}
-    unknown = sorted(set(header) - set(HEADER.optional))
-    if unknown:
-        raise CheckpointError(where, f"its settings name unknown parameters {unknown}; it was written by "
-                                     "another version")
-    try:                                          # JSON types as the header is written;
-        check_header(header)                      # the values by the constructor, below
+    try:
+        check_header(header)
     except schema.Invalid as exc:
-        raise CheckpointError(where, f"its header's setting {exc}; the file is damaged or was "
-                                     "edited") from None
-    settings = {k: v for k, v in state.settings.items() if v is not None or k in (
-        "max_experiments", "max_seconds")}
-    if settings.get("policy") == "custom" and "policy" not in overrides:
+        what = f"its header's setting {exc}" if exc.where else f"its header {exc.problem}"
+        raise CheckpointError(where, f"{what}; the file is damaged or was edited") from None
+    if header.get("policy") == "custom":
         raise CheckpointError(where, "was written with a custom policy object or function; "
                                      "pass it again: IterationScheduler.resume(path, runner, "
                                      "policy=my_policy)")
-    settings.update(overrides)
-    extra = sorted(set(settings) - known)
-    if extra:
-        raise CheckpointError(where, f"its settings name unknown parameters {extra}; it "
-                                     "was written by another version")
-    return settings
+    return {**{k: v for k, v in header.items() if v is not None}, **overrides}

@@ -1,10 +1,15 @@
-"""The scheduler's settings: every keyword, its ``research.experiments.*`` default, validated once.
+"""The scheduler's settings: one table, one object, validated once, journaled as itself.
 
-:meth:`SchedulerSettings.parse` reads each keyword that is ``None`` from ``dask.config`` and
-checks it (an :class:`~dask_research.exceptions.InputError` or
-:class:`~dask_research.exceptions.ExperimentError` names the keyword); :meth:`~SchedulerSettings.
-header` is what a checkpoint records so :meth:`~.loop.IterationScheduler.resume` can rebuild the
-scheduler; :meth:`~SchedulerSettings.make_policy` builds the :class:`~.policies.Policy`.
+Every setting of :class:`~.loop.IterationScheduler` is one row of :data:`SETTINGS`: its
+keyword, its ``research.experiments.*`` default, how it is checked, whether and how the
+journal header records it, and the line the scheduler's docstring shows. Everything else is
+built from the table: :meth:`SchedulerSettings.parse` (keywords + ``dask.config``, checked in
+table order, so a check may read the settings before it), the scheduler's signature and the
+``Parameters`` of its docstring, its attributes (``sched.slots``, ``sched.timeout = 1.5``,
+checked again on assignment), the journal header (:meth:`SchedulerSettings.header`) and its
+check on resume (:meth:`SchedulerSettings.from_header`: the header's JSON types, then the same
+checks as the keywords). Adding a setting is one row here plus its line in ``research.yaml``
+and ``research-schema.yaml``.
 
 Examples
 --------
@@ -12,16 +17,18 @@ Examples
 >>> s = SchedulerSettings.parse(slots=4, c=0.5)
 >>> s.slots, s.c, s.apply_order, s.make_policy().name
 (4, 0.5, 'completion', 'ucb1')
+>>> SchedulerSettings.from_header(s.header()) == s
+True
 >>> SchedulerSettings.parse(slots=0)
 Traceback (most recent call last):
 ...
-dask_research.exceptions.InputError: IterationScheduler: slots=0 is invalid; expected an ...
+dask_research.exceptions.InputError: IterationScheduler: slots=0 is invalid; expected an integer in [1, 65536]
 """
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +36,14 @@ from .. import config, events
 from ..durable import schema
 from ..exceptions import ExperimentError, InputError
 from .execute import is_async_callable
-from .objectives import check_objective
+from .objectives import OBJECTIVES, check_objective
 from .options import number as _number
 from .options import parse_objectives, parse_threshold, parse_weights
-from .policies.base import Policy, ScoreFn
+from .policies.base import Policy
 from .policies.factory import make_policy
 from .policies.maxbandit import MAX_POLICY_NAMES, make_max_policy
 
-__all__ = ["SchedulerSettings", "SettingAttributes", "check_functions", "check_header", "MAX_SLOTS"]
+__all__ = ["SchedulerSettings", "Setting", "SETTINGS", "check_functions", "check_header", "MAX_SLOTS", "HEADER"]
 
 _WHERE = "IterationScheduler"
 #: Most experiments in flight at once (a local pool starts a thread per slot, the driver keeps
@@ -69,175 +76,107 @@ def check_functions(runner: Any, expander: Any, paper_writer: Any) -> None:
             "paper_writer", value=expander)
 
 
-def _trace_scores(value: Any) -> int | None:
-    """``research.experiments.trace-scores``: an int >= 1, or None / "all" for every score."""
-    value = config.get("experiments.trace-scores", value)
-    if value is None or value == "all":
-        return None
-    _number("trace_scores", value, 'an integer >= 1, or "all" (every branch\'s score)',
-            lambda v: v >= 1 and v == int(v))
-    return int(value)
+# --- checks: (value after the config default, settings so far) -> the value kept ------------
+Check = Callable[[str, Any, Mapping[str, Any]], Any]
 
 
-def _int(name: str, key: str, value: Any, expected: str, ok: Callable[[Any], bool]) -> int:
-    return int(_number(name, config.get(key, value), expected, ok))
+def _integer(lo: int, hi: int | None = None) -> tuple[Check, str]:
+    expected = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
+
+    def check(name: str, v: Any, _: Mapping[str, Any]) -> int:
+        return int(_number(name, v, expected, lambda x: x >= lo and (hi is None or x <= hi) and x == int(x)))
+    return check, expected
 
 
-def _float(name: str, key: str, value: Any, expected: str, ok: Callable[[Any], bool]) -> float:
-    return float(_number(name, config.get(key, value), expected, ok))
+def _real(ok: Callable[[float], bool], expected: str) -> Check:
+    def check(name: str, v: Any, _: Mapping[str, Any]) -> float:
+        return float(_number(name, v, expected, ok))
+    return check
 
 
-def _finite_nonneg(v: Any) -> bool:
+def _finite_nonneg(v: float) -> bool:
     return math.isfinite(v) and v >= 0
 
 
-@dataclass
-class SchedulerSettings:
-    """Validated settings of one :class:`~.loop.IterationScheduler` (see its parameters).
-
-    Mutable: a setting changed on the scheduler (``sched.timeout = 1.5``) changes it here, and
-    the next journal header records it.
-    """
-
-    slots: int
-    c: float
-    prune_after_runs: int
-    bounded: bool
-    objectives: dict[str, str] | None
-    weights: list[float] | None
-    prune_floor: Any
-    paper_threshold: Any
-    failure_limit: int | None
-    max_experiments: int | None
-    max_seconds: float | None
-    timeout: float | None
-    cancel_grace: float
-    trace_scores: int | None
-    progress: bool
-    log_events: bool
-    topic: str
-    apply_order: str
-    gamma: float
-    alpha: float
-    seed: int
-    objective: str
-    max_quantile: float
-    max_c: float
-    policy_arg: str | Policy | ScoreFn | None
-    checkpoint: str | os.PathLike[str] | None
-
-    @classmethod
-    def parse(cls, slots: Any = None, c: Any = None, prune_after_runs: Any = None,  # noqa: C901
-              prune_floor: Any = None, paper_threshold: Any = None,
-              max_experiments: Any = None, max_seconds: Any = None,
-              failure_limit: Any = None, bounded: Any = None, progress: Any = None,
-              policy: Any = None, log_events: Any = None, checkpoint: Any = None,
-              gamma: Any = None, alpha: Any = None, seed: Any = None, objectives: Any = None,
-              weights: Any = None, apply_order: Any = None, timeout: Any = None,
-              cancel_grace: Any = None, trace_scores: Any = None, objective: Any = None,
-              max_policy: Any = None, max_quantile: Any = None,
-              max_c: Any = None) -> SchedulerSettings:
-        """Settings from the scheduler's keywords (``None``: ``research.experiments.*``),
-        checked in the order of the scheduler's parameters."""
-        n_slots = _int("slots", "experiments.slots", slots, f"an integer in [1, {MAX_SLOTS}]",
-                       lambda v: 1 <= v <= MAX_SLOTS and v == int(v))
-        c_ = _float("c", "experiments.c", c, "a finite number >= 0 (sqrt 2 is the UCB1 default)",
-                    _finite_nonneg)
-        after = _int("prune_after_runs", "experiments.prune-after-runs", prune_after_runs,
-                     "an integer >= 1", lambda v: v >= 1 and v == int(v))
-        bounded = bool(config.get("experiments.bounded-rewards", bounded))
-        pairs = parse_objectives(objectives)
-        dirs: dict[str, str] | None = dict(pairs) if pairs else None
-        weights = parse_weights(weights, dirs)
-        in_range = (lambda v: 0.0 <= v <= 1.0) if bounded else math.isfinite
-        expected = ("a number in [0, 1] (rewards are bounded; pass bounded=False for other "
-                    "reward scales)") if bounded else "a finite number"
-        floor = parse_threshold("prune_floor", config.get("experiments.prune-floor", prune_floor),
-                                dirs, expected, in_range)
-        threshold = parse_threshold(
-            "paper_threshold", config.get("experiments.paper-threshold", paper_threshold), dirs,
-            expected, in_range)
-        limit = _int("failure_limit", "experiments.failure-limit", failure_limit,
-                     "an integer >= 0 (0: no limit)", lambda v: v >= 0 and v == int(v))
-        if max_experiments is not None:
-            _number("max_experiments", max_experiments, "an integer >= 0 or None",
-                    lambda v: v >= 0 and v == int(v))
-        if max_seconds is not None:
-            _number("max_seconds", max_seconds, "a number > 0 or None", lambda v: v > 0)
-        timeout = config.get("experiments.timeout", timeout)
-        if timeout is not None:
-            _number("timeout", timeout, "a number of seconds > 0, or None for no limit",
-                    lambda v: math.isfinite(v) and v > 0)
-        grace = _float("cancel_grace", "experiments.cancel-grace", cancel_grace,
-                       "a number of seconds >= 0", _finite_nonneg)
-        n_scores = _trace_scores(trace_scores)
-        show = bool(config.get("experiments.progress", progress))
-        log = bool(config.get("experiments.log-events", log_events))
-        order = config.get("experiments.apply-order", apply_order)
-        if order not in ("completion", "dispatch"):
-            raise InputError("apply_order", order, '"completion" or "dispatch"', where=_WHERE)
-        settings = cls(
-            slots=n_slots, c=c_, prune_after_runs=after, bounded=bounded, objectives=dirs,
-            weights=weights, prune_floor=floor, paper_threshold=threshold,
-            failure_limit=limit or None, max_experiments=max_experiments,
-            max_seconds=max_seconds, timeout=None if timeout is None else float(timeout),
-            cancel_grace=grace, trace_scores=n_scores, progress=show, log_events=log,
-            topic=events.topic("experiments"), apply_order=order,
-            gamma=_float("gamma", "experiments.gamma", gamma, "a number in (0, 1]",
-                         lambda v: 0 < v <= 1),
-            alpha=_float("alpha", "experiments.alpha", alpha, "a finite number >= 0",
-                         _finite_nonneg),
-            seed=_int("seed", "experiments.seed", seed, "an integer", lambda v: v == int(v)),
-            objective=check_objective(config.get("experiments.objective", objective)),
-            max_quantile=_float("max_quantile", "experiments.max-quantile", max_quantile,
-                                "a number in (0, 1)", lambda v: 0 < v < 1),
-            max_c=_float("max_c", "experiments.max-c", max_c, "a finite number >= 0",
-                         _finite_nonneg),
-            policy_arg=None, checkpoint=checkpoint)
-        if settings.objective == "max" and policy is None:
-            policy = config.get("experiments.max-policy", max_policy)
-            if policy not in MAX_POLICY_NAMES:
-                raise InputError("max_policy", policy, "one of " + ", ".join(
-                    map(repr, MAX_POLICY_NAMES)), where=_WHERE)
-        if settings.objective == "max" and dirs is not None:
-            raise InputError("objective", "max", '"mean" with vector rewards (objectives=); '
-                             "the best-of-branch objective needs scalar rewards", where=_WHERE)
-        settings.policy_arg = config.get("experiments.policy", policy)
-        if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
-            raise InputError("checkpoint", checkpoint, "a file path (str or os.PathLike), an "
-                             "fsspec URL, or None", where=_WHERE)
-        return settings
-
-    def make_policy(self) -> Policy:
-        """The :class:`~.policies.Policy` these settings name (a new one each call)."""
-        arg = self.policy_arg
-        if isinstance(arg, Policy):
-            return arg
-        if isinstance(arg, str) and arg in MAX_POLICY_NAMES:
-            return make_max_policy(arg, tau=self.max_quantile, c=self.max_c,
-                                   bounded=self.bounded)
-        return make_policy(arg, c=self.c, gamma=self.gamma, alpha=self.alpha, seed=self.seed,
-                           bounded=self.bounded)
-
-    def header(self) -> dict[str, Any]:
-        """What a checkpoint records of these settings (for :meth:`~.loop.IterationScheduler.
-        resume`: constructor keywords; a custom policy is recorded as ``"custom"``)."""
-        arg = self.policy_arg
-        return {
-            "slots": self.slots, "c": self.c, "prune_after_runs": self.prune_after_runs,
-            "prune_floor": self.prune_floor, "paper_threshold": self.paper_threshold,
-            "failure_limit": self.failure_limit or 0, "bounded": self.bounded,
-            "max_experiments": self.max_experiments, "max_seconds": self.max_seconds,
-            "policy": arg if isinstance(arg, str) else "custom",
-            "gamma": self.gamma, "alpha": self.alpha, "seed": self.seed,
-            "objectives": list(map(list, self.objectives.items())) if self.objectives else None,
-            "weights": self.weights, "apply_order": self.apply_order,
-            "timeout": self.timeout, "cancel_grace": self.cancel_grace,
-            "objective": self.objective, "max_quantile": self.max_quantile, "max_c": self.max_c,
-        }
+def _optional(inner: Check) -> Check:
+    def check(name: str, v: Any, so_far: Mapping[str, Any]) -> Any:
+        return None if v is None else inner(name, v, so_far)
+    return check
 
 
-def _threshold(value: Any) -> str | None:
+def _flag(name: str, v: Any, _: Mapping[str, Any]) -> bool:
+    return bool(v)
+
+
+def _choice(*options: str) -> Check:
+    def check(name: str, v: Any, _: Mapping[str, Any]) -> str:
+        if v not in options:
+            raise InputError(name, v, " or ".join(f'"{o}"' for o in options), where=_WHERE)
+        return str(v)
+    return check
+
+
+def _objectives(name: str, v: Any, _: Mapping[str, Any]) -> dict[str, str] | None:
+    pairs = parse_objectives(v)
+    return dict(pairs) if pairs else None
+
+
+def _weights(name: str, v: Any, so_far: Mapping[str, Any]) -> list[float] | None:
+    return parse_weights(v, so_far["objectives"])
+
+
+def _threshold_check(name: str, v: Any, so_far: Mapping[str, Any]) -> Any:
+    bounded = so_far["bounded"]
+    ok: Callable[[float], bool] = (lambda x: 0.0 <= x <= 1.0) if bounded else math.isfinite
+    expected = ("a number in [0, 1] (rewards are bounded; pass bounded=False for other reward scales)"
+                if bounded else "a finite number")
+    return parse_threshold(name, v, so_far["objectives"], expected, ok)
+
+
+def _failure_limit(name: str, v: Any, so_far: Mapping[str, Any]) -> int | None:
+    return _integer(0)[0](name, v, so_far) or None
+
+
+def _trace_scores(name: str, v: Any, _: Mapping[str, Any]) -> int | None:
+    if v is None or v == "all":
+        return None
+    _number(name, v, 'an integer >= 1, or "all" (every branch\'s score)', lambda x: x >= 1 and x == int(x))
+    return int(v)
+
+
+def _objective(name: str, v: Any, so_far: Mapping[str, Any]) -> str:
+    objective = check_objective(v)
+    if objective == "max" and so_far["objectives"] is not None:
+        raise InputError("objective", "max", '"mean" with vector rewards (objectives=); the best-of-branch '
+                         "objective needs scalar rewards", where=_WHERE)
+    return objective
+
+
+def _max_policy(name: str, v: Any, _: Mapping[str, Any]) -> str:
+    if v not in MAX_POLICY_NAMES:
+        raise InputError(name, v, "one of " + ", ".join(map(repr, MAX_POLICY_NAMES)), where=_WHERE)
+    return str(v)
+
+
+def _policy(name: str, v: Any, so_far: Mapping[str, Any]) -> Any:
+    # objective="max" with no policy of the user's own: the max-bandit policy it names; else
+    # research.experiments.policy.
+    if v is None:
+        return so_far["max_policy"] if so_far["objective"] == "max" else config.get("experiments.policy", None)
+    return v
+
+
+def _seed(name: str, v: Any, _: Mapping[str, Any]) -> int:
+    return int(_number(name, v, "an integer", lambda x: x == int(x)))
+
+
+def _checkpoint(name: str, v: Any, _: Mapping[str, Any]) -> Any:
+    if v is not None and not isinstance(v, (str, os.PathLike)):
+        raise InputError(name, v, "a file path (str or os.PathLike), an fsspec URL, or None", where=_WHERE)
+    return v
+
+
+def _threshold_json(value: Any) -> str | None:
     """A journaled threshold: a finite number, or a non-empty ``{objective: finite number}``."""
     def finite(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -250,27 +189,146 @@ def _threshold(value: Any) -> str | None:
 
 _NUMBER, _INT = schema.Maybe(schema.Float()), schema.Maybe(schema.Int())
 _TEXT = schema.Maybe(schema.Str(max_len=64))
-_THRESHOLD = schema.Maybe(schema.Where(_threshold))
-#: What :meth:`SchedulerSettings.header` writes, by JSON type (``null``: the default). The
-#: values are then checked by :meth:`SchedulerSettings.parse`, as the constructor's keywords.
-HEADER = schema.Obj({}, optional={
-    "slots": _INT, "c": _NUMBER, "prune_after_runs": _INT, "prune_floor": _THRESHOLD,
-    "paper_threshold": _THRESHOLD, "failure_limit": _INT, "bounded": schema.Maybe(schema.Bool()),
-    "max_experiments": _NUMBER, "max_seconds": _NUMBER, "policy": _TEXT, "gamma": _NUMBER,
-    "alpha": _NUMBER, "seed": _INT,
-    "objectives": schema.Maybe(schema.List(schema.List(schema.Str(max_len=256), length=2), max_len=1024)),
-    "weights": schema.Maybe(schema.List(schema.Float(), max_len=1024)), "apply_order": _TEXT,
-    "timeout": _NUMBER, "cancel_grace": _NUMBER, "objective": _TEXT, "max_quantile": _NUMBER,
-    "max_c": _NUMBER,
-})
+_THRESHOLD = schema.Maybe(schema.Where(_threshold_json))
+_PAIRS = schema.Maybe(schema.List(schema.List(schema.Str(max_len=256), length=2), max_len=1024))
+
+
+def _as_is(v: Any) -> Any:
+    return v
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of :data:`SETTINGS`.
+
+    ``name`` is the keyword and attribute; ``key`` the ``research.experiments.*`` default (``None``:
+    the keyword's default is ``None``); ``check(name, value, so_far)`` returns the value kept;
+    ``journal`` is the JSON type of its header entry (``None``: not journaled) and ``to_json``
+    what the header writes (its inverse is the keyword: a header entry is a keyword again);
+    ``doc`` is its ``Parameters`` entry: the type on the first line, the description after.
+    """
+
+    name: str
+    key: str | None
+    check: Check
+    doc: str
+    journal: schema.Checker | None = None
+    to_json: Callable[[Any], Any] = _as_is
+    keyword: bool = True          # False: derived, not a keyword (the event topic)
+    attribute: bool = True        # False: not an attribute of the scheduler (whose .policy is its Policy)
+
+
+_slots, _slots_expected = _integer(1, MAX_SLOTS)
+
+#: Every setting of the scheduler, in the order they are checked.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("slots", "slots", _slots, f"int\n    Experiments in flight at once ({_slots_expected}).", _INT),
+    Setting("c", "c", _real(_finite_nonneg, "a finite number >= 0 (sqrt 2 is the UCB1 default)"),
+            "float\n    UCB1 exploration constant (``>= 0``; default sqrt 2).", _NUMBER),
+    Setting("prune_after_runs", "prune-after-runs", _integer(1)[0],
+            "int\n    Completed runs before the pruning gate looks at a branch.", _INT),
+    Setting("bounded", "bounded-rewards", _flag,
+            "bool\n    Rewards lie in [0, 1] (``research.experiments.bounded-rewards``). Then ``prune_floor``\n"
+            "    and ``paper_threshold`` must lie in [0, 1] and rewards outside it are failures.",
+            schema.Maybe(schema.Bool())),
+    Setting("objectives", None, _objectives,
+            'dict or list, optional\n    Vector rewards: ``{"accuracy": "max", "cost": "min"}``. The runner then returns a\n'
+            "    vector (or a dict keyed by objective); ``prune_floor`` and ``paper_threshold`` may be\n"
+            "    dicts of per-objective thresholds, or numbers applied to the weighted mean.",
+            _PAIRS, lambda d: list(map(list, d.items())) if d else None),
+    Setting("weights", None, _weights,
+            "dict or sequence of float, optional\n    Weights of the objectives in the scalar mean (default equal).",
+            schema.Maybe(schema.List(schema.Float(), max_len=1024))),
+    Setting("prune_floor", "prune-floor", _threshold_check,
+            "float\n    A branch whose mean is below this after ``prune_after_runs`` runs is pruned: it is\n"
+            "    never selected again and its queued hypotheses are dropped (and listed in the report).",
+            _THRESHOLD),
+    Setting("paper_threshold", "paper-threshold", _threshold_check,
+            "float\n    The first time a branch's mean exceeds this, ``paper.trigger`` is recorded and\n"
+            "    ``paper_writer`` (if any) starts in parallel.", _THRESHOLD),
+    Setting("failure_limit", "failure-limit", _failure_limit,
+            "int, optional\n    Failed experiments a branch may have before it is pruned (``research.experiments.\n"
+            "    failure-limit``; ``0`` disables the limit).", _INT, lambda v: v or 0),
+    Setting("max_experiments", None, _optional(_integer(0)[0]),
+            "int, optional\n    Stop dispatching after this many experiments (this run).", _NUMBER),
+    Setting("max_seconds", None, _optional(_real(lambda v: v > 0, "a number > 0 or None")),
+            "float, optional\n    Stop dispatching after this many seconds of wall clock (this run).", _NUMBER),
+    Setting("timeout", "timeout", _optional(_real(lambda v: math.isfinite(v) and v > 0,
+                                                  "a number of seconds > 0, or None for no limit")),
+            "float, optional\n    Seconds one experiment may run (``research.experiments.timeout``; ``None``: no\n"
+            "    limit). A longer one is cancelled and recorded as a failed experiment\n"
+            "    (:mod:`~dask_research.experiments.timeouts`).", _NUMBER),
+    Setting("cancel_grace", "cancel-grace", _real(_finite_nonneg, "a number of seconds >= 0"),
+            "float, optional\n    With ``max_seconds``: experiments still in flight this many seconds after it passed\n"
+            "    are cancelled, not counted, and listed in ``Report.cancelled``\n"
+            "    (``research.experiments.cancel-grace``).", _NUMBER),
+    Setting("trace_scores", "trace-scores", _trace_scores,
+            'int or "all", optional\n    ``select`` events keep the scores of the best this many branches\n'
+            '    (``research.experiments.trace-scores``); ``"all"`` keeps every branch\'s score.'),
+    Setting("progress", "progress", _flag,
+            "bool, optional\n    Show a progress bar (``research.experiments.progress``): its total is\n"
+            "    ``max_experiments`` when given, it ends at 100 % whatever stops the run, and in a\n"
+            "    notebook without ipywidgets it is tqdm's text bar (:mod:`.progress`)."),
+    Setting("log_events", "log-events", _flag,
+            "bool, optional\n    With a client, forward events to the Dask event log under\n"
+            "    ``research.experiments.event-topic`` (``research.experiments.log-events``)."),
+    Setting("topic", None, lambda name, v, so_far: events.topic("experiments"), "", keyword=False),
+    Setting("apply_order", "apply-order", _choice("completion", "dispatch"),
+            '{"completion", "dispatch"}, optional\n    ``"completion"`` (default, ``research.experiments.apply-order``) '
+            "counts each result\n    when it arrives; ``\"dispatch\"`` buffers early finishers and counts results in "
+            "dispatch\n    order, and decision ``k`` waits for the result of decision ``k - slots``, so a run with\n"
+            "    deterministic rewards makes the same decisions whatever the completion order (at a\n"
+            "    cost in occupancy: see the docs).", _TEXT),
+    Setting("gamma", "gamma", _real(lambda v: 0 < v <= 1, "a number in (0, 1]"),
+            'float, optional\n    Discount of ``"discounted-ucb"`` per applied result (``research.experiments.gamma``).',
+            _NUMBER),
+    Setting("alpha", "alpha", _real(_finite_nonneg, "a finite number >= 0"),
+            "float, optional\n    LinUCB confidence width (``research.experiments.alpha``).", _NUMBER),
+    Setting("seed", "seed", _seed,
+            "int, optional\n    Seed of randomised policies: Thompson, Pareto UCB1 (``research.experiments.seed``).",
+            _INT),
+    Setting("objective", "objective", _objective,
+            '{"mean", "max"}, optional\n    What a branch is worth (``research.experiments.objective``): ``"mean"`` '
+            "its average\n    reward; ``\"max\"`` its best single result, for searches that keep only the best\n"
+            "    (see :mod:`.objectives`). With ``\"max\"`` and no ``policy`` the policy is\n    ``max_policy``.",
+            schema.Maybe(schema.OneOf(*OBJECTIVES))),
+    Setting("max_policy", "max-policy", _max_policy,
+            '{"threshold-ascent", "quantile-ucb"}, optional\n    Max-bandit policy of ``objective="max"`` '
+            "(``research.experiments.max-policy``).", attribute=False),
+    Setting("max_quantile", "max-quantile", _real(lambda v: 0 < v < 1, "a number in (0, 1)"),
+            "float, optional\n    Quantile level of the quantile bound of ``objective=\"max\"``\n"
+            "    (``research.experiments.max-quantile``; :mod:`.maxbandit`).", _NUMBER),
+    Setting("max_c", "max-c", _real(_finite_nonneg, "a finite number >= 0"),
+            "float, optional\n    Confidence width of the quantile bound of ``objective=\"max\"``\n"
+            "    (``research.experiments.max-c``).", _NUMBER),
+    Setting("policy", None, _policy,
+            'str, Policy or callable, optional\n    ``"ucb1"`` (default, ``research.experiments.policy``), '
+            '``"ucb1-tuned"``, ``"kl-ucb"``,\n    ``"thompson"``, ``"discounted-ucb"``, ``"pareto-ucb1"`` (vector '
+            'rewards),\n    ``"linucb"`` / ``"linucb-hybrid"`` (hypothesis features), a\n'
+            "    :class:`~.policies.Policy`, or ``policy(mean, n, c, total) -> scores`` over numpy\n"
+            "    arrays in branch order (for baselines and experiments with policies).",
+            _TEXT, lambda v: v if isinstance(v, str) else "custom", attribute=False),
+    Setting("checkpoint", None, _checkpoint,
+            "str, path or fsspec URL, optional\n    A journal (JSON lines) of the scheduler's state, appended after "
+            "every decision; a\n    scheduler created with an existing journal continues from it (see\n"
+            "    :meth:`resume` and :mod:`dask_research.experiments.checkpoint`). Its lease\n"
+            "    (:mod:`~dask_research.experiments.lock`) makes it this scheduler's alone: a second driver\n"
+            "    on it is refused with :class:`CheckpointError` naming the holder."),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+#: The scheduler keywords that are settings (in table order).
+KEYWORDS = tuple(s.name for s in SETTINGS if s.keyword)
+
+#: What :meth:`SchedulerSettings.header` writes, by JSON type (``null``: the default); the
+#: values are then checked as the constructor's keywords are.
+HEADER = schema.Obj({}, optional={s.name: s.journal for s in SETTINGS if s.journal is not None})
 
 
 def check_header(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a journal's header if each has the JSON type :meth:`SchedulerSettings.
-    header` writes; else :class:`~dask_research.durable.schema.Invalid` naming the setting.
-
-    A name the header never holds is refused too. The values themselves are the constructor's
-    to judge (a resume passes them to it).
+    """The settings of a journal's header if each has the JSON type the header is written with;
+    else :class:`~dask_research.durable.schema.Invalid` naming the setting (a name the header
+    never holds included).
 
     >>> check_header({"slots": 2, "apply_order": "dispatch"})
     {'slots': 2, 'apply_order': 'dispatch'}
@@ -282,56 +340,89 @@ def check_header(settings: dict[str, Any]) -> dict[str, Any]:
     return schema.check(settings, HEADER)
 
 
-class _Setting:
-    """An attribute that reads and writes ``obj.settings.<name>``."""
+class SchedulerSettings:
+    """The validated settings of one :class:`~.loop.IterationScheduler`: one attribute per row
+    of :data:`SETTINGS`.
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(obj.settings, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(obj.settings, self.name, value)
-
-
-class SettingAttributes:
-    """Every setting of ``self.settings`` as an attribute of its own (``sched.slots``,
-    ``sched.timeout = 1.5``): the scheduler's settings read as they always did.
-
-    >>> class Holder(SettingAttributes):
-    ...     def __init__(self):
-    ...         self.settings = SchedulerSettings.parse(slots=2)
-    >>> h = Holder(); h.timeout = 1.5
-    >>> h.slots, h.settings.timeout
-    (2, 1.5)
+    Built once (:meth:`parse`, :meth:`from_header`); an assignment (``settings.timeout = 1.5``,
+    or ``sched.timeout = 1.5``) is checked like the keyword, and the next journal header records it.
     """
 
-    settings: SchedulerSettings
+    __slots__ = ("_values",)
 
-    slots = _Setting()
-    c = _Setting()
-    prune_after_runs = _Setting()
-    prune_floor = _Setting()
-    paper_threshold = _Setting()
-    max_experiments = _Setting()
-    max_seconds = _Setting()
-    failure_limit = _Setting()
-    bounded = _Setting()
-    progress = _Setting()
-    log_events = _Setting()
-    topic = _Setting()
-    checkpoint = _Setting()
-    gamma = _Setting()
-    alpha = _Setting()
-    seed = _Setting()
-    objectives = _Setting()
-    weights = _Setting()
-    apply_order = _Setting()
-    timeout = _Setting()
-    cancel_grace = _Setting()
-    trace_scores = _Setting()
-    objective = _Setting()
-    max_quantile = _Setting()
-    max_c = _Setting()
+    def __init__(self, values: Mapping[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
 
+    @classmethod
+    def parse(cls, **given: Any) -> SchedulerSettings:
+        """Settings from the scheduler's keywords (``None``: ``research.experiments.*``), checked
+        in table order; an unknown keyword is an :class:`InputError` naming it."""
+        unknown = sorted(set(given) - set(KEYWORDS))
+        if unknown:
+            raise InputError(unknown[0], given[unknown[0]], "one of the scheduler's settings: " + ", ".join(KEYWORDS),
+                             where=_WHERE)
+        so_far: dict[str, Any] = {}
+        for s in SETTINGS:
+            value = given.get(s.name)
+            if value is None and s.key is not None:
+                value = config.get(f"experiments.{s.key}", None)
+            so_far[s.name] = s.check(s.name, value, so_far)
+        return cls(so_far)
+
+    @classmethod
+    def from_header(cls, header: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> SchedulerSettings:
+        """The settings a journal header records, with ``overrides`` (keywords) on top.
+
+        The header must pass :func:`check_header`; then every value passes the same checks
+        as a keyword. Raises :class:`~dask_research.durable.schema.Invalid` or the keyword's
+        own error.
+        """
+        check_header(dict(header))
+        given = {k: v for k, v in header.items() if v is not None or k in ("max_experiments", "max_seconds")}
+        given.update(overrides or {})
+        return cls.parse(**given)
+
+    def header(self) -> dict[str, Any]:
+        """What a checkpoint records of these settings: each journaled one as JSON (a custom
+        policy is recorded as ``"custom"``)."""
+        return {s.name: s.to_json(self._values[s.name]) for s in SETTINGS if s.journal is not None}
+
+    def make_policy(self) -> Policy:
+        """The :class:`~.policies.Policy` these settings name (a new one each call)."""
+        arg = self.policy
+        if isinstance(arg, Policy):
+            return arg
+        if isinstance(arg, str) and arg in MAX_POLICY_NAMES:
+            return make_max_policy(arg, tau=self.max_quantile, c=self.max_c, bounded=self.bounded)
+        return make_policy(arg, c=self.c, gamma=self.gamma, alpha=self.alpha, seed=self.seed, bounded=self.bounded)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name."""
+        return dict(self._values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"SchedulerSettings has no setting {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        row = _BY_NAME.get(name)
+        if row is None or not row.keyword:
+            raise AttributeError(f"SchedulerSettings has no setting {name!r} to change")
+        if value is None and row.key is not None:
+            value = config.get(f"experiments.{row.key}", None)
+        self._values[name] = row.check(name, value, self._values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SchedulerSettings) and self._values == other._values
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "SchedulerSettings(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+
+def parameters_doc() -> str:
+    """The ``Parameters`` entries of the settings, in table order (for the scheduler's docstring)."""
+    return "\n".join(f"{s.name} : {s.doc}" for s in SETTINGS if s.keyword)

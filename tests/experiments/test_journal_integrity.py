@@ -196,7 +196,7 @@ def test_resume_accepts_exactly_the_rewards_the_live_loop_accepts(tmp_path, rewa
     ("prune_floor", "inf", r"its header's setting prune_floor is 'inf'; expected a finite number, or an "
                                   r"object \{objective: finite number\}"),
     ("objectives", [["a"]], r"its header's setting objectives\[0\] is \['a'\]; expected a list of 2 items"),
-    ("checkpoint", "/etc/passwd", r"its settings name unknown parameters \['checkpoint'\]"),
+    ("checkpoint", "/etc/passwd", r"its header has an unknown entry 'checkpoint'; the file is damaged"),
 ])
 def test_a_resigned_header_setting_is_refused_naming_it(tmp_path, key, value, problem):
     path = tmp_path / "loop.jsonl"

@@ -176,9 +176,8 @@ def test_journaled_keywords_merge_overrides_and_refuse_unknown_ones(tmp_path):
     sched.add(_hyps("a", 2))
     sched.run()
     sched.close()
-    known = {"slots", "c", "max_experiments", *SchedulerSettings.parse().header()}
-    kw = journaled_keywords(path, {"max_experiments": None}, known)
+    kw = journaled_keywords(path, {"max_experiments": None})
     assert kw["slots"] == 2 and kw["max_experiments"] is None
-    with pytest.raises(Exception, match="unknown parameters"):
-        journaled_keywords(path, {}, {"slots"})
     assert math.isfinite(kw["c"])
+    with pytest.raises(InputError, match="slotz=3 is invalid; expected one of the scheduler's settings"):
+        IterationScheduler.resume(path, lambda h: 0.5, slotz=3)
