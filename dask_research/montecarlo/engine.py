@@ -102,6 +102,7 @@ class Execution:
         self.pending: dict[Any, int] = {}            # block future -> block index
         self.leaf_futures: dict[int, list] = {}
         self.spec_keys: set[str] = set()             # keys of speculative copies
+        self.quarantined: set[str] = set()           # workers that failed verification: never given work again
         self.outcome = Outcome(reused=len(self.known))
         # States kept for verification: the hashed candidates, and each worker's first shard.
         self.candidates = set(hash_order(run_id, job.shards, self.verify_k + 64)) if self.verify_k else set()
@@ -389,7 +390,7 @@ class Execution:
 
         tried = set(failures)
         bad_anywhere = {w for fs in self.failed_on.values() for w in fs}
-        others = [w for w in alive_workers(self.client) if w not in tried]
+        others = [w for w in alive_workers(self.client) if w not in tried and w not in self.quarantined]
         others = [w for w in others if w not in bad_anywhere] or others
         a, b = self.bounds[idx]
         if isinstance(exc, KilledWorker) or len(failures) >= self.attempts or not others:
@@ -437,7 +438,7 @@ class Execution:
     def _copy(self, idx: int, slow_worker: str) -> None:
         """A speculative copy of block ``idx``, on any worker but ``slow_worker``, and never on one
         holding results that cannot be fetched (frozen, most likely) while another is left."""
-        alive = alive_workers(self.client)
+        alive = [w for w in alive_workers(self.client) if w not in self.quarantined]
         others = [w for w in alive if w != slow_worker]
         suspects = self.arrivals.suspects()
         if suspects:    # a result that cannot be fetched says more than where the block was seen
@@ -464,6 +465,7 @@ class Execution:
         edited = {f for s, (_, _, f) in stored.items() if s in bad_stored}
         dropped |= bad_stored | {s for s, (_, _, f) in stored.items() if f in edited}
         self._emit("quarantine", workers=sorted(bad), shards=sorted(dropped))
+        self.quarantined |= bad          # the recomputation's copies and retries never go back to them
         good = [w for w in alive_workers(self.client) if w not in bad]
         if not good:
             raise VerificationError(self.run_id, f"workers {sorted(bad)} produced shards that others "

@@ -10,6 +10,14 @@ When a check disagrees, the client recomputes the shard itself as the referee; t
 whose state differs from the referee's is quarantined and every shard it produced is
 recomputed on the others.
 
+Shards a run reuses from its store were computed by an earlier run and could have been edited
+by anyone who can write the store. Every stored state is checked against the accumulator's
+invariants when it is read, but an edit that keeps them all is caught only by recomputing the
+shard: :func:`choose_reused` draws ``n`` of the ``N`` reused shards unpredictably, so one
+edited shard is caught with probability ``n/N``, and
+``research.montecarlo.verify-reused: all`` recomputes every one. A result says which ("k of N
+reused shards re-run", :func:`~dask_research.montecarlo.result.reused_sentence`).
+
 Examples
 --------
 >>> from dask_research.montecarlo.verify import choose_shards
