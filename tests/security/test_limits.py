@@ -32,3 +32,19 @@ def test_a_hypothesis_batch_beyond_the_declared_memory_is_refused():
             sched.add(big)
         sched.add(big[:5])                       # a smaller batch fits
     assert sched.ledger.ids == {f"h{i}" for i in range(5)} and sched.ledger.total_queued == 5
+
+
+def test_a_shard_too_large_for_any_store_file_is_refused_with_its_size_and_nothing_is_written(tmp_path, monkeypatch):
+    from dask_research import montecarlo as mc
+    from dask_research.exceptions import StoreError
+    from dask_research.montecarlo.store import files as store_files
+
+    job = mc.Job(lambda a: a, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1, bins=4096,
+                 range=(-5.0, 5.0))
+    state = mc.compute_shard(job, 0)
+    monkeypatch.setattr(store_files, "MAX_FILE_BYTES", 4096)        # what the readers accept, here
+    store = mc.RunStore(str(tmp_path))
+    with pytest.raises(StoreError, match=r"shard 0's accumulator alone makes a [\d,]+-byte shard file, more than "
+                                         r"the 4,096 the store's readers accept; use fewer bins"):
+        store.write_shards(job.id, {0: state}, "w")
+    assert not (tmp_path / "runs").exists()
