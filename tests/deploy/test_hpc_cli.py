@@ -55,8 +55,11 @@ def test_a_submission_the_batch_system_refuses_is_one_line_not_a_hang():
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch is not installed")
 def test_sbatch_errors_are_reported_with_its_own_words(tmp_path):
+    # An empty configuration: sbatch refuses it at once (a missing one, it retries for 60 s).
+    conf = tmp_path / "empty-slurm.conf"
+    conf.write_text("")
     out = cli(["mc", "run", JOB, "--cluster", "slurm", "--cores", "1", "--memory", "2GB", "--no-progress"],
-              SLURM_CONF=str(tmp_path / "no-slurm.conf"))
+              SLURM_CONF=str(conf))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     [line] = _errors(out)
     assert line.startswith("Error: could not submit the slurm jobs: sbatch said 'sbatch: "), line
