@@ -95,7 +95,7 @@ for i in $(seq 1 "$runs"); do
   rc=$?
   seconds=$(( $(date +%s) - start ))
   stop_hogs
-  summary=$(grep -E "(passed|failed|error|no tests ran)" "$log" | grep -E "^=+ .* =+$|^[0-9]+ (passed|failed)" | tail -1)
+  summary=$(grep -E "^(=+ )?([0-9]+ [a-z]+|no tests ran).* in [0-9.]+s( \([0-9:]+\))?( =+)?$" "$log" | tail -1)
   if [ "$rc" -eq 0 ]; then
     green=$((green + 1))
     echo "run $i: green in ${seconds} s: ${summary:-?}"
