@@ -580,19 +580,21 @@ class Files:
 
     # -- locks (local) ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def flock(self, path: str, wait: float = FLOCK_WAIT) -> Iterator[None]:
+    def flock(self, path: str, wait: float = FLOCK_WAIT, create: bool = True) -> Iterator[None]:
         """Hold ``flock`` on the lock file ``path`` (created if missing; never a link), briefly.
 
         The file's content is never read or written and the file is never removed (removing a
         file another process is about to lock lets two processes hold two "locks"). Waits at
         most ``wait`` seconds for another holder, then raises the capability's error. On a
         file system without locks the block runs unlocked (what callers do under the lock must
-        be safe without it, only less tidy). Elsewhere than local files: a no-op.
+        be safe without it, only less tidy). Elsewhere than local files: a no-op. Without
+        ``create`` a missing directory is ``FileNotFoundError``, never made again (a heartbeat must
+        not bring back a directory its user removed).
         """
         if not self.local:
             yield
             return
-        with self.parent(path, create=True) as (pfd, name):
+        with self.parent(path, create=create) as (pfd, name):
             try:
                 fd = os.open(name, os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, 0o644, dir_fd=pfd)
             except OSError as e:

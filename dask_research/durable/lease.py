@@ -21,7 +21,9 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
 - **Taking over** a stale lease renames it aside under a brief ``flock`` of a separate lock
   file (which the heartbeat's read-check-write holds too) and goes on only if the file renamed
   is the one judged stale (else it is put back): two takers never both win, and a holder that
-  beat meanwhile keeps its lease.
+  beat meanwhile keeps its lease. The taker then leaves a note, ``<lease>.taken`` (the token it
+  took over and who took it), so that a writer woken after its taker has finished can still say
+  who took its lease.
 - **Waiting**: while a live holder has it, :meth:`Lease.acquire` waits at most ``wait`` seconds
   (``None``: as long as the holder lives; ``0``: refuse as soon as the holder is shown alive),
   saying once who holds it; with ``wait=0`` a second lease object of this process on the same
@@ -44,6 +46,7 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import math
 import os
@@ -193,6 +196,8 @@ class Lease:
         self._beats = 0
         self._verified: float | None = None          # monotonic time of the last look that found ours
         self._seen: tuple[bytes, float] | None = None
+        self.note_path = path + ".taken"
+        self._victim: str | None = None              # the token of the lease being taken over
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()
@@ -328,6 +333,8 @@ class Lease:
             h = self._parse(raw)
             why = self._stale(h, raw)
             if why is not None:
+                token = h.get("token")
+                self._victim = token if isinstance(token, str) else None
                 self.announce("takeover", f"{self.files.display(self.path)}: taking over the lease of "
                               f"{self.label} held by {describe_holder(h)}, because {why}")
                 self._take_over(raw)
@@ -350,11 +357,31 @@ class Lease:
             time.sleep(POLL)
         self.held, self.lost, self._lost_flag = True, None, False
         self._verified = time.monotonic()
+        victim, self._victim = self._victim, None
+        if victim is not None:
+            self._leave_note(victim)
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat_loop, daemon=True,
                                         name=f"dask-research-lease-{self.token[:8]}")
         self._thread.start()
         return self
+
+    def _leave_note(self, victim: str) -> None:
+        """Say, for the writer taken over, who took its lease (only a message: never a reason to stop)."""
+        try:
+            self.files.write_json(self.note_path, {"token": victim, "by": self.holder()}, cap=LEASE_CAP, replace=True)
+        except Exception:
+            pass
+
+    def _taker(self) -> dict[str, Any] | None:
+        """Who took this lease over, from the taker's note; ``None`` if unknown."""
+        try:
+            note = self.files.read_json(self.note_path, cap=LEASE_CAP)
+        except Exception:             # none, or not one a taker wrote: unknown
+            return None
+        if not isinstance(note, dict) or note.get("token") != self.token or not isinstance(note.get("by"), dict):
+            return None
+        return note["by"]
 
     # -- holding it -------------------------------------------------------------------------
     def _refresh(self) -> bool:
@@ -362,8 +389,13 @@ class Lease:
         with self._mutex:
             if not self.held:
                 return False
-            with self.files.flock(self.lock_path):   # read-check-write under the lock a taker holds
-                h = self.holder()
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(self.files.flock(self.lock_path, create=False))
+                except FileNotFoundError:            # its directory was removed: nothing is held
+                    self._lose(None)
+                    return False
+                h = self.holder()                    # read-check-write, as a taker does
                 if h is None or h.get("token") != self.token:
                     self._lose(h)
                     return False
@@ -402,7 +434,9 @@ class Lease:
                     else:
                         self._verified = time.monotonic()
         if self._lost_flag:
-            now = describe_holder(self.lost)
+            taker = self._taker() if self.lost is None else None
+            now = (describe_holder(self.lost) if taker is None
+                   else f"nobody: it was taken over by {describe_holder(taker)}, which has let it go since")
             raise self.files.fail(path or self.path, f"not written: this writer lost the lease of {self.label} "
                                   f"(presumed dead and taken over: no heartbeat seen for {self.timeout:g} s, was "
                                   f"this process paused?); held now by {now}. It stops here; what it wrote is kept")
@@ -422,7 +456,7 @@ class Lease:
                 return
             self.held = False
             try:
-                with self.files.flock(self.lock_path):
+                with self.files.flock(self.lock_path, create=False):
                     h = self.holder()
                     if h is not None and h.get("token") == self.token:
                         self.files.remove(self.path)

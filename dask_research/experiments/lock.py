@@ -21,8 +21,8 @@ The rules are those of :mod:`dask_research.durable.lease`, the same for every ca
   forged, future or ``NaN`` heartbeat: whatever the file claims);
 - a driver whose lease was taken over while it was paused stops before its next journal write,
   with a :class:`CheckpointError` naming the driver that holds it now, or, if that one has
-  finished meanwhile, the driver that took it over (a driver that takes a lease over notes whom
-  it took it from and who it is in ``loop.jsonl.lease-taken``, for that message only);
+  finished meanwhile, the driver that took it over (from the taker's note,
+  ``loop.jsonl.lease.taken``);
 - the lease, its lock file and the journal are opened without following links and only as
   regular files: a link or a FIFO planted there is refused by name, the file it points to
   untouched.
@@ -55,7 +55,7 @@ import warnings
 from typing import Any
 
 from .. import config
-from ..durable import LEASE_CAP, Files, Lease, describe_holder, redact
+from ..durable import Files, Lease, redact
 from ..exceptions import CheckpointError
 
 __all__ = ["JournalLock", "JournalLockWarning", "locate"]
@@ -141,8 +141,6 @@ class JournalLock(Lease):
                  located: tuple[Files, str, str] | None = None):
         files, path, url = located if located is not None else locate(journal)
         self.journal, self.url = path, url
-        self.taken_path = path + ".lease-taken"
-        self._victim: str | None = None           # the token of the lease being taken over
         super().__init__(files, path + ".lease", lock_path=path + ".lock", label="the journal",
                          timeout=_timeout(url, timeout), wait=0, fmt=LEASE_FORMAT,
                          extra={"journal": posixpath.basename(path)}, announce=self._announce, hint=HINT)
@@ -150,50 +148,7 @@ class JournalLock(Lease):
     def __repr__(self) -> str:
         return f"JournalLock({self.url!r}, held={self.held})"
 
-    def acquire(self) -> JournalLock:
-        """Take the lease (see :meth:`~dask_research.durable.Lease.acquire`); after a take-over,
-        note for the driver taken over who took it (``loop.jsonl.lease-taken``)."""
-        self._victim = None
-        super().acquire()
-        victim, self._victim = self._victim, None
-        if victim is not None:
-            note = {"token": victim, "by": self.holder()}
-            try:
-                self.files.write_json(self.taken_path, note, cap=LEASE_CAP, replace=True)
-            except CheckpointError:               # only for a message: never a reason to stop
-                pass
-        return self
-
-    def check_held(self, path: str | None = None, *args: Any, **kwargs: Any) -> None:
-        """Before a journal write: :class:`CheckpointError` if the lease was lost, naming who
-        holds it now, or who took it over if that driver has finished since."""
-        try:
-            super().check_held(path, *args, **kwargs)
-        except CheckpointError:
-            by = self._taker() if self.lost is None else None
-            if by is None:
-                raise
-            raise CheckpointError(self.url, f"not written: this driver lost the lease of the journal (presumed "
-                                            f"dead and taken over: no heartbeat seen for {self.timeout:g} s, was "
-                                            f"this process paused?); it was taken over by {describe_holder(by)}, "
-                                            "which has let it go since. It stops here; what it wrote is kept") \
-                from None
-
-    def _taker(self) -> dict[str, Any] | None:
-        """Who took this lease over (from the take-over note), or ``None`` if unknown."""
-        try:
-            note = self.files.read_json(self.taken_path, cap=LEASE_CAP)
-        except CheckpointError:                   # none, or not one we wrote: unknown
-            return None
-        if not isinstance(note, dict) or note.get("token") != self.token or not isinstance(note.get("by"), dict):
-            return None
-        return note["by"]
-
     def _announce(self, kind: str, message: str) -> None:
-        if kind == "takeover":                    # the lease about to be taken over: whose it is
-            h = self.holder()
-            token = h.get("token") if h is not None else None
-            self._victim = token if isinstance(token, str) else None
         shown = self.files.display(self.path) + ": "       # the lease file, by name
         if message.startswith(shown):
             message = f"{posixpath.basename(self.path)}: {message[len(shown):]}"

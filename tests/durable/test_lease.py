@@ -280,3 +280,35 @@ def test_the_heartbeat_changes_the_file_whatever_the_clock_says(tmp_path, monkey
             assert time.monotonic() < deadline, "the lease never beat"
             time.sleep(0.05)
         assert lease.holder()["beats"] > 1
+
+
+def test_a_writer_woken_after_its_taker_finished_still_names_the_taker(tmp_path, holders):
+    first = holders(tmp_path, timeout=1.0)
+    first.expect("held")
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    with _lease(_files(tmp_path), timeout=1.0) as lease:
+        assert lease.held
+    assert not (tmp_path / "lease.json").exists()             # the taker let it go
+    os.kill(first.proc.pid, signal.SIGCONT)
+    first.send("check")
+    lost = first.expect("lost")
+    assert f"taken over by root on host {socket.gethostname()}, pid {os.getpid()}" in lost.replace(
+        os.environ.get("USER", "root"), "root")
+    assert "which has let it go since" in lost
+
+
+def test_a_heartbeat_never_brings_back_a_directory_its_user_removed(tmp_path):
+    import shutil
+
+    files = _files(tmp_path)
+    lease = Lease(files, files.join("ck", "LEASE"), label="ck", timeout=0.4, announce=lambda k, m: None).acquire()
+    try:
+        shutil.rmtree(tmp_path / "ck")
+        deadline = time.monotonic() + BOUND
+        while lease.held and time.monotonic() < deadline:     # beats notice the lease is gone
+            time.sleep(0.05)
+        time.sleep(0.5)                                         # and a few more beats' time
+        assert not (tmp_path / "ck").exists()
+    finally:
+        lease.release()
+    assert not (tmp_path / "ck").exists()

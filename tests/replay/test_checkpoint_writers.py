@@ -127,7 +127,8 @@ def test_a_killed_writer_is_taken_over_at_once(tmp_path, writers):
     b = writers(ck, 1000)                     # its pid is dead on this host: no wait
     assert b.next_line().startswith("committed v000002")
     assert _restored_keys(ck) == list(range(1000, 1010))
-    names = sorted(p.name for p in ck.iterdir() if p.name not in (checkpoints.LEASE, checkpoints.LOCK))
+    names = sorted(p.name for p in ck.iterdir() if p.name not in (checkpoints.LEASE, checkpoints.LOCK,
+                                                                    checkpoints.LEASE + ".taken"))   # the taker's note
     assert names == ["CURRENT", "v000002"]
 
 
