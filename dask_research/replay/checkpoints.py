@@ -21,7 +21,7 @@ committed *versions*, a pointer naming the current one, and the lease of its wri
 it is closed (a plane's or a shard's ``close()``): a second live writer, in this process or
 another, is refused with a :class:`CheckpointError` naming it (``wait=0``: no waiting for a
 live holder); a holder whose process is dead on this host is taken over at once, and one whose
-lease has not changed for :data:`LEASE_TIMEOUT` seconds of the new writer's own clock (frozen,
+lease has not changed for ``research.replay.checkpoint-lease-timeout`` (30) seconds of the new writer's own clock (frozen,
 or on a host that went away) is taken over then. A writer that was taken over stops with a
 :class:`CheckpointError` before its next step instead of writing next to the new holder; its
 next checkpoint asks for the lease anew (refused while the new holder lives).
@@ -82,6 +82,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..durable import TMP_MARK, Files, Lease
 from ..exceptions import CheckpointError
 
@@ -105,8 +106,9 @@ MAX_META_BYTES = 64 * 2**20
 #: the most bytes ``CURRENT`` may have (a version name and a newline)
 POINTER_BYTES = 64
 #: seconds of a waiting writer's own clock after which a lease that has not changed is stale
-#: (its holder beats every quarter of it, from a thread of its own, while its process lives)
-LEASE_TIMEOUT = 30.0
+#: (its holder beats every quarter of it, from a thread of its own, while its process lives);
+#: ``None``: ``research.replay.checkpoint-lease-timeout`` (30 s)
+LEASE_TIMEOUT: float | None = None
 #: the most bytes an ``.npy`` header in ``data.npz`` may have (numpy writes about 128)
 NPY_HEADER_BYTES = 4096
 #: bytes of zip bookkeeping per member (local header, central entry, zip64 records), beyond
@@ -431,7 +433,7 @@ class Writer:
 
         lease = Lease(files, files.join(LEASE), lock_path=files.join(LOCK),
                       label=f"checkpoint directory {files.display(self.path)}",
-                      timeout=LEASE_TIMEOUT, wait=0, fmt="dask-research-replay-checkpoint-lease/1",
+                      timeout=config.get("replay.checkpoint-lease-timeout", LEASE_TIMEOUT), wait=0, fmt="dask-research-replay-checkpoint-lease/1",
                       announce=announce,
                       hint="one writer per checkpoint directory for the writer's lifetime: give each plane "
                            "(or shard) its own directory, or close the plane that holds it")
