@@ -122,7 +122,10 @@ def test_depth_counts_nesting_as_a_recursive_walk_does(value):
     """jsondoc.depth (no recursion; a list of scalars looked at once) agrees with the plain recursive count."""
     assert jsondoc.depth(value) == _depth(value)
     assert jsondoc.depth(value, limit=1) == min(_depth(value), 2)
-    assert jsondoc.depth([0] * 100_000 + [[[]]]) == 3
+
+
+def test_depth_finds_a_container_after_many_scalars():
+    assert jsondoc.depth([0] * 100_000 + [[[]]]) == 3 and jsondoc.depth({"h": [0] * 100_000}) == 2
 
 
 def test_no_replace_writes_race_cleanly_between_processes(tmp_path):
