@@ -57,8 +57,8 @@ def test_writes_never_follow_a_link_inside_the_store(tmp_path, job_module, one_w
         assert (outside / "victim.txt").read_text() == "precious"
 
 
-def test_reads_follow_links_and_still_check_what_they_read(tmp_path, job_module, one_worker):
-    """Documented choice: a store moved behind a link can be read (nothing read is trusted anyway)."""
+def test_a_store_whose_root_is_a_link_is_read_and_still_checked(tmp_path, job_module, one_worker):
+    """The root may be a link (where you chose to put the store); links inside it are refused."""
     _, job = job_module
     real = tmp_path / "real"
     _run(job, one_worker, real, verify=0)
