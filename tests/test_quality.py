@@ -87,3 +87,16 @@ def test_every_optional_dependency_is_an_extra():
                     "stable_baselines3": "stable-baselines3"}
     for name in OPTIONAL:
         assert distribution.get(name, name) in extras, name
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_the_data_directories_of_the_tests_are_never_collected():
+    """Their files are what tests read and the scripts that wrote them: --doctest-modules
+    imported tests/montecarlo/data/make_store_v1.py, which runs a cluster at import, and the
+    collection of the whole suite deadlocked there."""
+    data = sorted(p for p in (ROOT / "tests").rglob("data") if p.is_dir())
+    assert data
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *map(str, data)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 5, out.stdout[-3000:] + out.stderr[-2000:]      # 5: nothing collected
+    assert "::" not in out.stdout
