@@ -91,23 +91,15 @@ class MergerError(ResearchError):
         return msg + "; a pool refuses mergers that fail check_merger"
 
 
-class StoreError(ResearchError):
-    """A run store file is missing, corrupt, foreign or would be overwritten.
+class FileProblem(ResearchError):
+    """A file the project reads or writes is refused (the base of each capability's file error).
 
-    Attributes: ``path`` (the file), ``problem`` (sentence).
+    Attributes: ``path`` (the file, as shown), ``problem`` (sentence). Each capability raises its
+    own subclass (:class:`StoreError`, :class:`CheckpointError`, :class:`ReportError`), which
+    :class:`~dask_research.durable.Files` is given as its error type.
     """
 
-    def __init__(self, path: str, problem: str):
-        self.path = path
-        self.problem = problem
-        super().__init__(path, problem)
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.problem}"
-
-
-class ReportError(ResearchError):
-    """An HTML report cannot be written where asked. Attributes: ``path``, ``problem``."""
+    prefix = ""
 
     def __init__(self, path: str, problem: str):
         self.path = path
@@ -115,7 +107,17 @@ class ReportError(ResearchError):
         super().__init__(path, problem)
 
     def __str__(self) -> str:
-        return f"report {self.path}: {self.problem}"
+        return f"{self.prefix}{self.path}: {self.problem}"
+
+
+class StoreError(FileProblem):
+    """A run store file is missing, corrupt, foreign or would be overwritten."""
+
+
+class ReportError(FileProblem):
+    """An HTML report cannot be written where asked."""
+
+    prefix = "report "
 
 
 class VerificationError(ResearchError):
@@ -144,16 +146,10 @@ class ExperimentError(ResearchError, ValueError):
         return self.problem
 
 
-class CheckpointError(ResearchError):
-    """A checkpoint is corrupt, foreign or unreadable. Attributes: ``path``, ``problem``."""
+class CheckpointError(FileProblem):
+    """A checkpoint is corrupt, foreign or unreadable."""
 
-    def __init__(self, path: str, problem: str):
-        self.path = path
-        self.problem = problem
-        super().__init__(path, problem)
-
-    def __str__(self) -> str:
-        return f"checkpoint {self.path}: {self.problem}"
+    prefix = "checkpoint "
 
 
 class SpecError(ResearchError, ValueError):

@@ -17,16 +17,18 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["wait_for", "free_ports", "stop_processes", "dask_processes", "subprocess_env", "run_python"]
+__all__ = ["wait_for", "free_ports", "stop_processes", "dask_processes", "subprocess_env", "run_python", "LineProcess", "line_processes"]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
@@ -115,3 +117,91 @@ def run_python(code: str, cwd: Any, *args: str, timeout: float = 120) -> subproc
     """Run ``code`` (dedented) in a fresh ``python -c`` in ``cwd``; output captured as text."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=subprocess_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+class LineProcess:
+    """A child process spoken to line by line: :meth:`send` writes a line to its stdin, and
+    :meth:`next_line` / :meth:`expect` read its stdout, each waiting at most ``bound`` seconds
+    before failing the test (a child that hangs fails it, never hangs it).
+
+    >>> import sys
+    >>> p = LineProcess([sys.executable, "-c", "print('ready', flush=True); print(input().upper())"])
+    >>> p.expect("ready")
+    'ready'
+    >>> p.send("hello"); p.next_line()
+    'HELLO'
+    >>> p.stop()
+    """
+
+    EOF = "<eof>"
+
+    def __init__(self, args: list[str], bound: float = 120.0, env: dict[str, str] | None = None):
+        self.bound = bound
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env if env is not None else subprocess_env())
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(self.EOF)
+
+    def next_line(self, bound: float | None = None) -> str:
+        """The next line the child prints (an AssertionError if none comes, or it ended)."""
+        limit = self.bound if bound is None else bound
+        try:
+            line = self.lines.get(timeout=limit)
+        except queue.Empty:
+            raise AssertionError(f"no line from {self.proc.args!r} within {limit} s") from None
+        assert line != self.EOF, f"the process ended (exit {self.proc.wait(30)})"
+        return line
+
+    def expect(self, prefix: str, bound: float | None = None) -> str:
+        """The first line starting with ``prefix`` (earlier ones are skipped)."""
+        deadline = time.monotonic() + (self.bound if bound is None else bound)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line starting {prefix!r} from {self.proc.args!r}")
+            line = self.next_line(left)
+            if line.startswith(prefix):
+                return line
+
+    def send(self, line: str) -> None:
+        """Write ``line`` (and a newline) to the child's stdin."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        """Kill the child (continuing it first if it was stopped) and wait for it."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def line_processes(bound: float = 120.0) -> Iterator[Callable[[list[str]], LineProcess]]:
+    """A factory of :class:`LineProcess` children, every one stopped on the way out (a fixture's body).
+
+    >>> import sys
+    >>> with line_processes() as start:
+    ...     start([sys.executable, "-c", "print('up', flush=True)"]).next_line()
+    'up'
+    """
+    made: list[LineProcess] = []
+
+    def start(args: list[str]) -> LineProcess:
+        p = LineProcess(args, bound)
+        made.append(p)
+        return p
+
+    try:
+        yield start
+    finally:
+        for p in made:
+            p.stop()

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,65 +18,21 @@ import pytest
 
 from dask_research.durable import Files, Lease, describe_holder
 from dask_research.exceptions import CheckpointError, StoreError
+from dask_research.testing.processes import LineProcess, line_processes
 
 HOLDER = str(Path(__file__).with_name("holder.py"))
 BOUND = 120.0       # generous bound on any one wait for an event
 
 
-class Holder:
-    """A holder.py process, its output read line by line."""
-
-    def __init__(self, root: Path, name: str = "lease.json", timeout: float = 2.0, wait: str = "none"):
-        self.proc = subprocess.Popen([sys.executable, HOLDER, str(root), name, str(timeout), wait],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put("<eof>")
-
-    def expect(self, prefix: str, bound: float = BOUND) -> str:
-        deadline = time.monotonic() + bound
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no line starting {prefix!r} within {bound} s")
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line.startswith(prefix):
-                return line
-            if line == "<eof>":
-                raise AssertionError(f"process ended before a line starting {prefix!r}")
-
-    def send(self, cmd: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(30)
+def Holder(start, root: Path, name: str = "lease.json", timeout: float = 2.0, wait: str = "none") -> LineProcess:
+    """A holder.py process holding the lease ``root/name``."""
+    return start([sys.executable, HOLDER, str(root), name, str(timeout), wait])
 
 
 @pytest.fixture
 def holders():
-    made: list[Holder] = []
-
-    def make(*args, **kwargs) -> Holder:
-        h = Holder(*args, **kwargs)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.stop()
+    with line_processes(BOUND) as start:
+        yield lambda *args, **kwargs: Holder(start, *args, **kwargs)
 
 
 def _files(tmp_path: Path, error=StoreError) -> Files:

@@ -15,13 +15,10 @@ from __future__ import annotations
 import gc
 import json
 import os
-import queue
 import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,58 +26,18 @@ import pytest
 
 from dask_research.exceptions import CheckpointError
 from dask_research.replay import ExperiencePlane, checkpoints
+from dask_research.testing.processes import line_processes
 
 WRITER = str(Path(__file__).with_name("checkpoint_writer.py"))
 BOUND = 120.0
 
 
-class Writer:
-    """A checkpoint_writer.py process, its output read line by line."""
-
-    def __init__(self, ck: Path, start: int, timeout: float | None = None):
-        args = [sys.executable, WRITER, str(ck), str(start)] + ([] if timeout is None else [str(timeout)])
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put("<eof>")
-
-    def next_line(self) -> str:
-        try:
-            line = self.lines.get(timeout=BOUND)
-        except queue.Empty:
-            raise AssertionError(f"no line from the writer within {BOUND} s") from None
-        assert line != "<eof>", f"the writer ended (rc {self.proc.wait(30)})"
-        return line
-
-    def send(self, cmd: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(30)
-
-
 @pytest.fixture
 def writers():
-    made: list[Writer] = []
-
-    def make(*args, **kwargs) -> Writer:
-        w = Writer(*args, **kwargs)
-        made.append(w)
-        return w
-
-    yield make
-    for w in made:
-        w.stop()
+    """``writers(ck, start, timeout=None)``: a checkpoint_writer.py process, spoken to line by line."""
+    with line_processes(BOUND) as start:
+        yield lambda ck, first, timeout=None: start(
+            [sys.executable, WRITER, str(ck), str(first)] + ([] if timeout is None else [str(timeout)]))
 
 
 def _restored_keys(ck: Path) -> list[int]:
