@@ -100,3 +100,14 @@ def test_the_data_directories_of_the_tests_are_never_collected():
                           *map(str, data)], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 5, out.stdout[-3000:] + out.stderr[-2000:]      # 5: nothing collected
     assert "::" not in out.stdout
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_collection_that_hangs_ends_the_run_with_every_threads_stack(tmp_path):
+    (tmp_path / "test_blocks_at_import.py").write_text("import time\ntime.sleep(600)\n")
+    env = {**os.environ, "DASK_RESEARCH_COLLECTION_LIMIT": "5"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
+                          str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode != 0
+    err = out.stdout + out.stderr
+    assert "the collection took more than 5 s" in err and "test_blocks_at_import.py" in err, err[-3000:]
