@@ -34,3 +34,24 @@ def test_static_pages_load_nothing_from_the_network():
         remote = re.findall(r"""<(?:script|link)[^>]+(?:src|href)=["'](?:https?:)?//[^"']+""", text)
         assert not remote, f"{page.name} loads {remote[:2]}"
         assert "Bokeh" in text or "bokeh" in text
+
+
+@pytest.mark.parametrize("page", ["reliability.rst", "security.rst"])
+def test_every_test_a_promise_page_cites_exists(page):
+    """The promises of reliability.rst and security.rst name their tests: each named file and
+    test function must exist (a renamed or deleted test would leave a promise untested)."""
+    import re
+
+    tests = DOCS.parent / "tests"
+    text = (DOCS / page).read_text()
+    files = {p.name: p for p in tests.rglob("*.py")}
+    cited = re.findall(r"``((?:tests/)?[\w/]*test_\w+\.py)(?:::(\w+))?``", text)
+    assert len(cited) > 20, "the page cites its tests"
+    missing = []
+    for path, name in cited:
+        file = (DOCS.parent / path) if path.startswith("tests/") else files.get(path.split("/")[-1])
+        if file is None or not file.exists():
+            missing.append(path)
+        elif name and not re.search(rf"^(?:async )?def {name}\(", file.read_text(), re.M):
+            missing.append(f"{path}::{name}")
+    assert not missing, f"{page} cites tests that do not exist: {missing}"
