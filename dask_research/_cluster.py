@@ -44,9 +44,9 @@ def embedded_cluster_kwargs() -> dict:
     always go to another worker.
     """
     cores = os.cpu_count() or 1
-    processes = bool(config.get("cluster.processes"))
-    n_workers = config.get("cluster.n-workers")
-    threads = config.get("cluster.threads-per-worker")
+    processes = bool(config.resolve("cluster.processes"))
+    n_workers = config.resolve("cluster.n-workers")
+    threads = config.resolve("cluster.threads-per-worker")
     if n_workers is None:
         n_workers = 1 if threads is None else max(1, cores // int(threads))
     if threads is None:
@@ -55,7 +55,7 @@ def embedded_cluster_kwargs() -> dict:
         n_workers=int(n_workers),
         threads_per_worker=int(threads),
         processes=processes,
-        dashboard_address=config.get("cluster.dashboard-address", default=None),
+        dashboard_address=config.resolve("cluster.dashboard-address", default=None),
     )
 
 
@@ -76,7 +76,7 @@ def embedded_dask_config() -> dict:
 
     from .exceptions import ConfigError
 
-    raw = config.get("cluster.distributed", default=None) or {}
+    raw = config.resolve("cluster.distributed", default=None) or {}
     if not isinstance(raw, dict):
         raise ConfigError("cluster.distributed", raw,
                           "a mapping of Dask settings under distributed.*, e.g. {worker.profile.interval: 100ms}")

@@ -87,7 +87,7 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
             "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and distributed.comm.tls.client.key "
             "(DASK_DISTRIBUTED__COMM__TLS__CA_FILE=... or ~/.config/dask/; "
             "https://distributed.dask.org/en/latest/tls.html)")
-    timeout = config.get("cli.connect-timeout")
+    timeout = config.resolve("cli.connect-timeout")
     seconds = dask.utils.parse_timedelta(timeout, default="s")
     try:
         client = Client(address, timeout=seconds)

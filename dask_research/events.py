@@ -68,7 +68,7 @@ def topic(subsystem: str) -> str:
     >>> topic("montecarlo")
     'research.montecarlo'
     """
-    return str(config.get(f"{subsystem}.event-topic"))
+    return str(config.resolve(f"{subsystem}.event-topic"))
 
 
 def envelope(source: str, kind: str, run: str | None = None, *, time: float | None = None,

@@ -113,14 +113,14 @@ def _submit(cluster, name: str, jobs: int) -> None:
         lg.addFilter(keep)
     try:
         cluster.scale(jobs=jobs)
-        deadline = time.monotonic() + float(config.get("cluster.submit-timeout"))
+        deadline = time.monotonic() + float(config.resolve("cluster.submit-timeout"))
         while not keep.errors:
             submitted = [w for w in cluster.workers.values() if getattr(w, "job_id", None)]
             if len(submitted) >= jobs:
                 return
             if time.monotonic() > deadline:
                 raise ResearchError(f"the {name} batch system accepted {len(submitted)} of {jobs} jobs within "
-                                    f"{config.get('cluster.submit-timeout'):g} s (research.cluster.submit-timeout); "
+                                    f"{config.resolve('cluster.submit-timeout'):g} s (research.cluster.submit-timeout); "
                                     "is its submit command hanging?")
             time.sleep(0.05)
         # Forget the jobs that were never submitted, so that closing the cluster can work.

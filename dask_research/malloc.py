@@ -82,7 +82,7 @@ def malloc_settings(mmap_threshold: Any = None, trim_threshold: Any = None) -> d
     out = {}
     for name, arg in (("malloc-mmap-threshold", mmap_threshold),
                       ("malloc-trim-threshold", trim_threshold)):
-        value = _bytes(name, config.get(f"cluster.{name}", arg, default=None))
+        value = _bytes(name, config.resolve(f"cluster.{name}", arg, default=None))
         if value is not None:
             out[name] = value
     return out

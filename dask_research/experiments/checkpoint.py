@@ -123,7 +123,7 @@ class JournalLegacyWarning(UserWarning):
 
 def _size_setting(name: str) -> int:
     """``research.experiments.<name>``: a size in bytes (an integer, or a string such as "1GiB")."""
-    value = config.get(f"experiments.{name}")
+    value = config.resolve(f"experiments.{name}")
     try:
         size = parse_bytes(value) if isinstance(value, str) else value
     except ValueError:

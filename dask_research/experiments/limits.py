@@ -36,7 +36,7 @@ def payload_bytes(obj: Any, _depth: int = 0) -> int:
 
 def check_batch_memory(hypotheses: Iterable[Any], limit: Any = None) -> int:
     """Raise :class:`CapacityError` if the batch's payloads exceed ``research.experiments.max-batch-bytes``."""
-    limit = config.get("experiments.max-batch-bytes", limit)
+    limit = config.resolve("experiments.max-batch-bytes", limit)
     if limit is None:
         return 0
     limit = parse_bytes(limit) if isinstance(limit, str) else int(limit)

@@ -111,7 +111,7 @@ def locate(journal: str | os.PathLike[str]) -> tuple[Files, str, str]:
 
 
 def _timeout(url: str, value: Any) -> float:
-    value = config.get("experiments.lock-timeout", value)
+    value = config.resolve("experiments.lock-timeout", value)
     try:
         seconds = float(value)
     except (TypeError, ValueError):

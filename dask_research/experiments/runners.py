@@ -103,7 +103,7 @@ class FollowupExpander:
         self.max_generation = max_generation
 
     def __call__(self, result: ExperimentResult) -> list[Hypothesis]:
-        threshold = config.get("experiments.paper-threshold", self.threshold)
+        threshold = config.resolve("experiments.paper-threshold", self.threshold)
         h = result.hypothesis
         if not result.ok or result.reward <= threshold or h.generation >= self.max_generation:
             return []

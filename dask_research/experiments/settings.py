@@ -162,7 +162,7 @@ def _policy(name: str, v: Any, so_far: Mapping[str, Any]) -> Any:
     # objective="max" with no policy of the user's own: the max-bandit policy it names; else
     # research.experiments.policy.
     if v is None:
-        return so_far["max_policy"] if so_far["objective"] == "max" else config.get("experiments.policy", None)
+        return so_far["max_policy"] if so_far["objective"] == "max" else config.resolve("experiments.policy", None)
     return v
 
 
@@ -365,7 +365,7 @@ class SchedulerSettings:
         for s in SETTINGS:
             value = given.get(s.name)
             if value is None and s.key is not None:
-                value = config.get(f"experiments.{s.key}", None)
+                value = config.resolve(f"experiments.{s.key}", None)
             so_far[s.name] = s.check(s.name, value, so_far)
         return cls(so_far)
 
@@ -411,7 +411,7 @@ class SchedulerSettings:
         if row is None or not row.keyword:
             raise AttributeError(f"SchedulerSettings has no setting {name!r} to change")
         if value is None and row.key is not None:
-            value = config.get(f"experiments.{row.key}", None)
+            value = config.resolve(f"experiments.{row.key}", None)
         self._values[name] = row.check(name, value, self._values)
 
     def __eq__(self, other: object) -> bool:

@@ -109,7 +109,7 @@ class Execution:
         self.kept: dict[int, Any] = {s: st for s, st in self.known.items() if s in self.candidates}
         # Shards reused from a store are also checked, drawn unpredictably: the hashed picks are
         # public, so a store's editor would otherwise know which shards nobody recomputes.
-        n_reused = reused_count(config.get("montecarlo.verify-reused"), self.verify_k, len(self.known)) \
+        n_reused = reused_count(config.resolve("montecarlo.verify-reused"), self.verify_k, len(self.known)) \
             if self.verify_k else 0
         self.reused_picks = choose_reused(self.known, n_reused)
         self.kept.update({s: self.known[s] for s in self.reused_picks})
@@ -120,7 +120,7 @@ class Execution:
         self.events = EventOutbox(client)
         # Time limits: the pilot's seconds per shard (if the caller passes them) and what blocks take.
         self.limits = Limits(block, shard_seconds)
-        self.attempts = int(config.get("montecarlo.pipeline-attempts"))
+        self.attempts = int(config.resolve("montecarlo.pipeline-attempts"))
         if self.attempts < 1:
             raise ConfigError("montecarlo.pipeline-attempts", self.attempts, "a positive number of workers")
         self.stragglers = Stragglers(client, self.limits, speculate=float(speculate or 0.0), poll=poll,
@@ -129,7 +129,7 @@ class Execution:
         self.checks = Checks(client, job, reducer, run_id=run_id, tag=self.tag, emit=self._emit,
                              limits=self.limits, poll=poll)
         self.failed_on: dict[int, dict[str, str]] = {}   # block -> worker -> its error
-        size = config.get("montecarlo.group-blocks")
+        size = config.resolve("montecarlo.group-blocks")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ConfigError("montecarlo.group-blocks", size, "a positive number of blocks (1: no groups)")
         # At most half the window per group, so that half the window stays in flight while a
@@ -144,7 +144,7 @@ class Execution:
         # Who writes the shard files: the block tasks when the store is reachable from the
         # workers (each block checks, see .blocks), else the client. The run's lease token is
         # the workers' probe: without one (no lease held) the client writes.
-        writes = config.get("montecarlo.store-writes")
+        writes = config.resolve("montecarlo.store-writes")
         if writes not in ("auto", "client"):
             raise ConfigError("montecarlo.store-writes", writes, '"auto" (the workers write when they can '
                               'reach the store) or "client"')

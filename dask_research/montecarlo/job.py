@@ -97,13 +97,13 @@ class Job:
             raise InputError("pipeline", pipeline, "a callable taking one array per input", where="Job")
         self.pipeline = pipeline
         self.inputs = self._check_inputs(inputs)
-        self.shards = _positive_int("shards", config.get("montecarlo.shards", shards), philox.MAX_SHARDS - 1)
+        self.shards = _positive_int("shards", config.resolve("montecarlo.shards", shards), philox.MAX_SHARDS - 1)
         self.samples_per_shard = _positive_int(
-            "samples_per_shard", config.get("montecarlo.samples-per-shard", samples_per_shard), 2**31)
+            "samples_per_shard", config.resolve("montecarlo.samples-per-shard", samples_per_shard), 2**31)
         self.seed = philox.check_seed(seed)
-        self.bins = _positive_int("bins", config.get("montecarlo.bins", bins), 1 << 20)
+        self.bins = _positive_int("bins", config.resolve("montecarlo.bins", bins), 1 << 20)
         self.range = self._check_range(range)
-        self.range_margin = self._check_margin(config.get("montecarlo.range-margin", range_margin))
+        self.range_margin = self._check_margin(config.resolve("montecarlo.range-margin", range_margin))
         if reducer is not None and not isinstance(reducer, Reducer):
             raise InputError("reducer", reducer, "an object with init, update, merge and finalize",
                              where="Job")

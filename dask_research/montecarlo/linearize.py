@@ -55,7 +55,7 @@ def _moments(job) -> tuple[np.ndarray, np.ndarray]:
 
 def linearize(job, step: float | None = None) -> Linearized | None:
     """Delta-method sd and plug-in value of a scalar pipeline; ``None`` for vector outputs."""
-    step = float(config.get("montecarlo.finite-difference-step", step))
+    step = float(config.resolve("montecarlo.finite-difference-step", step))
     names = job.names
     mu, cov = _moments(job)
     k = len(names)

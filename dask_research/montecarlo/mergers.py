@@ -156,7 +156,7 @@ def check_merger(merge: Callable[[Any, Any], Any], states: Sequence[Any], *,
         Naming the law (``commutative``, ``associative``, ``order-independent``, ``an identity``,
         ``pure``) with the counter-example.
     """
-    rtol = float(config.get("montecarlo.merger-rtol", rtol))
+    rtol = float(config.resolve("montecarlo.merger-rtol", rtol))
     states = list(states)
     if len(states) < 3:
         raise ValueError(f"check_merger needs at least 3 states to test associativity, got {len(states)}")

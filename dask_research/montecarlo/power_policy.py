@@ -95,9 +95,9 @@ class PowerPolicy(WorkerPlugin):
         battery: BatteryReader | None = None,
         cpu_seconds: CpuReader | None = None,
     ) -> None:
-        self.battery_floor = parse_battery_floor(config.get("power.battery-floor", battery_floor))
-        self.budget = parse_budget(config.get("power.budget", budget))
-        self.interval = parse_interval(config.get("power.interval", interval))
+        self.battery_floor = parse_battery_floor(config.resolve("power.battery-floor", battery_floor))
+        self.budget = parse_budget(config.resolve("power.budget", budget))
+        self.interval = parse_interval(config.resolve("power.interval", interval))
         if battery is not None and not callable(battery):
             raise InputError("battery", battery, "a callable returning (percent, plugged) or None",
                              where="PowerPolicy")

@@ -42,8 +42,8 @@ def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: i
                              "of the reduction tree)", where="run")
         return b
     return choose_block(job.shards, shard_seconds, threads,
-                        float(config.get("montecarlo.task-seconds")),
-                        int(config.get("montecarlo.max-shards-per-task")),
+                        float(config.resolve("montecarlo.task-seconds")),
+                        int(config.resolve("montecarlo.max-shards-per-task")),
                         client_block_seconds=_client_block_seconds())
 
 
@@ -51,7 +51,7 @@ def _client_block_seconds() -> float:
     """``research.montecarlo.client-block-seconds``: the client's CPU per block, >= 0 seconds."""
     from ..exceptions import ConfigError
 
-    value = config.get("montecarlo.client-block-seconds")
+    value = config.resolve("montecarlo.client-block-seconds")
     try:
         seconds = float(value) if value is not None and not isinstance(value, bool) else None
     except (TypeError, ValueError):
@@ -188,11 +188,11 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     """
     if not isinstance(job, Job):
         raise InputError("job", job, "a dask_research.montecarlo.Job", where="run")
-    progress = bool(config.get("montecarlo.progress", progress))
-    verify = int(config.get("montecarlo.verify", verify))
+    progress = bool(config.resolve("montecarlo.progress", progress))
+    verify = int(config.resolve("montecarlo.verify", verify))
     if verify < 0:
         raise InputError("verify", verify, "a non-negative number of shards", where="run")
-    speculate = float(config.get("montecarlo.speculate", speculate))
+    speculate = float(config.resolve("montecarlo.speculate", speculate))
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing
@@ -205,7 +205,7 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
         if held.range is not None:
             p.range = held.range
         reducer = job.make_reducer(p.range)
-        if config.get("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
+        if config.resolve("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
             _check_merger(reducer.merge, p.states, identity=reducer.init())
         result = _execute(job, client, p, reducer, rs, held, verify, shards_per_task,
                           progress, speculate, window, store_token=getattr(lease, "token", None))
@@ -221,7 +221,7 @@ def _execute(job: Job, client, p: Pilot, reducer, rs: RunStore | None, held: Hol
         t0 = time.perf_counter()
         threads = max(1, sum(c.nthreads().values()))
         block = plan_blocks(job, p.shard_seconds, threads, shards_per_task)
-        win = config.get("montecarlo.window", window) or max(16, 8 * threads)
+        win = config.resolve("montecarlo.window", window) or max(16, 8 * threads)
         bar = _progress_bar(job.shards, progress, f"mc {job.name}")
         try:
             ex = Execution(c, job, reducer, block, run_id=job.id, known=dict(held.states),

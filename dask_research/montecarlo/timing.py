@@ -31,7 +31,7 @@ def seconds_setting(key: str) -> float | str | None:
     """
     from dask.utils import parse_timedelta
 
-    value = config.get(f"montecarlo.{key}")
+    value = config.resolve(f"montecarlo.{key}")
     if value is None or value == "auto":
         return value
     try:
@@ -98,9 +98,9 @@ class Limits:
         self.shard_times = RunningMedian()
         self.block_timeout = seconds_setting("block-timeout")
         self.check_timeout = seconds_setting("check-timeout")
-        self.factor = float(config.get("montecarlo.timeout-factor"))
-        self.block_floor = float(config.get("montecarlo.block-timeout-min"))
-        self.check_floor = float(config.get("montecarlo.check-timeout-min"))
+        self.factor = float(config.resolve("montecarlo.timeout-factor"))
+        self.block_floor = float(config.resolve("montecarlo.block-timeout-min"))
+        self.check_floor = float(config.resolve("montecarlo.check-timeout-min"))
 
     def expected_shard_seconds(self) -> float | None:
         """Seconds one shard is expected to take: the pilot's, or the median finished block's."""

@@ -433,7 +433,7 @@ class Writer:
 
         lease = Lease(files, files.join(LEASE), lock_path=files.join(LOCK),
                       label=f"checkpoint directory {files.display(self.path)}",
-                      timeout=config.get("replay.checkpoint-lease-timeout", LEASE_TIMEOUT), wait=0, fmt="dask-research-replay-checkpoint-lease/1",
+                      timeout=config.resolve("replay.checkpoint-lease-timeout", LEASE_TIMEOUT), wait=0, fmt="dask-research-replay-checkpoint-lease/1",
                       announce=announce,
                       hint="one writer per checkpoint directory for the writer's lifetime: give each plane "
                            "(or shard) its own directory, or close the plane that holds it")

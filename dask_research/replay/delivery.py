@@ -82,15 +82,15 @@ class BatchIterator(PrefetchingIterator):
                  bool_as: Any = None):
         self.source = source
         self.bool_as = None if bool_as is None else bool_as_dtype(bool_as)
-        self.batch_size = int(config.get("replay.batch-size", batch_size))
-        self.prefetch = int(config.get("replay.prefetch", prefetch))
+        self.batch_size = int(config.resolve("replay.batch-size", batch_size))
+        self.prefetch = int(config.resolve("replay.prefetch", prefetch))
         if self.batch_size < 1:
             raise InputError("batch_size", batch_size, "a positive integer", where="batches")
         if self.prefetch < 0:
             raise InputError("prefetch", prefetch, "an integer >= 0", where="batches")
         if timeout is None and source.rate_limiter is not None:
             timeout = source.rate_limiter.timeout       # the limiter's own, not the global one
-        self.timeout = float(config.get("replay.rate-timeout", timeout))
+        self.timeout = float(config.resolve("replay.rate-timeout", timeout))
         self.max_batches = max_batches
         self.transforms = list(transforms)
         for f in self.transforms:
@@ -125,7 +125,7 @@ class BatchIterator(PrefetchingIterator):
         self._step_ewma: float | None = None   # the learner's step time, a moving average
         self._made_ewma = 0.0              # the time to make one batch, a moving average
         if self.prefetch > 0:
-            si = config.get("replay.switch-interval", switch_interval, default=None)
+            si = config.resolve("replay.switch-interval", switch_interval, default=None)
             if si is not None and not si > 0:
                 raise InputError("switch_interval", si, "a positive number of seconds or None",
                                  where="batches")

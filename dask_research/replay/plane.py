@@ -350,7 +350,7 @@ class ExperiencePlane:
         dask_research.exceptions.InputError: sample: batch_size=2.5 is invalid; expected a positive whole number of transitions
         >>> p.close()
         """
-        rec, keys, weights, _ = self.draw(self._batch_size(config.get("replay.batch-size", batch_size)))
+        rec, keys, weights, _ = self.draw(self._batch_size(config.resolve("replay.batch-size", batch_size)))
         return Batch({n: rec[n] for n in self.spec.names}, keys, weights)
 
     def _batch_size(self, batch_size: Any) -> int:

@@ -138,7 +138,7 @@ def auto_publisher(plane: Any, client: Any, name: str, interval: float | None = 
     ``interval`` None reads ``research.replay.publish-interval``; 0 (or a null config value)
     means no publishing and returns None.
     """
-    iv = config.get("replay.publish-interval", interval, default=None)
+    iv = config.resolve("replay.publish-interval", interval, default=None)
     if iv is None or client is None:
         return None
     try:

@@ -64,7 +64,7 @@ class RateLimiter:
         self.samples_per_insert = float(samples_per_insert)
         self.tolerance = float(tolerance)
         self.min_size_to_sample = int(min_size_to_sample)
-        self.timeout = float(config.get("replay.rate-timeout", timeout))
+        self.timeout = float(config.resolve("replay.rate-timeout", timeout))
         centre = self.samples_per_insert * self.min_size_to_sample
         self.min_diff = centre - self.tolerance
         self.max_diff = centre + self.tolerance

@@ -55,7 +55,7 @@ def fit_batch(fields: Mapping[str, Any], n: int, capacity: int, itemsize: int,
     >>> fields["x"].tolist(), skip
     ([2, 3, 4], 2)
     """
-    overflow = config.get("replay.overflow", overflow)
+    overflow = config.resolve("replay.overflow", overflow)
     if overflow == "keep-newest":
         skip = n - capacity
         return {k: v[skip:] for k, v in fields.items()}, skip

@@ -68,8 +68,8 @@ class Lease(durable.Lease):
             say(message)
 
         super().__init__(files.files, files.path(run_id, "lease.json"), lock_path=files.path(run_id, "lease.lock"),
-                         label=where, timeout=config.get("montecarlo.lease-timeout", timeout),
-                         wait=config.get("montecarlo.lease-wait", wait), fmt=LEASE_FORMAT,
+                         label=where, timeout=config.resolve("montecarlo.lease-timeout", timeout),
+                         wait=config.resolve("montecarlo.lease-wait", wait), fmt=LEASE_FORMAT,
                          extra={"run_id": run_id}, announce=announce_kind,
                          hint="research.montecarlo.lease-wait bounds this wait (null: as long as the holder lives)")
 

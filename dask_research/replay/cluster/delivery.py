@@ -127,22 +127,22 @@ class ClusterBatchIterator(PrefetchingIterator):
         self.table = table
         self.router = router
         self.upkeep = upkeep if upkeep is not None else table.maybe_refresh
-        self.batch_size = int(config.get("replay.batch-size", batch_size))
-        self.prefetch = int(config.get("replay.prefetch", prefetch))
+        self.batch_size = int(config.resolve("replay.batch-size", batch_size))
+        self.prefetch = int(config.resolve("replay.prefetch", prefetch))
         if self.batch_size < 1:
             raise InputError("batch_size", batch_size, "a positive integer", where="batches")
         if self.prefetch < 1:
             raise InputError("prefetch", prefetch, "an integer >= 1 (cluster delivery always "
                              "fetches ahead; use plane.sample() for one synchronous batch)",
                              where="batches")
-        self.max_in_flight = int(config.get("replay.cluster.max-in-flight", max_in_flight))
-        self.max_bytes = float(config.get("replay.cluster.max-in-flight-bytes"))
-        self.stall = float(config.get("replay.cluster.stall"))
-        self.timeout = float(config.get("replay.rate-timeout"))
+        self.max_in_flight = int(config.resolve("replay.cluster.max-in-flight", max_in_flight))
+        self.max_bytes = float(config.resolve("replay.cluster.max-in-flight-bytes"))
+        self.stall = float(config.resolve("replay.cluster.stall"))
+        self.timeout = float(config.resolve("replay.rate-timeout"))
         self.max_batches = max_batches
         self.convert = make_converter(table.spec, to, device, self.prefetch + 2, self.batch_size)
         self.stats = DeliveryStats(self.prefetch)
-        self.max_group = int(config.get("replay.cluster.max-group"))
+        self.max_group = int(config.resolve("replay.cluster.max-group"))
         self.rtt = float("nan")
         self.service = float("nan")       # Little's law: seconds per request at this depth
         self.depth = 1
@@ -157,7 +157,7 @@ class ClusterBatchIterator(PrefetchingIterator):
         self._stop = threading.Event()
         self.closed = False
         self._queue: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        si = config.get("replay.switch-interval", switch_interval, default=None)
+        si = config.resolve("replay.switch-interval", switch_interval, default=None)
         self._switch = _acquire_switch_interval(si)
         self._thread = threading.Thread(target=self._run, name="replay-cluster-delivery",
                                         daemon=True)

@@ -136,16 +136,16 @@ class ClusterPlane:
         self.name = name or f"plane-{uuid.uuid4().hex[:8]}"
         self.checkpoint_dir = None if checkpoint_dir is None else str(checkpoint_dir)
         self.restore_mode = restore
-        self.refresh_interval = float(config.get("replay.cluster.refresh-interval"))
-        ri = config.get("replay.cluster.rebalance-interval", rebalance_interval, default=None)
+        self.refresh_interval = float(config.resolve("replay.cluster.refresh-interval"))
+        ri = config.resolve("replay.cluster.rebalance-interval", rebalance_interval, default=None)
         self.rebalance_interval = None if ri is None else float(ri)
         self.plugin = ShardPlugin(
             self.name, self.spec, capacity_per_worker=capacity_per_worker, sampler=self.sampler,
-            memory_fraction=float(config.get("replay.cluster.memory-fraction", memory_fraction)),
-            device_fraction=float(config.get("replay.cluster.device-fraction", device_fraction)),
+            memory_fraction=float(config.resolve("replay.cluster.memory-fraction", memory_fraction)),
+            device_fraction=float(config.resolve("replay.cluster.device-fraction", device_fraction)),
             seed=seed, checkpoint_dir=self.checkpoint_dir, checkpoint_interval=checkpoint_interval)
         self.topic = events.topic("replay")
-        self.update_interval = float(config.get("replay.cluster.update-interval"))
+        self.update_interval = float(config.resolve("replay.cluster.update-interval"))
         self.events = PlaneEvents(client, self.name, self.topic)
         self.table = ShardTable(client, self.name, self.spec, self.sampler, self.events,
                                 seed=seed, checkpoint_dir=self.checkpoint_dir,
@@ -214,8 +214,8 @@ class ClusterPlane:
         Raises :class:`ShardsLostError` at once when every shard is lost, and
         :class:`EmptyPlaneError` when the live shards hold nothing yet.
         """
-        batch_size = int(config.get("replay.batch-size", batch_size))
-        stall = float(config.get("replay.cluster.stall"))
+        batch_size = int(config.resolve("replay.batch-size", batch_size))
+        stall = float(config.resolve("replay.cluster.stall"))
         table = self.table
         for _ in range(3):
             counts = table.allocate(batch_size)
@@ -295,9 +295,9 @@ class ClusterPlane:
         See :func:`~dask_research.replay.cluster.placement.plan_moves`. Returns how many
         transitions moved (with ``wait=False``: how many were scheduled to move).
         """
-        high = float(config.get("replay.cluster.rebalance-high", high))
-        low = float(config.get("replay.cluster.rebalance-low", low))
-        max_move = int(config.get("replay.cluster.rebalance-max-move", max_move))
+        high = float(config.resolve("replay.cluster.rebalance-high", high))
+        low = float(config.resolve("replay.cluster.rebalance-low", low))
+        max_move = int(config.resolve("replay.cluster.rebalance-max-move", max_move))
         self._last_rebalance = time.monotonic()
         table = self.table
         with self._lock, table.lock:

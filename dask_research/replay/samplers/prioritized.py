@@ -54,7 +54,7 @@ def leaf_of(p: np.ndarray | float, eps: float, alpha: float) -> np.ndarray:
 
 def _parameter(name: str, value: Any, configured: bool = True) -> float:
     """``value`` (or, if ``configured`` and None, ``research.replay.<name>``) as a finite float >= 0."""
-    v = config.get(f"replay.{name}", value) if configured else value
+    v = config.resolve(f"replay.{name}", value) if configured else value
     try:
         f = float(v)
     except (TypeError, ValueError):
