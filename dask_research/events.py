@@ -9,9 +9,10 @@ work of every client on that scheduler. This module is the vocabulary they share
 - :func:`envelope`: one event, ``{"v": 1, "source": ..., "event": kind, "run": ..., "time":
   ..., **fields}``; a shipment of several events in one log entry is itself an envelope of kind
   ``batch`` whose ``events`` field holds them;
-- :class:`Outbox`: ordered, batched, best-effort shipment from a client: many events per
-  scheduler round trip, one shipment in flight at a time, from the client's loop or any thread;
-- :func:`worker_emit`: the same envelope from a worker (its batched stream already ships it);
+- :class:`Outbox`: the one transport of every producer: ordered, batched, bounded and never
+  raising. From a client: many events per scheduler round trip, one shipment in flight at a
+  time, from the client's loop or any thread. From a worker (a power policy, a worker set-up
+  step): each event goes on the worker's own batched stream;
 - :func:`unpack`: the reader's side, one ``(time, event)`` per event whether it was logged
   alone or inside a ``batch``, and whatever shape older producers used.
 
@@ -49,8 +50,7 @@ from ._compat import add_scheduler_handler, scheduler_call, scheduler_log_event,
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VERSION", "SUBSYSTEMS", "topic", "envelope", "batch", "unpack", "Outbox", "worker_emit", "pack",
-           "unpack_shipment"]
+__all__ = ["VERSION", "SUBSYSTEMS", "topic", "envelope", "batch", "unpack", "Outbox", "pack", "unpack_shipment"]
 
 #: Version of the envelope; a reader that meets a higher one reads the fields it knows.
 VERSION = 1
@@ -116,23 +116,6 @@ def unpack(log: Iterable[tuple[float, Any]]) -> Iterator[tuple[float, dict]]:
         for ev in (msg.get("events") or ()) if msg.get("event") == "batch" else (msg,):
             if isinstance(ev, dict):
                 yield t, ev
-
-
-def worker_emit(worker: Any, msg: dict) -> bool:
-    """Log one :func:`envelope` from a worker on its source's topic (``Worker.log_event``,
-    which the worker's batched stream ships to the scheduler).
-
-    Best effort: returns False (and logs why at debug level) when it could not be queued.
-
-    >>> worker_emit(None, envelope("cluster", "malloc-tuning", applied=True))
-    False
-    """
-    try:
-        worker.log_event(topic(msg["source"]), msg)
-        return True
-    except Exception as e:  # noqa: BLE001 - the event log is informational
-        logger.debug("could not log %s %s event: %s", msg.get("source"), msg.get("event"), e)
-        return False
 
 
 #: The scheduler comm handler that logs a shipment of events one log entry each, in order:
@@ -226,11 +209,23 @@ _FANOUT: dict[str, bool] = {}
 _PACKED: dict[str, bool] = {}
 
 
-class Outbox:
-    """Ordered, batched, best-effort shipment of one producer's events to the scheduler's log.
+def _is_worker(target: Any) -> bool:
+    from distributed import Worker
 
-    :meth:`emit` (or :meth:`put` for a ready message) queues and returns at once, from the
-    client's event loop or any other thread. One coroutine on the client's loop ships what is
+    return isinstance(target, Worker)
+
+
+class Outbox:
+    """Ordered, batched, bounded, best-effort shipment of one producer's events to the scheduler's log.
+
+    ``target`` is a :class:`distributed.Client` (or ``None``: every event is dropped), or a
+    :class:`distributed.Worker` (or, with ``worker=True``, anything with the worker's
+    ``log_event``), whose events go on the worker's own batched stream to the scheduler
+    (``Worker.log_event``) as they are put. :meth:`emit` (or :meth:`put` for a ready
+    message) queues and returns at once, from the client's event loop or any other thread.
+    At most :attr:`MAX_QUEUED` events wait (a scheduler that stops answering cannot make a
+    producer's memory grow): past that the oldest waiting event is dropped, counted in
+    :attr:`dropped`, and logged once. One coroutine on the client's loop ships what is
     queued, one shipment in flight at a time, so events arrive in the order they were emitted;
     whatever queues while a shipment is in flight goes in the next one, and the shipper waits
     up to ``linger`` seconds (:attr:`LINGER`) for more before each shipment, unless a flush
@@ -250,20 +245,29 @@ class Outbox:
 
     Examples
     --------
-    >>> box = Outbox(None, "montecarlo")          # no client: events are dropped
-    >>> box.emit("start", "run-id", shards=4)
-    >>> box.flush()
-    True
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster) as client:
+    ...     box = Outbox(client, "montecarlo", topic="doc-example")
+    ...     box.emit("start", "run-1", shards=4)
+    ...     box.emit("done", "run-1")
+    ...     box.flush(), [m["event"] for _, m in client.get_events("doc-example")]
+    (True, ['start', 'done'])
     """
 
     #: Seconds the shipper waits for more events before a shipment (a flush cuts it short):
     #: events are for people and pages, which refresh every half second.
     LINGER = 0.02
+    #: Most events waiting to be shipped (beyond: the oldest is dropped).
+    MAX_QUEUED = 100_000
 
-    def __init__(self, client: Any, source: str, *, run: str | None = None,
+    def __init__(self, target: Any, source: str, *, run: str | None = None,
                  batched: bool = False, topic: str | None = None,
-                 linger: float | None = None) -> None:
-        self.client, self.source, self.run, self.batched = client, source, run, batched
+                 linger: float | None = None, worker: bool | None = None) -> None:
+        on_worker = _is_worker(target) if worker is None else worker
+        self.worker: Any = target if on_worker and target is not None else None
+        self.client: Any = None if self.worker is not None else target
+        self.source, self.run, self.batched = source, run, batched
         self._topic = topic
         self.linger = self.LINGER if linger is None else float(linger)
         self._hurry: asyncio.Event | None = None   # set: ship without lingering (a flush waits)
@@ -271,7 +275,7 @@ class Outbox:
         self._queue: deque[dict] = deque()
         self._lock = threading.Lock()
         self._shipping: Any = None          # concurrent.futures.Future of the running shipper
-        self.sent = self.failed = self.shipments = 0
+        self.sent = self.failed = self.shipments = self.dropped = 0
         self.last_error: BaseException | None = None
 
     @property
@@ -281,17 +285,35 @@ class Outbox:
 
     def emit(self, kind: str, run: str | None = None, **fields: Any) -> None:
         """Queue :func:`envelope` ``(source, kind, run or the outbox's run, **fields)``."""
-        if self.client is None:
+        if self.client is None and self.worker is None:
             return
         self.put(envelope(self.source, kind, run if run is not None else self.run, **fields))
 
     def put(self, msg: dict) -> None:
-        """Queue one ready message; returns at once."""
+        """Queue one ready message; returns at once and never raises."""
+        if self.worker is not None:
+            self._put_on_worker(msg)
+            return
         if self.client is None:
             return
         with self._lock:
+            if len(self._queue) >= self.MAX_QUEUED:
+                self._queue.popleft()
+                self.dropped += 1
+                if self.dropped == 1:
+                    logger.warning("dask-research: more than %d %s events waiting for the scheduler; dropping "
+                                   "the oldest (the run goes on)", self.MAX_QUEUED, self.source)
             self._queue.append(msg)
             self._start_locked()
+
+    def _put_on_worker(self, msg: dict) -> None:
+        """A worker's event: on its batched stream now (which batches and ships it)."""
+        try:
+            self.worker.log_event(self.topic, msg)
+            self.sent += 1
+        except Exception as e:  # noqa: BLE001 - the event log is informational
+            self.failed += 1
+            self._failed(e)
 
     def _start_locked(self) -> None:
         """Start a shipper on the client's loop unless one runs (the lock held)."""
@@ -407,6 +429,8 @@ class Outbox:
 
         Returns whether it was all sent in time, without a failure since the outbox was made.
         """
+        if self.worker is not None:
+            return self.failed == 0          # put already handed each event to the stream
         shipping = self._waiting()
         if shipping is not None:
             try:
@@ -421,6 +445,8 @@ class Outbox:
 
     async def drain(self) -> bool:
         """:meth:`flush` for a coroutine on the client's loop."""
+        if self.worker is not None:
+            return self.failed == 0
         shipping = self._waiting()
         if shipping is not None:
             try:

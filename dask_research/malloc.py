@@ -45,7 +45,7 @@ from typing import Any
 from distributed import WorkerPlugin
 
 from . import config
-from .events import envelope, worker_emit
+from .events import Outbox, envelope
 
 __all__ = ["MallocTuning", "malloc_settings", "process_worker_environ", "tune_malloc"]
 
@@ -157,7 +157,7 @@ class MallocTuning(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         tuned = tune_malloc(self.settings.get("malloc-mmap-threshold"),
                             self.settings.get("malloc-trim-threshold"))
-        worker_emit(worker, envelope("cluster", "malloc-tuning", None, applied=tuned, **self.settings))
+        Outbox(worker, "cluster", worker=True).put(envelope("cluster", "malloc-tuning", None, applied=tuned, **self.settings))
 
     def teardown(self, worker: Any) -> None:
         pass

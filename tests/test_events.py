@@ -10,7 +10,7 @@ import pytest
 from distributed.utils_test import gen_cluster
 
 from dask_research import events
-from dask_research.events import Outbox, batch, envelope, topic, unpack, worker_emit
+from dask_research.events import Outbox, batch, envelope, topic, unpack
 
 # ------------------------------------------------------------------------------ vocabulary
 
@@ -41,14 +41,6 @@ def test_unpack_opens_batches_and_reads_the_shapes_before_the_envelope():
            (6.0, {"event": "batch", "events": None})]
     assert [(t, m.get("event") or m.get("action")) for t, m in unpack(log)] == [
         (1.0, "accepted"), (3.0, "add"), (4.0, "pause"), (5.0, "select")]
-
-
-def test_worker_emit_is_best_effort():
-    class Broken:
-        def log_event(self, topic, msg):
-            raise RuntimeError("stream closed")
-
-    assert worker_emit(Broken(), envelope("cluster", "malloc-tuning")) is False
 
 
 # ------------------------------------------------------------------------------ a fake client
@@ -116,6 +108,37 @@ def fake():
     yield make
     for c in made:
         c.close()
+
+
+def test_an_outbox_waiting_on_a_slow_scheduler_holds_at_most_max_queued_events(fake, caplog):
+    client = fake(delay=1.0)                 # every round trip takes a second
+    box = Outbox(client, "montecarlo", linger=0)
+    box.MAX_QUEUED = 10
+    with caplog.at_level(logging.WARNING, logger="dask_research.events"):
+        for i in range(200):                 # the first shipment is in flight while these queue
+            box.put({"event": "x", "i": i})
+            assert len(box._queue) <= 10
+        assert box.flush(120)
+    got = [m["i"] for m in client.logged()]
+    assert box.dropped == 200 - len(got) > 0 and got == sorted(got) and got[-1] == 199   # the newest kept
+    assert sum("dropping the oldest" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.timeout(60, method="thread")
+@gen_cluster(client=True)
+async def test_a_worker_outbox_puts_each_event_on_the_workers_stream_and_never_raises(c, s, a, b):
+    box = Outbox(a, "cluster")
+    box.put(envelope("cluster", "malloc-tuning", applied=True))
+    for _ in range(2000):
+        logged = [m for _, m in s.get_events("research.cluster")]
+        if logged:
+            break
+        await asyncio.sleep(0.01)
+    assert logged[0]["event"] == "malloc-tuning" and logged[0]["worker"] == a.address
+    assert box.sent == 1 and box.flush() is True
+    a.log_event = None                       # a worker whose stream is gone: counted, not raised
+    box.put(envelope("cluster", "malloc-tuning"))
+    assert box.failed == 1 and box.flush() is False
 
 
 def test_no_client_drops_events():
@@ -321,13 +344,3 @@ async def test_a_batched_outbox_logs_one_batch_envelope_per_shipment(c, s, a, b)
     assert [r["event"] for r in entry["events"]] == ["add", "select", "dispatch"]
 
 
-@pytest.mark.timeout(60, method="thread")
-@gen_cluster(client=True)
-async def test_worker_emit_reaches_the_topic_of_its_source(c, s, a, b):
-    assert worker_emit(a, envelope("cluster", "malloc-tuning", applied=True))
-    for _ in range(200):
-        logged = [m for _, m in s.get_events("research.cluster")]
-        if logged:
-            break
-        await asyncio.sleep(0.01)
-    assert logged[0]["event"] == "malloc-tuning" and logged[0]["worker"] == a.address

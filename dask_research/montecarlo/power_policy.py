@@ -315,7 +315,7 @@ class PowerPolicy(WorkerPlugin):
         log = logger.warning if pause else logger.info
         log("Power policy: %s worker %s: %s", "pausing" if pause else "resuming" if resume
             else action, w.address, why)
-        events.worker_emit(w, dict(event))   # best effort; the worker log has it
+        events.Outbox(w, "power", worker=True).put(dict(event))   # best effort, never raising; the worker log has it
 
 
 def _worker_state(dask_worker: Worker) -> dict[str, Any] | None:

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
-from ..events import envelope
-from ..events import topic as event_topic
+from ..events import Outbox, envelope
 
 __all__ = ["publish_plane", "plane_event", "Publisher", "auto_publisher"]
 
@@ -84,6 +83,7 @@ class Publisher:
         self._stats = stats or _default_stats
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"publish-{name}", daemon=True)
+        self._outbox = Outbox(client, "replay")
         self.sent = 0
         self.last_error: BaseException | None = None
 
@@ -110,13 +110,19 @@ class Publisher:
         if plane is None:
             return False
         try:
-            topic = topic or event_topic("replay")
-            self.client.log_event(topic, plane_event(self._stats(plane), self.name))
-            self.sent += 1
-            return True
-        except Exception as e:  # the scheduler may be closing; the plane must not care
+            msg = plane_event(self._stats(plane), self.name)
+        except Exception as e:  # the plane may be closing; the publisher must not care
             self.last_error = e
             return False
+        box = self._outbox if topic is None else Outbox(self.client, "replay", topic=topic)
+        sent, failed = box.sent, box.failed
+        box.put(msg)
+        box.flush(max(self.interval, 1.0))
+        if box.sent == sent or box.failed > failed:      # not shipped in time, or failed
+            self.last_error = box.last_error
+            return False
+        self.sent += 1
+        return True
 
     def stop(self, final: bool = True) -> None:
         """Stop the thread; with ``final``, publish the last figures once more."""

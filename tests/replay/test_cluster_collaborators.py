@@ -436,8 +436,17 @@ def cluster():
     c.close()
 
 
+class RecordedEvents(PlaneEvents):
+    """The plane's events as the table emits them, kept by the fake cluster (the transport,
+    dask_research.events.Outbox, is tested on its own in tests/test_events.py)."""
+
+    def emit(self, kind, **data):
+        self.client.events.append((self.topic, self.message(kind, **data)))
+
+
 def _table(cluster, **kw):
-    events = PlaneEvents(cluster, cluster.name, "research.replay")
+    events = RecordedEvents(None, cluster.name, "research.replay")
+    events.client = cluster
     return ShardTable(cluster, cluster.name, CARTPOLE, cluster.sampler, events, seed=0, **kw)
 
 
