@@ -89,6 +89,7 @@ def test_every_optional_dependency_is_an_extra():
         assert distribution.get(name, name) in extras, name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_the_data_directories_of_the_tests_are_never_collected():
     """Their files are what tests read and the scripts that wrote them: --doctest-modules
@@ -102,6 +103,7 @@ def test_the_data_directories_of_the_tests_are_never_collected():
     assert "::" not in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_collection_that_hangs_ends_the_run_with_every_threads_stack(tmp_path):
     (tmp_path / "test_blocks_at_import.py").write_text("import time\ntime.sleep(600)\n")

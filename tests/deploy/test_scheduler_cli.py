@@ -98,6 +98,7 @@ JOB_WITH_HELPERS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 @pytest.mark.parametrize("name", ["job", "job_from_sibling"])
 def test_helpers_in_the_file_and_sibling_modules_travel_by_value(dask_processes, tmp_path, name):

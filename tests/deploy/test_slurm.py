@@ -72,6 +72,7 @@ def test_montecarlo_on_slurmcluster_is_bit_identical_to_the_embedded_run(slurm):
     assert res.state == _embedded(job).state
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_scancel_of_a_worker_job_mid_run_loses_nothing_and_changes_no_bit(slurm, tmp_path):
     job = _job(shards=48, delay=0.2)     # about 5 s on two workers: the cancel lands mid-run
@@ -106,6 +107,7 @@ def _stored(store, job) -> int:
     return len(mc.RunStore(str(store)).read_shards(job.id)) if d.exists() else 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_iteration_scheduler_with_a_client_on_slurm(slurm):
     from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
@@ -139,6 +141,7 @@ def _batch(n, start=0):
             "done": (idx % 50 == 49)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_replay_plane_recovers_a_cancelled_worker_jobs_shard_from_its_checkpoint(slurm, tmp_path):
     from dask_research import replay
@@ -195,6 +198,7 @@ def _command(caption: str) -> list[str]:
     return shlex.split(_doc_block(caption).replace("\\\n", " "), comments=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_the_documented_python_session_runs_on_slurm(slurm, tmp_path, monkeypatch):
     block = _doc_block("mc.run on a SLURMCluster")
@@ -214,6 +218,7 @@ def test_the_documented_python_session_runs_on_slurm(slurm, tmp_path, monkeypatc
     wait_for(lambda: not slurm.jobs(), 60, "the worker jobs to leave the queue")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_the_documented_cli_command_runs_on_slurm(slurm, tmp_path):
     cmd = _command("mc run on SLURM")
@@ -239,6 +244,7 @@ def test_the_documented_cli_command_runs_on_slurm(slurm, tmp_path):
     assert {k: summary[k] for k in keys} == {k: ref_summary[k] for k in keys}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_the_documented_batch_script_starts_dask_research_workers(slurm, tmp_path):
     script = tmp_path / "worker.sbatch"

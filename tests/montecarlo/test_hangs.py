@@ -144,6 +144,7 @@ def test_a_hung_shard_fails_the_run_naming_it_and_the_stored_shards_resume(tmp_p
 
 # -- a frozen worker ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 @pytest.mark.parametrize("window", [None, 4], ids=["blocks", "groups"])   # a window of 4: groups of 2
 def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path, window):
@@ -178,6 +179,7 @@ def test_a_frozen_worker_does_not_hold_the_run_its_checks_move(tmp_path, window)
 
 # -- a lost scheduler --------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 def test_a_lost_scheduler_says_the_stored_shards_are_kept_and_the_command_resumes(tmp_path):
     job = mc.Job(slow_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=48,
@@ -225,6 +227,7 @@ def test_a_failure_on_one_worker_is_retried_on_another_with_the_same_bits(tmp_pa
     assert broken not in res.workers                          # nothing was accepted from it
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 def test_a_failure_on_every_worker_fails_naming_the_shard_and_the_workers(tmp_path):
     job = _broken_job()

@@ -46,6 +46,7 @@ def _mean_return(seed, plane, sb3_sampling=False):
     return float(mean)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_with_sb3_sampling_the_plane_trains_bit_for_bit_what_sb3s_buffer_trains():
     threads = th.get_num_threads()
