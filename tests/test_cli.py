@@ -223,6 +223,7 @@ def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, 
     sys.modules.pop("libpkg", None)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="thread")
 def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path):
     """A real ``dask-research mc run`` process interrupted with SIGINT mid-run: one line that says

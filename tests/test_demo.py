@@ -208,6 +208,7 @@ def test_demo_command_help():
 from dask_research.testing.browser import headless_chrome, missing  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(missing() is not None, reason=str(missing()))
 @pytest.mark.timeout(180, method="thread")
 def test_the_report_renders_in_a_browser_within_1000_pixels(demo, tmp_path):

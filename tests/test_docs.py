@@ -11,6 +11,7 @@ pytest.importorskip("numpydoc")
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 
 
+@pytest.mark.slow
 def test_docs_build_without_warnings(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q",
                           "-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")],

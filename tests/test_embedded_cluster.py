@@ -77,6 +77,7 @@ def test_an_error_inside_a_run_on_the_default_client_is_the_callers(loop):
             mc.run(job, progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("processes", [False, True])
 def test_the_embedded_dashboard_serves_the_research_pages_in_a_fresh_process(tmp_path, processes):

@@ -37,6 +37,7 @@ def test_the_suite_uses_the_thread_timeout_method():
     assert int(cfg["tool:pytest"]["timeout"]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_test_deadlocked_in_c_ends_the_run_with_a_report(tmp_path):
     (tmp_path / "test_hang.py").write_text(DEADLOCK)

@@ -69,6 +69,7 @@ _FAULTS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @glibc
 def test_tuning_removes_the_page_faults_of_freed_numpy_temporaries():
     # a fresh process, so glibc starts from its defaults (without MALLOC_* variables that a

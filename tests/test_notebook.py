@@ -11,6 +11,7 @@ pytest.importorskip("bokeh")
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tour.ipynb"
 
 
+@pytest.mark.slow
 def test_tour_notebook_runs_and_renders_html(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})

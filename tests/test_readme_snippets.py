@@ -100,8 +100,17 @@ if more:
 
 
 @pytest.mark.timeout(300, method="thread")
-@pytest.mark.parametrize("code", BLOCKS)
-@pytest.mark.parametrize("how", ["script", "console"])
+def _cases():
+    """(how, block) for every block, run as a script and in a console; the fast lane
+    (``-m "not slow"``) keeps the README's first block as a script."""
+    for how in ("script", "console"):
+        for block in BLOCKS:
+            fast = how == "script" and block.id == "README-0"
+            yield pytest.param(how, block.values[0], id=f"{how}-{block.id}",
+                               marks=() if fast else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("how, code", list(_cases()))
 def test_code_block_runs_as_written(tmp_path, code, how):
     reason = _skip_reason(code)
     if reason:
@@ -167,6 +176,7 @@ def real_scheduler(tmp_path_factory):
 
 
 @pytest.mark.timeout(300, method="thread")
+@pytest.mark.slow
 @pytest.mark.parametrize("code", SCHEDULER_BLOCKS)
 def test_code_block_runs_on_a_real_scheduler(tmp_path, code, real_scheduler):
     """The block as a script in a fresh directory, with ``DASK_SCHEDULER_ADDRESS`` set as the docs say."""

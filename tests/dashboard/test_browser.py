@@ -77,6 +77,7 @@ def test_shards_page_renders_the_run(dashboard_cluster, browser, tmp_path):
     assert "individual-research-shards" in status
 
 
+@pytest.mark.slow
 def test_experience_page_renders_published_stats(dashboard_cluster, browser, tmp_path):
     from dask_research import replay
     from dask_research.dashboard.publish import publish_plane
@@ -97,6 +98,7 @@ def test_experience_page_renders_published_stats(dashboard_cluster, browser, tmp
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
+@pytest.mark.slow
 def test_branches_page_renders_a_run(dashboard_cluster, browser, tmp_path):
     from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
 

@@ -135,6 +135,7 @@ def test_freshness_says_when_the_page_went_stale():
     assert "stale" not in freshness(t, now=t + 31, interval=30.0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 def test_the_cluster_dqn_run_feeds_the_experience_page(loop):
     """The path of examples/dqn_cartpole.py (train_dqn on a cluster plane) publishes stats."""

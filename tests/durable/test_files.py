@@ -97,6 +97,7 @@ def test_documents_the_project_never_writes_are_refused_naming_the_file(tmp_path
     assert str(err.value).startswith(str(tmp_path / "doc.json"))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False,
                     allow_infinity=False) | st.text(max_size=8),
@@ -115,6 +116,7 @@ def _depth(value):
     return 0
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.recursive(st.integers() | st.none(), lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=2), inner, max_size=3) | st.tuples(inner, inner), max_leaves=40))
@@ -145,6 +147,7 @@ def test_no_replace_writes_race_cleanly_between_processes(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["one.json"]      # no temporary left
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_any_moment_leaves_the_old_or_the_new_file_never_a_torn_one(tmp_path):
     script = textwrap.dedent(f"""
         from dask_research.durable import Files

@@ -44,6 +44,7 @@ def _lease(files: Files, name: str = "lease.json", timeout: float = 2.0, wait=No
                  announce=(lambda kind, msg: said.append((kind, msg))) if said is not None else lambda k, m: None)
 
 
+@pytest.mark.slow
 def test_of_racing_processes_exactly_one_holds_the_lease(tmp_path, holders):
     procs = [holders(tmp_path, wait="0", timeout=30) for _ in range(4)]
     outcomes = [p.expect("") for p in procs]
@@ -69,6 +70,7 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, holders):
     assert said and said[0][0] == "takeover" and "is gone" in said[0][1]
 
 
+@pytest.mark.slow
 def test_a_frozen_holder_is_taken_over_after_the_timeout_and_stops_when_it_wakes(tmp_path, holders):
     first = holders(tmp_path, timeout=2.0)
     token = first.expect("held").split()[1]
@@ -133,6 +135,7 @@ def test_a_torn_lease_is_stale_only_after_the_timeout(tmp_path):
         assert time.monotonic() - t0 >= 1.0 and lease.held
 
 
+@pytest.mark.slow
 def test_a_live_holder_keeps_its_lease_and_a_second_writer_waits_then_gives_up(tmp_path, holders):
     first = holders(tmp_path, timeout=1.0)
     first.expect("held")

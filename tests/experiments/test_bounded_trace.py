@@ -65,6 +65,7 @@ def test_select_events_keep_the_best_scores_and_the_pick():
     assert selects[-1].branch in kept
 
 
+@pytest.mark.slow
 def test_memory_per_experiment_does_not_grow_with_the_branches():
     bounded, per_exp = _trace_bytes(2000, None)
     full, per_exp_full = _trace_bytes(2000, "all")
@@ -74,6 +75,7 @@ def test_memory_per_experiment_does_not_grow_with_the_branches():
     assert per_exp < 4000 and per_exp < per_exp_full / 2
 
 
+@pytest.mark.slow
 def test_resume_reads_the_journal_one_record_at_a_time(tmp_path):
     path = tmp_path / "loop.jsonl"
     _run(1500, checkpoint=path)

@@ -253,6 +253,7 @@ def test_kl_ucb_lies_between_the_mean_and_1_and_below_the_hoeffding_bound(s):
     assert (k[tried] <= hoeffding[tried] + 1e-7).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(branch_stats(min_branches=2))
 def test_a_pending_pull_never_raises_an_index(s):
@@ -269,6 +270,7 @@ def test_a_pending_pull_never_raises_an_index(s):
         s.mean, s.sq_sum, s.runs, n, total)[i] + 1e-12
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(branch_stats(min_branches=2), st.integers(0, 2 ** 32 - 1))
 def test_thompson_is_reproducible_and_in_range(s, seed):

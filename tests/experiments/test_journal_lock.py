@@ -142,6 +142,7 @@ def _forge(path, **kw):
     os.replace(tmp, path)             # whole, as a lease is written: a reader never sees it half-written
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_second_driver_process_is_refused_naming_the_holder(tmp_path):
     path = tmp_path / "loop.jsonl"
@@ -193,6 +194,7 @@ def test_a_second_driver_in_this_process_is_refused_at_once(tmp_path):
         IterationScheduler(lambda h: 0.5, checkpoint=path, progress=False).close()   # free again
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 @pytest.mark.parametrize("taker", ["holding", "finished"])
 def test_a_frozen_driver_is_taken_over_and_when_it_wakes_names_the_new_holder(tmp_path, taker):

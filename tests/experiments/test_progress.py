@@ -79,6 +79,7 @@ def test_in_a_notebook_with_ipywidgets_the_widget_is_used(fake_kernel):
     assert progress_mod.bar_class() is notebook_tqdm
 
 
+@pytest.mark.slow
 def test_a_real_kernel_without_ipywidgets_shows_a_text_bar_that_finishes(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -46,6 +46,7 @@ def _hyps(hang=("good-1",), n=3):
             for k in range(n) for b in ("good", "fair")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60, method="thread")
 @pytest.mark.parametrize("runner", [sync_runner, async_runner], ids=["sync", "async"])
 def test_an_experiment_past_its_timeout_is_a_failure(runner):
@@ -64,6 +65,7 @@ def test_an_experiment_past_its_timeout_is_a_failure(runner):
     assert "timed out (1, counted as failed): good-1" in str(report)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60, method="thread")
 @pytest.mark.parametrize("runner", [sync_runner, async_runner], ids=["sync", "async"])
 def test_max_seconds_bounds_the_run_and_cancels_in_flight_work(runner):
@@ -122,6 +124,7 @@ def test_timeout_settings_are_checked():
         IterationScheduler(sync_runner, cancel_grace=-1)
 
 
+@pytest.mark.slow
 @gen_cluster(client=True, timeout=60)
 async def test_dask_futures_time_out_and_are_cancelled(c, s, a, b):
     sched = IterationScheduler(sync_runner, slots=2, timeout=2.0, prune_floor=0.0,
@@ -159,6 +162,7 @@ print("REPORT", report.stop_reason, report.cancelled, flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120, method="thread")
 def test_a_process_with_a_stuck_sync_runner_returns_and_exits(tmp_path):
     script = tmp_path / "stuck.py"
@@ -175,6 +179,7 @@ def test_a_process_with_a_stuck_sync_runner_returns_and_exits(tmp_path):
     assert "REPORT queue_empty ['a-1']" in out        # the queue emptied; a-1 never returned
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120, method="thread")
 def test_worker_processes_a_hanging_runner_times_out_and_the_deadline_holds(client):
     # `client`: distributed.utils_test's cluster of real worker processes

@@ -262,6 +262,7 @@ SECOND = ("import sys, numpy as np; from dask_research.replay import checkpoints
           "print(checkpoints.write(sys.argv[1], {'who': 'B'}, {'x': np.arange(5)}).name)")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="thread")
 def test_a_second_process_is_refused_naming_the_writer_and_nothing_is_lost(tmp_path):
     ck, marker, go = tmp_path / "ck", tmp_path / "marker", tmp_path / "go"

@@ -165,6 +165,7 @@ def test_restored_leaves_past_the_bound_are_refused(tmp_path):
 
 
 # --- data.npz: exactly the expected members, each checked before it is read ---------------------
+@pytest.mark.slow
 def test_an_extra_compressed_array_is_refused_without_allocating_it(tmp_path):
     """A 2 MiB data.npz with an extra 2 GiB array of zeros, deflated: the old restore read it."""
     version = _checkpoint(tmp_path / "ck")

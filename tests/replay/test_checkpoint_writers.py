@@ -48,6 +48,7 @@ def _restored_keys(ck: Path) -> list[int]:
         plane.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_second_live_process_is_refused_for_the_first_ones_lifetime(tmp_path, writers):
     ck = tmp_path / "ck"
@@ -73,6 +74,7 @@ def test_a_second_live_process_is_refused_for_the_first_ones_lifetime(tmp_path, 
     assert _restored_keys(ck) == list(range(2000, 2010))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_killed_writer_is_taken_over_at_once(tmp_path, writers):
     ck = tmp_path / "ck"
@@ -89,6 +91,7 @@ def test_a_killed_writer_is_taken_over_at_once(tmp_path, writers):
     assert names == ["CURRENT", "v000002"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_frozen_writer_is_taken_over_after_the_timeout_and_stops_when_it_wakes(tmp_path, writers):
     ck = tmp_path / "ck"

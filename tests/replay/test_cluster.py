@@ -31,6 +31,7 @@ def _two_shards(client, sampler, sizes, capacity=10_000, **kw):
     return plane, addrs, [ids[a] for a in addrs]
 
 
+@pytest.mark.slow
 def test_uniform_sampling_is_proportional_to_contents(client):
     plane, addrs, ids = _two_shards(client, replay.UniformSampler(), [1000, 3000])
     seen = {i: [] for i in ids}
@@ -93,6 +94,7 @@ def test_prioritized_sampling_follows_priority_mass_and_updates_land_on_the_owne
     plane.close(drop=True)
 
 
+@pytest.mark.slow
 def test_stale_updates_are_dropped_after_overwrite(client):
     sampler = replay.PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0)
     plane, addrs, ids = _two_shards(client, sampler, [100, 100], capacity=100)
@@ -106,6 +108,7 @@ def test_stale_updates_are_dropped_after_overwrite(client):
     plane.close(drop=True)
 
 
+@pytest.mark.slow
 def test_rebalance_moves_the_oldest_of_a_full_shard_to_the_empty_one(client):
     plane, addrs, ids = _two_shards(client, replay.UniformSampler(), [1000, 0], capacity=1000)
     moved = plane.rebalance(max_move=10_000)
@@ -121,6 +124,7 @@ def test_rebalance_moves_the_oldest_of_a_full_shard_to_the_empty_one(client):
     plane.close(drop=True)
 
 
+@pytest.mark.slow
 def test_checkpoint_and_restore_lost_onto_another_worker(client, tmp_path):
     sampler = replay.PrioritizedSampler(alpha=0.6, beta=0.4)
     plane, addrs, ids = _two_shards(client, sampler, [300, 0], checkpoint_dir=tmp_path,
@@ -138,6 +142,7 @@ def test_checkpoint_and_restore_lost_onto_another_worker(client, tmp_path):
     plane.close(drop=True)
 
 
+@pytest.mark.slow
 def test_a_learner_on_a_worker_draws_its_own_shard_in_process(client):
     from dask_research.testing.rl import learner_on_worker
 
@@ -155,6 +160,7 @@ def test_a_learner_on_a_worker_draws_its_own_shard_in_process(client):
     plane.close(drop=True)
 
 
+@pytest.mark.slow
 def test_automatic_rebalance_while_delivering(client):
     import dask
 

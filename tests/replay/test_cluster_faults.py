@@ -50,6 +50,7 @@ def real_cluster(tmp_path):
             p.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(real_cluster,
                                                                                tmp_path):
@@ -105,6 +106,7 @@ def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(re
     plane.close(drop=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_every_shard_worker_sigkilled_is_reported_at_once(real_cluster, tmp_path):
     """Both shard workers die: the learner's next() names the lost shards and counts at once.

@@ -56,6 +56,7 @@ def _mutate(raw: bytes, how: str, rnd: random.Random, value) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["truncate", "bitflip", "replace-line", "retype", "pickle", "duplicate-line"]),
        st.randoms(use_true_random=False), json_values)

@@ -103,6 +103,7 @@ print("JSON IS A", type(json).__name__, "| f2py imported:", "numpy.f2py" in sys.
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 @pytest.mark.parametrize("module,qualname,name", [
     ("sys", "modules.update", "json"),                        # a builtin bound method: import json broke
@@ -246,6 +247,7 @@ def test_an_edited_shard_that_passed_the_old_checks_is_refused(tmp_path, client,
 
 
 # -- 4: a forged lease blocks for lease-timeout, not forever -------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("heartbeat", ["1e12", "NaN", "-1e300", "null"])
 def test_a_forged_lease_is_taken_over_after_lease_timeout_of_our_own_clock(tmp_path, client, heartbeat):

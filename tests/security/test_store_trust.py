@@ -65,6 +65,7 @@ def _plant(store: pathlib.Path, run_id: str, origin: dict) -> None:
     mpath.write_text(json.dumps(doc))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 @pytest.mark.parametrize("module", [None, "evil"])
 def test_a_hostile_manifest_never_runs_its_file(tmp_path, stored, module):
@@ -101,6 +102,7 @@ def test_a_hostile_manifest_never_runs_its_file(tmp_path, stored, module):
         assert not marker.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 def test_the_pipeline_comes_from_the_caller(tmp_path, stored):
     """job=/--job, a job this process built, or trust_origin=True; the id is checked in each."""
@@ -162,6 +164,7 @@ else:   # a later process: its own __main__ defines the pipeline; no job= given,
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_main_script_is_never_run_again(tmp_path):
     """Replaying a job defined in a __main__ script: the old code re-ran the script (RecursionError)."""

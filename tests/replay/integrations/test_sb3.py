@@ -238,6 +238,7 @@ def test_prioritized_sampling_with_user_fed_priorities():
     assert (s.rewards == 7).float().mean() > 0.9
 
 
+@pytest.mark.slow
 def test_cluster_plane_backing(client):  # noqa: F811
     rb = SB3ReplayBuffer(64, BOX, spaces.Discrete(2), device="cpu", seed=0, client=client,
                          flush_every=8)
