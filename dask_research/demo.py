@@ -237,7 +237,7 @@ def _actor(plane, stop: threading.Event, seed: int) -> None:
 
 def _replay(client, quick: bool):
     from . import replay
-    from .dashboard.publish import publish_plane
+    from .replay import publish_plane
 
     steps = 300 if quick else 1500
     _say(f"[3/3] Replay: actors ingest while a learner trains {steps} steps from prefetched prioritized batches")

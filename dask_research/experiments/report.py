@@ -26,9 +26,6 @@ from .types import BranchStats, ExperimentResult
 
 __all__ = ["Report"]
 
-STOP_REASONS = ("queue_empty", "max_experiments", "max_seconds", "ask_tell")
-
-
 def _fmt(x: float, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 

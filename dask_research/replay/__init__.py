@@ -27,6 +27,7 @@ from .batch import Batch
 from .delivery import BatchIterator, DeliveryStats
 from .placement import Placement, PlacementReport
 from .plane import EmptyPlaneError, ExperiencePlane
+from .publish import publish_plane
 from .rate_limiter import RateLimiter
 from .samplers import PrioritizedSampler, RecentSampler, Sampler, UniformSampler
 from .spec import ExperienceSpec, Field
@@ -50,7 +51,7 @@ __all__ = [
     "Placement", "PlacementReport",
     "Sampler", "UniformSampler", "PrioritizedSampler", "RecentSampler",
     "RateLimiter", "BatchIterator", "DeliveryStats", "NStepReturn", "Normalize",
-    "ReplayBufferAdapter",
+    "ReplayBufferAdapter", "publish_plane",
 ]
 
 # The plane on a Dask cluster (worker shards, cluster delivery): see replay/cluster/.

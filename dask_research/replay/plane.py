@@ -34,6 +34,7 @@ Examples
 """
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import threading
@@ -76,6 +77,15 @@ def _close_writers(writers: dict[str, checkpoints.Writer]) -> None:
         w.close()
 
 
+def _positive(name: str, value: Any, expected: str, whole: bool = False) -> float:
+    """``value`` if it is a finite number > 0 (a whole one with ``whole``); else :class:`InputError`."""
+    ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+          and math.isfinite(value) and value > 0 and (not whole or value == int(value)))
+    if not ok:
+        raise InputError(name, value, expected, where="ExperiencePlane")
+    return float(value)
+
+
 class ExperiencePlane:
     """Tiered, sampled, prefetched experience replay on one process.
 
@@ -94,13 +104,15 @@ class ExperiencePlane:
         Applied to ``ingest`` and to the delivery pipeline (not to :meth:`sample`).
     seed : int, optional
         Seed of the sampling generator (``numpy.random.default_rng``).
-    migrate : {"background", "manual"}
+    migrate : {"background", "manual"}, optional
         With several tiers: rebalance in a background thread (default), or only when
-        :meth:`rebalance` is called.
-    migrate_interval : float
-        Seconds between background rebalances while placement is stale.
-    migrate_batch : int
-        Most transitions one background round moves (the lock is held for their copy only).
+        :meth:`rebalance` is called (``research.replay.migrate``).
+    migrate_interval : float, optional
+        Seconds between background rebalances while placement is stale
+        (``research.replay.migrate-interval``, 0.1).
+    migrate_batch : int, optional
+        Most transitions one background round moves; the lock is held for their copy only
+        (``research.replay.migrate-batch``, 65,536).
     client : distributed.Client, optional
         With a client, the plane publishes its statistics (numbers only) to the scheduler's
         event log every ``publish_interval`` seconds, for the dashboard's Experience page.
@@ -113,13 +125,18 @@ class ExperiencePlane:
     def __init__(self, spec: ExperienceSpec | Mapping[str, Any], capacity: int | None = None,
                  tiers: Sequence[Tier] | None = None, sampler: Sampler | None = None,
                  rate_limiter: RateLimiter | None = None, seed: int | None = None,
-                 migrate: str = "background", migrate_interval: float = 0.1,
-                 migrate_batch: int = 65_536, client: Any = None, name: str | None = None,
+                 migrate: str | None = None, migrate_interval: float | None = None,
+                 migrate_batch: int | None = None, client: Any = None, name: str | None = None,
                  publish_interval: float | None = None):
         self.spec = spec if isinstance(spec, ExperienceSpec) else ExperienceSpec(spec)
         if capacity is not None and (not isinstance(capacity, (int, np.integer)) or capacity < 1):
             raise InputError("capacity", capacity, "a positive number of transitions",
                              where="ExperiencePlane")
+        migrate = config.resolve("replay.migrate", migrate)
+        migrate_interval = _positive("migrate_interval", config.resolve("replay.migrate-interval", migrate_interval),
+                                     "a number of seconds > 0")
+        migrate_batch = int(_positive("migrate_batch", config.resolve("replay.migrate-batch", migrate_batch),
+                                      "a whole number of transitions > 0", whole=True))
         if migrate not in ("background", "manual"):
             raise InputError("migrate", migrate, "'background' or 'manual'", where="ExperiencePlane")
         self.sampler = sampler if sampler is not None else UniformSampler()

@@ -80,7 +80,7 @@ def test_shards_page_renders_the_run(dashboard_cluster, browser, tmp_path):
 @pytest.mark.slow
 def test_experience_page_renders_published_stats(dashboard_cluster, browser, tmp_path):
     from dask_research import replay
-    from dask_research.dashboard.publish import publish_plane
+    from dask_research.replay import publish_plane
 
     cl, c = dashboard_cluster
     plane = replay.ExperiencePlane({"obs": ((4,), "float32"), "reward": ((), "float32")}, capacity=2048)

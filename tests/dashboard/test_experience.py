@@ -8,8 +8,8 @@ pytest.importorskip("bokeh")
 
 from dask_research import replay  # noqa: E402
 from dask_research.dashboard.components import ExperiencePanel, plane_series  # noqa: E402
-from dask_research.dashboard.publish import publish_plane  # noqa: E402
 from dask_research.exceptions import InputError  # noqa: E402
+from dask_research.replay import publish_plane  # noqa: E402
 
 SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
 

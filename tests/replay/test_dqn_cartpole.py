@@ -19,10 +19,19 @@ from dask_research.replay.rl import DQNConfig, train_dqn  # noqa: E402
 SMALL = dict(hidden=64, seed=0)
 
 
-def _train(cfg):
+def _open_envs(dask_worker=None):
+    from dask_research.replay.rl import actor
+
+    return len(actor._ENVS)
+
+
+def _train(cfg, left_open=None):
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
                       dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as c:
-        return train_dqn(c, cfg)
+        result = train_dqn(c, cfg)
+        if left_open is not None:
+            left_open.update(c.run(_open_envs))
+        return result
 
 
 def _both_shards_served(result):
@@ -34,8 +43,10 @@ def _both_shards_served(result):
 
 @pytest.mark.timeout(300, method="thread")
 def test_a_short_double_dqn_run_feeds_the_learner_from_both_shards_and_routes_priorities():
-    result = _train(DQNConfig(target_return=500.0, max_env_steps=3_000, learning_starts=1_000, **SMALL))
+    left_open: dict = {}
+    result = _train(DQNConfig(target_return=500.0, max_env_steps=3_000, learning_starts=1_000, **SMALL), left_open)
     assert not result.solved and result.env_steps >= 3_000
+    assert len(left_open) == 2 and set(left_open.values()) == {0}    # the actors' environments are closed
     # Half an update per step after learning starts; the actors run at most two rollouts of
     # 8 x 32 steps each ahead of the learner (the loop's throttle), whatever the speed.
     assert result.updates >= (result.env_steps - 1_000 - 2 * 2 * 8 * 32) * 0.5 > 0

@@ -117,7 +117,7 @@ def test_experiments_on_tls(tls_cluster):
 def test_replay_stats_on_tls(tls_cluster):
     from dask_research import replay
     from dask_research.dashboard.components import ExperiencePanel
-    from dask_research.dashboard.publish import publish_plane
+    from dask_research.replay import publish_plane
 
     cl, c, _, _ = tls_cluster
     plane = replay.ExperiencePlane({"x": ((2,), "float32")}, capacity=1024)

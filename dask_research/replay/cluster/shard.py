@@ -116,7 +116,6 @@ class WorkerShard:
         self.plane = ExperiencePlane(spec, capacity, tiers=tiers, sampler=copy.deepcopy(sampler),
                                      seed=seed)
         self.spec = self.plane.spec
-        self.created = time.time()
         self.moved_in = 0
         self.moved_out = 0
         self.restored_from: str | None = None

@@ -67,7 +67,6 @@ class ShardRef:
     mass: float = 0.0
     min_leaf: float = float("nan")
     lost: bool = False
-    lost_at: float | None = None
     lost_size: int = 0
     lost_reason: str = ""
     checkpoint: dict | None = None
@@ -320,7 +319,7 @@ class ShardTable:
             ref = self._shards[sid]
             if ref.lost:
                 return
-            ref.lost, ref.lost_at, ref.lost_size = True, time.time(), ref.size
+            ref.lost, ref.lost_size = True, ref.size
             ref.lost_reason = reason
             ref.mass, ref.size = 0.0, 0
             if self._by_addr.get(ref.address) == sid:

@@ -76,7 +76,9 @@ class PlaneEpisodeReplayBuffer(EpisodeReplayBuffer):
                                          seed=self._seed)
         return self.plane
 
-    def add(self, episodes: Any) -> None:
+    # RLlib's own ReplayBufferInterface.add(batch, **kwargs) and EpisodeReplayBuffer.add(episodes)
+    # disagree, so no signature satisfies both; this one takes what EpisodeReplayBuffer's callers pass.
+    def add(self, episodes: Any) -> None:  # type: ignore[override, unused-ignore]
         """Store the transitions of RLlib ``SingleAgentEpisode`` chunks."""
         if isinstance(episodes, SingleAgentEpisode):
             episodes = [episodes]
@@ -109,10 +111,11 @@ class PlaneEpisodeReplayBuffer(EpisodeReplayBuffer):
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
                batch_length_T: int | None = None, n_step: Any = None, beta: float = 0.0,
                gamma: float = 0.99, include_infos: bool = False,
-               include_extra_model_outputs: bool = False, sample_episodes: bool = False,
+               include_extra_model_outputs: bool = False, sample_episodes: bool | None = False,
                to_numpy: bool = False, lookback: int = 0, min_batch_length_T: int = 0,
-               **kwargs: Any) -> list[SingleAgentEpisode]:
-        """``num_items`` 1-step episodes drawn by the plane's sampler (RLlib's DQN call)."""
+               **kwargs: Any) -> Any:
+        """``num_items`` 1-step episodes drawn by the plane's sampler (RLlib's DQN call): a list
+        of ``SingleAgentEpisode``."""
         from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 
         where = "PlaneEpisodeReplayBuffer.sample"

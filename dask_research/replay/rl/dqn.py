@@ -28,6 +28,7 @@ Examples
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -39,7 +40,9 @@ import numpy as np
 
 from ... import replay
 from ..._cluster import workers_info
-from .actor import SPEC, rollout
+from .actor import SPEC, close_run, rollout
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,6 +119,14 @@ def _qnet(torch: Any, hidden: int, n_actions: int) -> Any:
 
 def _weights(net: Any) -> list[np.ndarray]:
     return [p.detach().cpu().numpy().copy() for p in net.parameters()]
+
+
+def _close_actors(client: Any, run: str) -> None:
+    """Close the environments ``run``'s actors keep on the workers (each worker's table of them)."""
+    try:
+        client.run(close_run, run)
+    except Exception as e:  # noqa: BLE001 - a worker gone, a cluster closing: nothing left to close there
+        logger.debug("could not close the environments of %s on every worker: %s", run, e)
 
 
 def train_dqn(client: Any, cfg: DQNConfig | None = None,
@@ -242,6 +253,7 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
             it.close()
         for f in running.values():
             f.cancel()
+        _close_actors(client, run)
         plane.close(drop=True)
     final = float(np.mean(returns[-cfg.window:])) if returns else float("nan")
     return TrainResult(returns=returns, env_steps=env_steps, updates=updates, seconds=seconds,
