@@ -1,4 +1,21 @@
-"""Bokeh documents for the research pages (one function per page, like Dask's ``*_doc``)."""
+"""Bokeh documents for the research pages (one function per page, like Dask's ``*_doc``).
+
+Each ``*_doc(scheduler, extra, doc)`` fills a Bokeh document with one component of
+:mod:`.components`, refreshed every half second (the Experience page every second) while the
+page is open, in the template and theme of Dask's own pages. The dashboard routes
+``/research/shards``, ``/research/experience`` and ``/research/branches`` to them
+(:mod:`dask_research.dashboard`).
+
+Examples
+--------
+>>> from bokeh.document import Document
+>>> from distributed import LocalCluster
+>>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+...     doc = Document()
+...     shards_doc(cluster.scheduler, {}, doc)
+...     doc.title, len(doc.roots)
+('Dask: Research Shards', 1)
+"""
 from __future__ import annotations
 
 from .._compat import add_periodic_callback, dashboard_template, dashboard_theme, log_errors

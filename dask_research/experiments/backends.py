@@ -18,6 +18,24 @@ hook runs in the finished task's last step, so the driver can book a result and 
 slot without the two event-loop hops of waking the waiter (``wait`` still reports the task). :class:`DaskBackend` submits
 ``client.submit`` futures and watches them with ``distributed.as_completed``; it must run on
 the client's event loop (the driver arranges that for sync and asynchronous clients).
+
+Examples
+--------
+Two experiments with a sync runner, on this process's loop, the way the driver uses a backend:
+
+>>> import asyncio
+>>> from dask_research.experiments import Hypothesis
+>>> async def two():
+...     backend = LocalBackend(lambda h: 0.25 if h.branch == "a" else 0.75, slots=2, bounded=True)
+...     for h in (Hypothesis("a-1", "a"), Hypothesis("b-1", "b")):
+...         backend.submit(h)
+...     rewards = []
+...     while len(rewards) < 2:
+...         rewards += [result.reward for _, result in await backend.wait(timeout=60)]
+...     await backend.close()
+...     return sorted(rewards)
+>>> asyncio.run(two())
+[0.25, 0.75]
 """
 from __future__ import annotations
 

@@ -10,6 +10,18 @@ including a notebook without ``ipywidgets``, tqdm's plain text bar (``tqdm.auto`
 "IProgress not found" there). Redraws are time-based (``miniters=1``, at most one every
 0.1 s), never throttled by tqdm's adaptive ``miniters`` (which, after a fast start, skipped
 every later redraw: the bars that froze at 12 % and 61 %), and there is no monitor thread.
+
+Examples
+--------
+A run with a budget of 10 that stops early ends its bar at 100 % of what it did, saying why:
+
+>>> import io
+>>> out = io.StringIO()
+>>> bar = ProgressBar(budget=10, done=0, queued=4, file=out)
+>>> bar.update(done=3, in_flight=1, queued=0)
+>>> bar.finish(done=4, reason="queue_empty")
+>>> (bar.bar.n, bar.bar.total), "queue_empty" in out.getvalue()
+((4, 4), True)
 """
 from __future__ import annotations
 

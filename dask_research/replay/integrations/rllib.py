@@ -23,10 +23,21 @@ stateful modules), multi-agent episodes. Prioritized replay is not wired: RLlib 
 errors only to subclasses of its ``PrioritizedEpisodeReplayBuffer``. Checkpointing a running
 algorithm (``get_state`` / ``set_state``) carries the plane's snapshot.
 
-Tried on this project's CI machine (2 cores, CPU torch 2.13): ``ray[rllib]`` 2.60 installs
-only next to an older gymnasium (it pins ``gymnasium==1.2.2``; the project uses 1.4), so it is
-not in any extra; in a separate environment DQN on CartPole runs (about 12 s per
-``train()`` on 2 loaded cores).
+``pip install "dask-research[rllib]"`` brings ``ray[rllib]`` (2.60 here; it pins
+``gymnasium==1.2.2``, which the project's other RL paths accept), and the README's test command
+installs it, so this buffer and one DQN run on CartPole are tested there.
+
+Examples
+--------
+>>> import numpy as np
+>>> from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+>>> chunk = SingleAgentEpisode(observations=[np.full(4, t, np.float32) for t in range(4)],
+...                            actions=[0, 1, 0], rewards=[1.0, 1.0, 1.0], terminated=True,
+...                            len_lookback_buffer=0)
+>>> buffer = PlaneEpisodeReplayBuffer(capacity=1_000, seed=0)
+>>> buffer.add(chunk)
+>>> len(buffer), len(buffer.sample(num_items=8, n_step=1, sample_episodes=True))
+(3, 8)
 """
 from __future__ import annotations
 
