@@ -132,7 +132,7 @@ def main() -> None:
     out: dict = {}
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
                       dashboard_address=None) as cluster, Client(cluster) as client:
-        plane = replay.ClusterPlane(client, SPEC, capacity_per_worker=200_000, name="bench",
+        plane = replay.ClusterPlane(SPEC, client=client, capacity_per_worker=200_000, name="bench",
                                     sampler=replay.PrioritizedSampler(0.6, 0.4), seed=0)
         workers = sorted(workers_info(client))
         for w in workers:

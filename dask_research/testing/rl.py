@@ -69,7 +69,7 @@ def learner_on_worker(plane: str, spec: dict, n_batches: int, batch_size: int = 
     client = get_client()
     secede()
     me = get_worker().address
-    cp = ClusterPlane(client, spec, name=plane, sampler=UniformSampler(), seed=0)
+    cp = ClusterPlane(spec, client=client, name=plane, sampler=UniformSampler(), seed=0)
     drawn = []
     it = cp.batches(batch_size=batch_size, prefetch=2, max_batches=n_batches)
     with it:

@@ -103,7 +103,7 @@ def test_a_cluster_plane_feeds_the_experience_page(loop):
     with LocalCluster(loop=loop, n_workers=2, threads_per_worker=2, processes=False,
                       dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
         with dask.config.set({"research.replay.publish-interval": 0.05}):
-            plane = replay.ClusterPlane(c, SPEC, capacity_per_worker=2048, name="dqn-like", seed=0)
+            plane = replay.ClusterPlane(SPEC, client=c, capacity_per_worker=2048, name="dqn-like", seed=0)
         rng = np.random.default_rng(1)
         for w in sorted(c.scheduler_info()["workers"]):
             plane.ingest(_batch(300, rng), worker=w)

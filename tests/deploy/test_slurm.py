@@ -149,7 +149,7 @@ def test_replay_plane_recovers_a_cancelled_worker_jobs_shard_from_its_checkpoint
     with dask.config.set({"research.replay.cluster.refresh-interval": 0.2,
                           "distributed.deploy.lost-worker-timeout": "1s"}), \
             slurm_client(slurm) as (cluster, client):
-        plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=10_000, seed=3,
+        plane = replay.ClusterPlane(CARTPOLE, client=client, capacity_per_worker=10_000, seed=3,
                                     checkpoint_dir=tmp_path / "ckpt")
         try:
             addresses = sorted(workers_info(client))

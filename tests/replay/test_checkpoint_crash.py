@@ -88,7 +88,8 @@ def test_sigkill_at_each_step_leaves_one_whole_checkpoint(tmp_path, step):
     plane.ingest(make_batch(10, start=len(want), seed=9))     # the next checkpoint takes the
     plane.checkpoint(ck)                                      # lease over and cleans up
     names = sorted(p.name for p in ck.iterdir())
-    assert names == [checkpoints.LEASE, checkpoints.LOCK, "CURRENT", checkpoints.current(ck).name], names
+    taken = checkpoints.LEASE + ".taken"                      # the taker's note for the writer taken over
+    assert names == [checkpoints.LEASE, taken, checkpoints.LOCK, "CURRENT", checkpoints.current(ck).name], names
     assert json.loads((ck / checkpoints.LEASE).read_text())["pid"] == os.getpid()   # this plane's now
     np.testing.assert_array_equal(ExperiencePlane.restore(ck).contents()["action"],
                                   np.arange(len(want) + 10))

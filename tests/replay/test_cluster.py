@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(300, method="thread")     # each test starts a 
 
 
 def _two_shards(client, sampler, sizes, capacity=10_000, **kw):
-    plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=capacity, sampler=sampler,
+    plane = replay.ClusterPlane(CARTPOLE, client=client, capacity_per_worker=capacity, sampler=sampler,
                                 seed=1, **kw)
     addrs = sorted(workers_info(client))
     for a, n in zip(addrs, sizes):
@@ -177,3 +177,16 @@ def test_automatic_rebalance_while_delivering(client):
     assert sorted(r.size for r in plane.shards if not r.lost) == [500, 500], plane.stats()
     assert plane.stats()["rebalances"] >= 1
     plane.close(drop=True)
+
+
+def test_the_old_call_form_with_the_client_first_still_works_with_a_deprecation_warning():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as client:
+        with pytest.warns(DeprecationWarning, match=r"ClusterPlane\(spec, client=client"):
+            plane = replay.ClusterPlane(client, CARTPOLE, 64, seed=0)
+        try:
+            assert plane.client is client and plane.spec == replay.ExperienceSpec(CARTPOLE)
+        finally:
+            plane.close(drop=True)

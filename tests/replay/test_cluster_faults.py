@@ -56,7 +56,7 @@ def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(re
                                                                                tmp_path):
     client, sfile, procs = real_cluster
     with dask.config.set({"research.replay.cluster.refresh-interval": 0.2}):
-        plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=10_000,
+        plane = replay.ClusterPlane(CARTPOLE, client=client, capacity_per_worker=10_000,
                                     sampler=replay.PrioritizedSampler(0.6, 0.4), seed=3,
                                     checkpoint_dir=tmp_path / "ckpt")
     addr = {w["name"]: a for a, w in workers_info(client).items()}
@@ -117,7 +117,7 @@ def test_every_shard_worker_sigkilled_is_reported_at_once(real_cluster, tmp_path
     client, sfile, procs = real_cluster
     with dask.config.set({"research.replay.cluster.refresh-interval": 0.2,
                           "research.replay.rate-timeout": 3600.0}):
-        plane = replay.ClusterPlane(client, CARTPOLE, capacity_per_worker=10_000, seed=3,
+        plane = replay.ClusterPlane(CARTPOLE, client=client, capacity_per_worker=10_000, seed=3,
                                     checkpoint_dir=tmp_path / "ckpt")
         addr = {w["name"]: a for a, w in workers_info(client).items()}
         plane.ingest(make_batch(2000), worker=addr["w0"])

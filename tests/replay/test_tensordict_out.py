@@ -52,7 +52,7 @@ def test_the_cluster_plane_delivers_tensordicts():
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
             Client(cl, set_as_default=False) as client:
-        plane = replay.ClusterPlane(client, SPEC, capacity_per_worker=64, seed=3)
+        plane = replay.ClusterPlane(SPEC, client=client, capacity_per_worker=64, seed=3)
         try:
             _fill(plane, 64)
             with plane.batches(batch_size=8, to="tensordict", max_batches=2) as it:

@@ -33,8 +33,8 @@ Examples
 >>> from distributed import Client
 >>> from dask_research import replay
 >>> client = Client(n_workers=2, threads_per_worker=2)               # doctest: +SKIP
->>> plane = replay.ClusterPlane(client, {"obs": ((4,), "float32"), "reward": ((), "float32")},
-...                             capacity_per_worker=100_000,
+>>> plane = replay.ClusterPlane({"obs": ((4,), "float32"), "reward": ((), "float32")},
+...                             client=client, capacity_per_worker=100_000,
 ...                             sampler=replay.PrioritizedSampler(0.6, 0.4))  # doctest: +SKIP
 >>> client.submit(my_actor, plane.name, pure=False)                  # doctest: +SKIP
 >>> for batch in plane.batches(batch_size=256, max_batches=1000):    # doctest: +SKIP
@@ -48,6 +48,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -71,14 +72,34 @@ from .waiting import wait_all
 logger = logging.getLogger(__name__)
 
 
+def _old_call_form(spec: Any, args: tuple, client: Any, capacity: Any) -> tuple[Any, Any, Any]:
+    """``ClusterPlane(spec, client=client, capacity_per_worker)``, the order before ``client=`` was a
+    keyword like everywhere else: still accepted, with a DeprecationWarning."""
+    from distributed import Client
+
+    if isinstance(spec, Client):
+        warnings.warn("ClusterPlane(spec, client=client, ...) is deprecated: pass ClusterPlane(spec, client=client, ...)",
+                      DeprecationWarning, stacklevel=3)
+        client, spec = spec, (args[0] if args else None)
+        args = args[1:]
+    if args:
+        if len(args) > 1 or capacity is not None:
+            raise TypeError("ClusterPlane takes the spec by position; pass everything else by keyword")
+        capacity = args[0]
+    return spec, client, capacity
+
+
 class ClusterPlane:
     """An experience plane whose shards live on Dask workers; the learner's handle.
 
     Parameters
     ----------
-    client : distributed.Client, optional
-        A synchronous client (default: the current default client).
     spec : ExperienceSpec or mapping of name -> (shape, dtype)
+        The fields of a transition.
+    client : distributed.Client, optional
+        A synchronous client (default: the current default client, as every entry point of
+        the package takes it: keyword ``client=``). The form before, ``ClusterPlane(client,
+        spec, ...)``, still works, with a ``DeprecationWarning``.
     capacity_per_worker : int, optional
         Transitions per shard; default from each worker's memory limit
         (``research.replay.cluster.memory-fraction``).
@@ -106,13 +127,14 @@ class ClusterPlane:
         (numbers only; default ``research.replay.publish-interval``; 0, or ``null`` there: never).
     """
 
-    def __init__(self, client: Any = None, spec: ExperienceSpec | Mapping[str, Any] | None = None,
+    def __init__(self, spec: ExperienceSpec | Mapping[str, Any] | None = None, *args: Any, client: Any = None,
                  capacity_per_worker: int | None = None, sampler: Sampler | None = None,
                  name: str | None = None, seed: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  checkpoint_interval: float | None = None, restore: str = "auto",
                  rebalance_interval: float | None = None, memory_fraction: float | None = None,
                  device_fraction: float | None = None, publish_interval: float | None = None):
+        spec, client, capacity_per_worker = _old_call_form(spec, args, client, capacity_per_worker)
         if client is None:
             from distributed import default_client
 
@@ -122,7 +144,7 @@ class ClusterPlane:
                              "runs its delivery in a background thread)", where="ClusterPlane")
         if spec is None:
             raise InputError("spec", None, "a mapping of field -> (shape, dtype), e.g. "
-                             "ClusterPlane(client, {'obs': ((4,), 'float32')})",
+                             "ClusterPlane({'obs': ((4,), 'float32')}, client=client)",
                              where="ClusterPlane")
         if restore not in ("auto", "manual"):
             raise InputError("restore", restore, "'auto' or 'manual'", where="ClusterPlane")

@@ -78,7 +78,7 @@ class ShardPlugin(WorkerPlugin):
 
     To use:
 
-    1. build a ``ClusterPlane(client, spec, name=...)``, which registers this plugin with
+    1. build a ``ClusterPlane(spec, client=client, name=...)``, which registers this plugin with
        ``client.register_plugin``; workers that join later get a shard too;
     2. run actors as tasks that call ``local_shard(name).ingest(...)`` (or
        ``plane.actor_ingest``);

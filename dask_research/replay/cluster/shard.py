@@ -49,7 +49,7 @@ class ShardMissingError(ResearchError, LookupError):
 
     def __str__(self) -> str:
         return (f"worker {self.worker} holds no shard of plane {self.plane!r}; create the plane "
-                f"with replay.ClusterPlane(client, spec, name={self.plane!r}) first (it "
+                f"with replay.ClusterPlane(spec, client=client, name={self.plane!r}) first (it "
                 "registers the ShardPlugin on every worker)")
 
 

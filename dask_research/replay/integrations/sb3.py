@@ -188,7 +188,7 @@ class SB3ReplayBuffer(ReplayBuffer):
         from ..cluster import ClusterPlane
 
         n = max(len(client.scheduler_info(n_workers=-1)["workers"]), 1)
-        return ClusterPlane(client, self.spec, capacity_per_worker=math.ceil(self.capacity / n),
+        return ClusterPlane(self.spec, client=client, capacity_per_worker=math.ceil(self.capacity / n),
                             sampler=copy.deepcopy(self._sampler_proto), seed=self._seed)
 
     def _check_plane(self, plane: Any) -> None:

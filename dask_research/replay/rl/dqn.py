@@ -148,7 +148,7 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
     sampler = replay.PrioritizedSampler(alpha=cfg.alpha, beta=cfg.beta_start)
     run = f"dqn-{uuid.uuid4().hex[:8]}"
-    plane = replay.ClusterPlane(client, SPEC, capacity_per_worker=cfg.buffer_per_worker,
+    plane = replay.ClusterPlane(SPEC, client=client, capacity_per_worker=cfg.buffer_per_worker,
                                 sampler=sampler, name=run, seed=cfg.seed, **(plane_kwargs or {}))
     workers = sorted(workers_info(client))
     actors = [(i, workers[i % len(workers)]) for i in range(cfg.actors_per_worker * len(workers))]
