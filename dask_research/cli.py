@@ -264,7 +264,9 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
         raise click.ClickException(_interrupted(job, store)) from None
     click.echo(result.to_json() if as_json else str(result))
     if store and not as_json:
-        click.echo(f"  stored               {_redact(store).rstrip('/')}/runs/{result.run_id}")
+        from .montecarlo.store.layout import RUNS_DIR
+
+        click.echo(f"  stored               {_redact(store).rstrip('/')}/{RUNS_DIR}/{result.run_id}")
 
 
 def _interrupted(job, store: str | None) -> str:

@@ -16,14 +16,14 @@ Examples
 --------
 >>> import tempfile
 >>> files = StoreFiles(tempfile.mkdtemp()).prepare()
->>> path = files.path("ab" * 32, "result.json")
+>>> path = files.path("ab" * 32, "notes.json")
 >>> files.write_json(path, {"x": 1})
 >>> files.read_json(path)
 {'x': 1}
 >>> files.write_json(path, {"x": 2})
 Traceback (most recent call last):
 ...
-dask_research.montecarlo.store.files.Exists: ...result.json: already exists; refusing to overwrite it
+dask_research.montecarlo.store.files.Exists: ...notes.json: already exists; refusing to overwrite it
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from ...durable import Files, oserror, schema
 from ...exceptions import StoreError
-from .layout import is_run_id
+from .layout import RUNS_DIR, is_run_id
 
 __all__ = ["StoreFiles", "Exists", "MAX_FILE_BYTES", "oserror"]
 
@@ -83,7 +83,7 @@ class StoreFiles:
         """``<root>/runs/<run_id>``; a ``run_id`` that is not 64 lowercase hex characters is refused."""
         if not is_run_id(run_id):
             raise StoreError(str(run_id), "is not a run id (64 lowercase hex characters)")
-        return self.files.join("runs", run_id)
+        return self.files.join(RUNS_DIR, run_id)
 
     def path(self, run_id: str, *parts: str) -> str:
         """A path inside the run's directory."""
@@ -129,7 +129,7 @@ class StoreFiles:
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise StoreError(where, "is not writable by this user; give a writable directory")
             try:                      # a linked runs/ is refused now, before anything is computed
-                with self.files.directory(self.files.join("runs")):
+                with self.files.directory(self.files.join(RUNS_DIR)):
                     pass
             except FileNotFoundError:
                 pass

@@ -8,8 +8,14 @@ Layout under any fsspec URL (a local path, ``s3://bucket/prefix``, ``memory://x`
     <store>/runs/<run id>/result.json          the accepted result's summary and verification
     <store>/runs/<run id>/lease.json           the one writer's lease (see :mod:`.lease`)
 
+Every other module takes these names from here (:data:`RUNS_DIR`, :data:`MANIFEST_FILE`,
+:data:`SHARDS_DIR`, :data:`QUARANTINE_DIR`, :data:`RESULT_FILE`, :data:`LEASE_FILE`, :data:`LEASE_LOCK_FILE`,
+:data:`REASON_SUFFIX`).
+
 Examples
 --------
+>>> "/".join((RUNS_DIR, "<run id>", SHARDS_DIR, shard_file_name(0, 8)))
+'runs/<run id>/shards/000000000000-000000000008.json'
 >>> shard_file_name(0, 8)
 '000000000000-000000000008.json'
 >>> shard_file_range("000000000000-000000000008.json")
@@ -28,9 +34,22 @@ from typing import Any
 
 from ..address import canonical_json
 
-__all__ = ["MANIFEST_FORMAT", "SHARDS_FORMAT", "RESULT_FORMAT", "LEASE_FORMAT", "StoreWarning", "redact",
+__all__ = ["RUNS_DIR", "MANIFEST_FILE", "SHARDS_DIR", "QUARANTINE_DIR", "RESULT_FILE", "LEASE_FILE",
+           "LEASE_LOCK_FILE", "REASON_SUFFIX", "MANIFEST_FORMAT", "SHARDS_FORMAT", "RESULT_FORMAT", "LEASE_FORMAT", "StoreWarning", "redact",
            "checksum", "finite_json", "json_roundtrip", "is_run_id", "shard_file_name", "shard_file_range",
            "classify_shard_name", "is_shard_index"]
+
+#: The store's directory of runs, and in each run's directory its files and directories.
+RUNS_DIR = "runs"
+MANIFEST_FILE = "manifest.json"
+SHARDS_DIR = "shards"
+QUARANTINE_DIR = "quarantine"
+RESULT_FILE = "result.json"
+LEASE_FILE = "lease.json"
+#: The lock file the lease's take-over and heartbeat ``flock`` (beside :data:`LEASE_FILE`).
+LEASE_LOCK_FILE = "lease.lock"
+#: Beside a quarantined shard file: why it was moved aside (``<file>.reason.json``).
+REASON_SUFFIX = ".reason.json"
 
 MANIFEST_FORMAT = "dask-research-run/1"
 SHARDS_FORMAT = "dask-research-shards/1"

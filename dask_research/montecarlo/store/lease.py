@@ -32,7 +32,7 @@ from typing import Any
 
 from ... import durable
 from .files import StoreFiles
-from .layout import LEASE_FORMAT
+from .layout import LEASE_FILE, LEASE_FORMAT, LEASE_LOCK_FILE
 
 __all__ = ["Lease"]
 
@@ -67,7 +67,7 @@ class Lease(durable.Lease):
                 message += "; once it is free this run resumes from what it stored"
             say(message)
 
-        super().__init__(files.files, files.path(run_id, "lease.json"), lock_path=files.path(run_id, "lease.lock"),
+        super().__init__(files.files, files.path(run_id, LEASE_FILE), lock_path=files.path(run_id, LEASE_LOCK_FILE),
                          label=where, timeout=config.resolve("montecarlo.lease-timeout", timeout),
                          wait=config.resolve("montecarlo.lease-wait", wait), fmt=LEASE_FORMAT,
                          extra={"run_id": run_id}, announce=announce_kind,

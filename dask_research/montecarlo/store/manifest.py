@@ -13,8 +13,9 @@ Examples
 >>> manifest = build_manifest(job, pilot(job))
 >>> manifest["job"] == job.describe() and manifest["range"] == list(pilot(job).range)
 True
->>> check_manifest(manifest, job, "manifest.json")
->>> check_manifest({**manifest, "range": [1.0, 0.0]}, job, "manifest.json")
+>>> from dask_research.montecarlo.store.layout import MANIFEST_FILE
+>>> check_manifest(manifest, job, MANIFEST_FILE)
+>>> check_manifest({**manifest, "range": [1.0, 0.0]}, job, MANIFEST_FILE)
 Traceback (most recent call last):
 ...
 dask_research.exceptions.StoreError: manifest.json: has range [1.0, 0.0]; expected [lo, hi] with finite lo < hi

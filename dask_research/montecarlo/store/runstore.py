@@ -36,8 +36,14 @@ from .documents import MANIFEST, RESULT, SHARDS
 from .files import Exists, StoreFiles
 from .holdings import Holdings, state_problem, stored_state_problem, template_of
 from .layout import (
+    MANIFEST_FILE,
     MANIFEST_FORMAT,
+    QUARANTINE_DIR,
+    REASON_SUFFIX,
+    RESULT_FILE,
     RESULT_FORMAT,
+    RUNS_DIR,
+    SHARDS_DIR,
     SHARDS_FORMAT,
     StoreWarning,
     checksum,
@@ -133,7 +139,7 @@ class RunStore:
 
     def _guard(self, path: str) -> None:
         """Before a write into a run this store holds the lease of: stop if the lease was lost."""
-        rel = posixpath.relpath(path, self.files.join("runs"))
+        rel = posixpath.relpath(path, self.files.join(RUNS_DIR))
         lease = self._leases.get(rel.split("/")[0]) if not rel.startswith("..") else None
         if lease is not None:
             lease.check_held(path, fresh=True)   # each write into the run reads the lease again first
@@ -151,7 +157,7 @@ class RunStore:
         nobody else writes while this is read.
         """
         run_dir = self.run_dir(job.id)
-        mpath = self.display(run_dir + "/manifest.json")
+        mpath = self.display(self.files.path(job.id, MANIFEST_FILE))
         self.refuse_links(job.id)
         if self.has_run(job.id):
             manifest = self.read_manifest(job.id)
@@ -196,7 +202,7 @@ class RunStore:
     # -- manifest ---------------------------------------------------------------------------
     def list_runs(self) -> list[str]:
         """The ids of the runs in the store, sorted."""
-        return [name for name in self.files.listdir(self.files.join("runs")) if is_run_id(name)]
+        return [name for name in self.files.listdir(self.files.join(RUNS_DIR)) if is_run_id(name)]
 
     def resolve(self, run_id: str) -> str:
         """The whole id of the one run whose id starts with ``run_id`` (a prefix is enough)."""
@@ -210,17 +216,17 @@ class RunStore:
 
     def has_run(self, run_id: str) -> bool:
         """Whether run ``run_id`` has a manifest."""
-        return self.files.present(self.files.path(run_id, "manifest.json"))
+        return self.files.present(self.files.path(run_id, MANIFEST_FILE))
 
     def write_manifest(self, run_id: str, manifest: dict) -> None:
         """Sign and write the run's manifest (never replacing one)."""
         doc = {"format": MANIFEST_FORMAT, "run_id": run_id, **manifest}
         doc["checksum"] = checksum({k: v for k, v in doc.items() if k != "checksum"})
-        self.files.write_json(self.files.path(run_id, "manifest.json"), doc)
+        self.files.write_json(self.files.path(run_id, MANIFEST_FILE), doc)
 
     def read_manifest(self, run_id: str) -> dict:
         """The run's manifest: its format, run id and checksum verified, then its schema (:data:`.documents.MANIFEST`)."""
-        path = self.files.path(run_id, "manifest.json")
+        path = self.files.path(run_id, MANIFEST_FILE)
         doc = self.files.expect(path, self.files.read_json(path), MANIFEST_FORMAT, run_id)
         body = {k: v for k, v in doc.items() if k != "checksum"}
         if doc.get("checksum") != checksum(body):
@@ -254,7 +260,7 @@ class RunStore:
         except CodecError as e:
             raise StoreError(self.display(self.run_dir(run_id)), f"cannot store the accumulator: {e}") from None
         limit = store_files.cap() if cap is None else int(cap)
-        where = self.display(self.files.path(run_id, "shards"))
+        where = self.display(self.files.path(run_id, SHARDS_DIR))
         # Each state is encoded once; a file is its head, its states and its checksum, byte for
         # byte what jsondoc.dumps writes of the whole document (so what jsondoc.loads reads).
         head = jsondoc.dumps({"format": SHARDS_FORMAT, "run_id": run_id, "worker": worker,
@@ -266,7 +272,7 @@ class RunStore:
             signature = checksum(part)
             data = head + b",".join(e for _, e in group) + _TAIL + b'"' + signature.encode() + b'"}'
             keys = [int(key) for key, _ in group]
-            path = self.files.path(run_id, "shards", shard_file_name(min(keys), max(keys) + 1))
+            path = self.files.path(run_id, SHARDS_DIR, shard_file_name(min(keys), max(keys) + 1))
             self._write_shard_doc(run_id, path, part, data, limit)
             written.append((path, signature))
         return written[0]
@@ -319,7 +325,7 @@ class RunStore:
         files, interrupted writes ``*.tmp-*``) are ignored, with a warning once per name; a name
         that looks like a shard file but is not ``<12 digits>-<12 digits>.json`` is refused.
         """
-        base = self.files.path(run_id, "shards")
+        base = self.files.path(run_id, SHARDS_DIR)
         out = []
         for name in self.files.listdir(base):
             p = posixpath.join(base, name)
@@ -330,7 +336,7 @@ class RunStore:
                 continue  # an interrupted write of ours: never accepted, never a complaint
             elif kind == "bad":
                 raise StoreError(self.display(p), "is named like a shard file but not <12 digits>-<12 digits>.json; "
-                                 "it is not a shard file of this store (move it out of shards/)")
+                                 f"it is not a shard file of this store (move it out of {SHARDS_DIR}/)")
             else:
                 _warn_foreign(self.display(p))
         return out
@@ -373,9 +379,9 @@ class RunStore:
 
     def quarantine(self, run_id: str, path: str, reason: str) -> str:
         """Move a shard file aside (never deleted) and record why."""
-        dest = self.files.path(run_id, "quarantine", posixpath.basename(path))
+        dest = self.files.path(run_id, QUARANTINE_DIR, posixpath.basename(path))
         self.files.rename(path, dest)
-        self.files.write_json(dest + ".reason.json", {"reason": reason, "time": time.time()}, overwrite=True)
+        self.files.write_json(dest + REASON_SUFFIX, {"reason": reason, "time": time.time()}, overwrite=True)
         return dest
 
     def refuse_links(self, run_id: str) -> None:
@@ -396,12 +402,12 @@ class RunStore:
     def write_result(self, run_id: str, summary: dict) -> None:
         """Write (or replace) the run's ``result.json``, a convenience copy of its summary."""
         doc = {"format": RESULT_FORMAT, "run_id": run_id, **summary}
-        self.files.write_json(self.files.path(run_id, "result.json"), finite_json(doc), overwrite=True)
+        self.files.write_json(self.files.path(run_id, RESULT_FILE), finite_json(doc), overwrite=True)
 
     def read_result(self, run_id: str) -> dict | None:
         """The run's ``result.json`` checked against its schema (:data:`.documents.RESULT`), or ``None``."""
-        path = self.files.path(run_id, "result.json")
+        path = self.files.path(run_id, RESULT_FILE)
         if not self.files.present(path):
             return None
         doc = self.files.expect(path, self.files.read_json(path), RESULT_FORMAT, run_id)
-        return self.files.check(path, doc, RESULT, "result.json")
+        return self.files.check(path, doc, RESULT, RESULT_FILE)
