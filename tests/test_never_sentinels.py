@@ -7,8 +7,6 @@ first action with the clock at a few seconds after boot and would fail with a ``
 """
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
 
@@ -138,12 +136,13 @@ def test_the_first_look_at_the_blocks_in_flight_happens_on_a_machine_up_half_a_s
 
 def test_overdue_groups_are_looked_for_on_the_first_turn_on_a_machine_up_half_a_second(monkeypatch):
     from dask_research import montecarlo as mc
-    from dask_research.montecarlo import engine
+    from dask_research.montecarlo import block_watch, engine
+    from dask_research.montecarlo.run_settings import RunSettings
     from dask_research.testing.faults import broken_here
 
     job = mc.Job(broken_here, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=16,
                  samples_per_shard=512, seed=3, bins=32, range=(0.0, 1.0))
-    ex = engine.Execution(None, job, job.make_reducer(job.range), 4, run_id=job.id)
+    ex = engine.Execution(None, job, job.make_reducer(job.range), 4, settings=RunSettings.parse(speculate=0))
     looked = []
 
     class Collector:
@@ -153,10 +152,10 @@ def test_overdue_groups_are_looked_for_on_the_first_turn_on_a_machine_up_half_a_
     class Member:
         status, key = "finished", "mc-block-x-0-4"
 
-    ex.groups.add(Collector(), [Member()])
-    monkeypatch.setattr(ex.groups, "overdue", lambda now, bound: looked.append(now) or [])
-    monkeypatch.setattr(engine, "time", Clock(0.5))
-    ex._maybe_speculate(collections.deque())
+    ex.window.groups.add(Collector(), [Member()])
+    monkeypatch.setattr(ex.window.groups, "overdue", lambda now, bound: looked.append(now) or [])
+    monkeypatch.setattr(block_watch, "time", Clock(0.5))
+    ex.watch.after_turn(ending=True, finished={})
     assert looked == [0.5]
 
 

@@ -33,10 +33,12 @@ from ..exceptions import InputError, PipelineError, ResearchError, StoreError
 from .address import pipeline_fingerprint
 from .distributions import from_spec
 from .job import Job
-from .run import _JOBS, open_store, remember_job
+from .job_registry import JOBS, remember_job
+from .run import open_store
 from .shard import compute_shard
 from .store import RunStore
 from .store.holdings import stored_state_problem
+from .store.layout import MANIFEST_FILE, RESULT_FILE
 from .verify import TOLERANCE, hash_order, states_match
 
 __all__ = ["replay", "replay_many", "ReplayReport", "load_job", "show"]
@@ -81,12 +83,12 @@ def _built_pipelines(recorded: Any) -> list:
     """The pipelines of jobs built in this process whose description is the recorded one.
 
     Only a pipeline some :class:`Job` of this process was built on is a candidate (see
-    :class:`~dask_research.montecarlo.run.JobRegistry`); a function of ``__main__`` or of any
+    :class:`~dask_research.montecarlo.job_registry.JobRegistry`); a function of ``__main__`` or of any
     module that no job was built on never is, whatever a manifest names. The caller checks
     the content address.
     """
     out = []
-    for fn in _JOBS.pipelines():
+    for fn in JOBS.pipelines():
         try:
             if pipeline_fingerprint(fn) == recorded:
                 out.append(fn)
@@ -188,9 +190,9 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     rs = _existing_store(store, "replay")
     run_id = rs.resolve(run_id)
     manifest = rs.read_manifest(run_id)
-    where = rs.display(rs.run_dir(run_id) + "/manifest.json")
+    where = rs.display(rs.path(run_id, MANIFEST_FILE))
     if job is None:
-        job = _JOBS.get(run_id)
+        job = JOBS.get(run_id)
     if job is None:
         job = _rebuild_matching(manifest, run_id, where, bool(trust_origin))
     if job.id != run_id:
@@ -307,7 +309,7 @@ def show(run_id: str | None, store: Any) -> dict:
     result = rs.read_result(rid)
     if result is not None:
         moments = "reducer" not in manifest["job"]["accumulate"]
-        result = _checked_result(dict(result), stored, shards, rs.display(rs.path(rid, "result.json")), moments)
+        result = _checked_result(dict(result), stored, shards, rs.display(rs.path(rid, RESULT_FILE)), moments)
     return {"run_id": rid, "name": manifest.get("name"), "created": manifest.get("created"),
             "shards": shards, "stored_shards": len(stored), "complete": len(stored) == shards,
             "range": manifest.get("range"), "versions": manifest.get("versions"),

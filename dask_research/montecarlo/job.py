@@ -36,6 +36,7 @@ from .distributions import Distribution
 from .gpu import draws as gpu_draws
 from .gpu import placement as gpu_placement
 from .gpu import tolerance as gpu_tolerance
+from .job_registry import remember_job
 
 __all__ = ["Job", "ENGINE"]
 
@@ -115,9 +116,7 @@ class Job:
             gpu_draws.check_portable(self.inputs)
         self._check_signature()
         self._id: str | None = None
-        from .run import remember_job  # the jobs built here: the only pipelines replay may pick unasked
-
-        remember_job(self)
+        remember_job(self)    # the jobs built here: the only pipelines replay may pick unasked
 
     # -- validation -------------------------------------------------------------------------
     @staticmethod

@@ -21,13 +21,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..exceptions import InputError
 from .accumulators import Moments
 from .linearize import Linearized
+
+if TYPE_CHECKING:
+    from .run_settings import RunSettings
 
 __all__ = ["Result", "Interval", "verification_sentence", "reused_sentence"]
 
@@ -92,6 +95,8 @@ class Result:
     reused_shards: int = 0
     speculated: list = field(default_factory=list)
     max_in_flight: int = 0
+    #: The run's settings (:class:`~.run_settings.RunSettings`), as it used them; ``None``: not a run's.
+    settings: RunSettings | None = None
 
     def __post_init__(self):
         if self.value is None:
@@ -219,6 +224,8 @@ class Result:
                        samples_per_second=self.samples_per_second)
         if self.linearized is not None:
             out["linearized"] = self.linearized.to_dict()
+        if self.settings is not None:
+            out["settings"] = self.settings.record()
         return out
 
     def to_json(self) -> str:

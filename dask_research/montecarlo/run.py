@@ -1,5 +1,11 @@
 """Run a job on a Dask cluster: verified, persisted as it goes, resumable.
 
+:func:`run` builds the run's :class:`~.run_settings.RunSettings` once from its keywords and
+``dask.config`` (every bad value refused before anything is computed), opens the store, runs
+the pilot, holds the run's lease (:class:`~.store.held_run.HeldRun`, the one way the run reaches
+its store), asks the store once what it holds of the job, and executes the rest
+(:class:`~.engine.Execution`). The settings travel whole, and ``result.json`` records them.
+
 Examples
 --------
 >>> from dask_research import montecarlo as mc
@@ -8,58 +14,42 @@ Examples
 >>> result = mc.run(job, store="runs/", progress=False)    # doctest: +SKIP
 >>> round(result.mean, 2)                                   # doctest: +SKIP
 2.0
+>>> plan_blocks(job, shard_seconds=0.01, threads=2)         # 0.3 s tasks, 4 tasks a thread at most
+1
 """
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-import weakref
 from typing import Any
 
-from .. import config
 from .._cluster import get_client, workers_info
 from ..exceptions import InputError, StoreError
 from .engine import Execution
 from .job import Job
+from .job_registry import remember_job
 from .linearize import linearize
 from .mergers import check_merger as _check_merger
 from .pilot import Pilot
 from .pilot import pilot as _pilot
 from .result import Result
-from .store import Holdings, RunStore
+from .run_settings import RunSettings, parameters_doc, run_signature
+from .store import HeldRun, Holdings, RunStore
 from .tree import choose_block
 
 __all__ = ["run", "plan_blocks", "open_store"]
 
 
-def plan_blocks(job: Job, shard_seconds: float, threads: int, shards_per_task: int | None = None) -> int:
-    """Shards per task: the caller's (a power of two) or sized from the pilot's timing."""
-    if shards_per_task is not None:
-        b = shards_per_task
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1):
-            raise InputError("shards_per_task", b, "a power of two (tasks compute aligned subtrees "
-                             "of the reduction tree)", where="run")
-        return b
-    return choose_block(job.shards, shard_seconds, threads,
-                        float(config.resolve("montecarlo.task-seconds")),
-                        int(config.resolve("montecarlo.max-shards-per-task")),
-                        client_block_seconds=_client_block_seconds())
+def plan_blocks(job: Job, shard_seconds: float, threads: int, settings: RunSettings | None = None) -> int:
+    """Shards per task: the settings' ``shards_per_task`` (a power of two), or sized from the pilot's timing.
 
-
-def _client_block_seconds() -> float:
-    """``research.montecarlo.client-block-seconds``: the client's CPU per block, >= 0 seconds."""
-    from ..exceptions import ConfigError
-
-    value = config.resolve("montecarlo.client-block-seconds")
-    try:
-        seconds = float(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        seconds = None
-    if seconds is None or not seconds >= 0 or seconds != seconds:
-        raise ConfigError("montecarlo.client-block-seconds", value, "a non-negative number of seconds "
-                          "(0 sizes tasks by task-seconds alone)")
-    return seconds
+    ``settings``: the run's (default: :meth:`RunSettings.parse`, from the config).
+    """
+    s = settings if settings is not None else RunSettings.parse()
+    if s.shards_per_task is not None:
+        return s.shards_per_task
+    return choose_block(job.shards, shard_seconds, threads, s.task_seconds, s.max_shards_per_task,
+                        client_block_seconds=s.client_block_seconds)
 
 
 def _progress_bar(total: int, enabled: bool, desc: str):
@@ -92,72 +82,7 @@ def open_store(store: Any, must_exist: bool = False) -> RunStore | None:
     return rs.require() if must_exist else rs
 
 
-class JobRegistry:
-    """The jobs built in this process, and the pipelines they were built on: what replay may run.
-
-    Every :class:`Job` adds itself when it is built (weakly: a job lives while the caller
-    keeps it). Its pipeline is kept too, weakly, while it lives anywhere (a script's function
-    outlives ``del job``), so ``replay(run_id, shard, store)`` in the script or console that
-    built the job finds it. Nothing else of a module is ever a candidate: a helper function of
-    ``__main__`` that no job was built on is never called because a manifest names it.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
-        self._pipelines: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._guard = threading.Lock()
-
-    def add(self, job: Job) -> None:
-        """Record ``job`` (and its pipeline, where it can be referred to weakly)."""
-        with self._guard:
-            self._jobs.add(job)
-            with contextlib.suppress(TypeError):     # a builtin or bound method: kept through its job
-                self._pipelines.add(job.pipeline)
-
-    def get(self, run_id: str) -> Job | None:
-        """A live job built here whose content address is ``run_id``."""
-        with self._guard:
-            jobs = list(self._jobs)
-        for job in jobs:
-            try:
-                if job.id == run_id:
-                    return job
-            except Exception:     # a pipeline without a content address: never a match
-                continue
-        return None
-
-    def pipelines(self) -> list[Any]:
-        """The pipelines of the jobs built here, each once."""
-        with self._guard:
-            found = [j.pipeline for j in self._jobs] + list(self._pipelines)
-        out: list[Any] = []
-        seen: set[int] = set()
-        for fn in found:
-            if id(fn) not in seen:
-                seen.add(id(fn))
-                out.append(fn)
-        return out
-
-    def clear(self) -> None:
-        """Forget every job (as if this process had built none)."""
-        with self._guard:
-            self._jobs.clear()
-            self._pipelines.clear()
-
-
-#: Jobs built in this process (see :class:`JobRegistry`).
-_JOBS = JobRegistry()
-
-
-def remember_job(job: Job) -> None:
-    """Record ``job`` as one this process built, so ``replay(job.id, ...)`` finds its pipeline."""
-    _JOBS.add(job)
-
-
-def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
-        shards_per_task: int | None = None, progress: bool | None = None,
-        check_merger: bool | None = None, pilot: Pilot | None = None,
-        speculate: float | None = None, window: int | None = None) -> Result:
+def run(job: Job, client=None, *, store: Any = None, pilot: Pilot | None = None, **settings: Any) -> Result:
     """Run ``job`` and return its verified :class:`Result`.
 
     Parameters
@@ -168,31 +93,17 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     store : str or RunStore, optional
         A path or fsspec URL. The manifest and every accepted shard's accumulator are written
         as they arrive; a re-run of the same job computes only the shards that are missing.
-    verify : int, optional
-        Shards recomputed on a different worker before the result is accepted (default
-        ``research.montecarlo.verify``; at least one shard of every producing worker is checked).
-    shards_per_task : int, optional
-        A power of two; default sized from the pilot so a task takes about
-        ``research.montecarlo.task-seconds``. Never changes the result's bits.
-    progress : bool, optional
-        Progress bar of accepted shards (default ``research.montecarlo.progress``).
-    check_merger : bool, optional
-        Property-check the reducer's merge on pilot states first.
     pilot : Pilot, optional
         A pilot already run for this job.
-    speculate : float, optional
-        Near the end, duplicate a block running longer than this many median block times
-        (default ``research.montecarlo.speculate``; 0 disables).
-    window : int, optional
-        Blocks in flight at once (default ``research.montecarlo.window``; ``None``: 8 per thread).
+{settings}
+
+    Every keyword left ``None`` reads ``research.montecarlo.*``, and so does every other setting
+    of the run (:class:`~dask_research.montecarlo.run_settings.RunSettings`): each is checked
+    once, before anything runs, and ``result.json`` records them (``settings``).
     """
     if not isinstance(job, Job):
         raise InputError("job", job, "a dask_research.montecarlo.Job", where="run")
-    progress = bool(config.resolve("montecarlo.progress", progress))
-    verify = int(config.resolve("montecarlo.verify", verify))
-    if verify < 0:
-        raise InputError("verify", verify, "a non-negative number of shards", where="run")
-    speculate = float(config.resolve("montecarlo.speculate", speculate))
+    s = RunSettings.from_keywords(settings)
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing
@@ -200,35 +111,37 @@ def run(job: Job, client=None, *, store: Any = None, verify: int | None = None,
     p = pilot if pilot is not None else _pilot(job)
     # One writer per run: a second client of the same job on the same store waits here for the
     # first, then resumes from what it stored (so it computes nothing the first one finished).
-    with rs.lease(job.id) if rs is not None else contextlib.nullcontext() as lease:
-        held = rs.holdings(job, p) if rs is not None else Holdings(job.shards)
+    held_run = HeldRun(rs, job.id, timeout=s.lease_timeout, wait=s.lease_wait) if rs is not None else None
+    with held_run if held_run is not None else contextlib.nullcontext():
+        held = held_run.holdings(job, p) if held_run is not None else Holdings(job.shards)
         if held.range is not None:
             p.range = held.range
         reducer = job.make_reducer(p.range)
-        if config.resolve("montecarlo.check-merger", check_merger) and len(p.states) >= 3:
-            _check_merger(reducer.merge, p.states, identity=reducer.init())
-        result = _execute(job, client, p, reducer, rs, held, verify, shards_per_task,
-                          progress, speculate, window, store_token=getattr(lease, "token", None))
+        if s.check_merger and len(p.states) >= 3:
+            _check_merger(reducer.merge, p.states, identity=reducer.init(), rtol=s.merger_rtol)
+        result = _execute(job, client, p, reducer, s, held, held_run)
     remember_job(job)
     return result
 
 
-def _execute(job: Job, client, p: Pilot, reducer, rs: RunStore | None, held: Holdings, verify: int,
-             shards_per_task: int | None, progress: bool, speculate: float, window: int | None,
-             store_token: str | None = None) -> Result:
+run.__signature__ = run_signature(run)  # type: ignore[attr-defined]
+if run.__doc__:
+    run.__doc__ = run.__doc__.replace(
+        "{settings}", "\n".join("    " + line if line else line for line in parameters_doc().splitlines()))
+
+
+def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: Holdings,
+             store: HeldRun | None) -> Result:
     with get_client(client) as c:
         check_memory(c, p)
         t0 = time.perf_counter()
         threads = max(1, sum(c.nthreads().values()))
-        block = plan_blocks(job, p.shard_seconds, threads, shards_per_task)
-        win = config.resolve("montecarlo.window", window) or max(16, 8 * threads)
-        bar = _progress_bar(job.shards, progress, f"mc {job.name}")
+        block = plan_blocks(job, p.shard_seconds, threads, settings)
+        settings = settings.for_cluster(threads)
+        bar = _progress_bar(job.shards, settings.progress, f"mc {job.name}")
         try:
-            ex = Execution(c, job, reducer, block, run_id=job.id, known=dict(held.states),
-                           known_producers=dict(held.producers), store=rs, verify=verify, window=win,
-                           speculate=speculate, progress=bar,
-                           shard_seconds=p.shard_seconds,   # the block timeout from the first block on
-                           store_token=store_token)         # the workers' probe of the store (issue 20)
+            ex = Execution(c, job, reducer, block, settings=settings, holdings=held, store=store, progress=bar,
+                           shard_seconds=p.shard_seconds)   # the block timeout from the first block on
             state, outcome = ex.execute()
         finally:
             bar.close()
@@ -236,27 +149,19 @@ def _execute(job: Job, client, p: Pilot, reducer, rs: RunStore | None, held: Hol
         ex.events.emit("done", job.id, n=getattr(state, "n", None), mean=getattr(state, "mean", None),
                        wall=wall, computed=outcome.computed, reused=outcome.reused)
         ex.events.flush()           # the run's events, done last, are in the log when it returns
-    lin = linearize(job) if job.reducer is None else None
-    result = Result(job.id, state, reducer.finalize(state), lin, p.to_dict(), wall, job.shards,
-                    job.samples_per_shard, block, outcome.workers, outcome.verification or None,
-                    outcome.computed, job.name, reused_shards=outcome.reused, speculated=outcome.speculated,
-                    max_in_flight=outcome.max_in_flight)
-    if rs is not None:
+    lin = linearize(job, step=settings.finite_difference_step) if job.reducer is None else None
+    result = Result(job.id, state, reducer.finalize(state), linearized=lin, pilot=p.to_dict(), wall_seconds=wall,
+                    shards=job.shards, samples_per_shard=job.samples_per_shard, shards_per_task=block,
+                    workers=outcome.workers, verification=outcome.verification or None,
+                    computed_shards=outcome.computed, name=job.name, reused_shards=outcome.reused,
+                    speculated=outcome.speculated, max_in_flight=outcome.max_in_flight, settings=settings)
+    if store is not None:
         summary = result.summary()
         summary["state"] = _encode_state(reducer, state)
-        summary["store_writes"] = _store_writes_record(outcome.store_writes)
+        summary["store_writes"] = outcome.store_writes_summary()
         summary["groups"] = dict(outcome.groups) or None
-        rs.write_result(job.id, summary)
+        store.write_result(summary)
     return result
-
-
-def _store_writes_record(rec: dict | None) -> dict | None:
-    """Who wrote the run's shard files, for result.json: ``mode`` workers, client or mixed."""
-    if rec is None:
-        return None
-    w, c = rec["blocks_by_workers"], rec["blocks_by_client"]
-    mode = "workers" if w and not c else "client" if c and not w else "mixed" if w else "none (nothing computed)"
-    return {"mode": mode, **rec}
 
 
 def check_memory(client, p: Pilot) -> None:

@@ -2,8 +2,8 @@
 
 ``research.montecarlo.block-timeout`` and ``check-timeout`` are ``None`` (no limit), ``"auto"``
 (a multiple, ``timeout-factor``, of the expected time, never below ``block-timeout-min`` /
-``check-timeout-min``) or seconds. The expected time per shard is the larger of the pilot's and
-the median finished block's.
+``check-timeout-min``) or seconds (the run's :class:`~.run_settings.RunSettings` checked them).
+The expected time per shard is the larger of the pilot's and the median finished block's.
 
 >>> limits = Limits(block=4)
 >>> limits.block_limit() is None            # auto, and nothing known yet: no limit
@@ -17,31 +17,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from .. import config
-from ..exceptions import ConfigError
+from .run_settings import RunSettings
 
-__all__ = ["Limits", "RunningMedian", "seconds_setting"]
-
-
-def seconds_setting(key: str) -> float | str | None:
-    """``research.montecarlo.<key>``: ``None`` (no limit), ``"auto"``, or positive seconds.
-
-    >>> seconds_setting("block-timeout")
-    'auto'
-    """
-    from dask.utils import parse_timedelta
-
-    value = config.resolve(f"montecarlo.{key}")
-    if value is None or value == "auto":
-        return value
-    try:
-        seconds = None if isinstance(value, bool) else parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError):
-        seconds = None
-    if seconds is None or not seconds > 0:
-        raise ConfigError(f"montecarlo.{key}", value, '"auto", a positive duration (seconds, or "90s", '
-                          '"5 minutes"), or null (no limit)')
-    return float(seconds)
+__all__ = ["Limits", "RunningMedian"]
 
 
 class RunningMedian:
@@ -86,21 +64,24 @@ class Limits:
     """A run's time limits, from its settings, the pilot's seconds per shard and the finished blocks.
 
     ``shard_times`` holds the seconds per computed shard of every finished block (the driver
-    appends to it). The settings are read once, when the run starts.
+    appends to it). ``settings``: the run's (default: :meth:`RunSettings.parse`, from the config).
 
     >>> Limits(block=4, shard_seconds=2.0).block_limit()   # 20 x 2 s x 4 shards
     160.0
+    >>> Limits(block=4, settings=RunSettings.parse(block_timeout="90s")).block_limit()
+    90.0
     """
 
-    def __init__(self, block: int, shard_seconds: float | None = None):
+    def __init__(self, block: int, shard_seconds: float | None = None, settings: RunSettings | None = None):
+        s = settings if settings is not None else RunSettings.parse()
         self.block = block
         self.pilot_shard_seconds = float(shard_seconds) if shard_seconds else None
         self.shard_times = RunningMedian()
-        self.block_timeout = seconds_setting("block-timeout")
-        self.check_timeout = seconds_setting("check-timeout")
-        self.factor = float(config.resolve("montecarlo.timeout-factor"))
-        self.block_floor = float(config.resolve("montecarlo.block-timeout-min"))
-        self.check_floor = float(config.resolve("montecarlo.check-timeout-min"))
+        self.block_timeout = s.block_timeout
+        self.check_timeout = s.check_timeout
+        self.factor = s.timeout_factor
+        self.block_floor = s.block_timeout_min
+        self.check_floor = s.check_timeout_min
 
     def expected_shard_seconds(self) -> float | None:
         """Seconds one shard is expected to take: the pilot's, or the median finished block's."""

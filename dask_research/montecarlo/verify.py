@@ -33,7 +33,7 @@ from typing import Any
 
 from .mergers import compare_states
 
-__all__ = ["choose_shards", "choose_reused", "reused_count", "hash_order", "states_match", "TOLERANCE"]
+__all__ = ["choose_shards", "choose_reused", "reused_count", "reused_setting", "REUSED_EXPECTED", "hash_order", "states_match", "TOLERANCE"]
 
 #: Tolerance class of CPU results.
 TOLERANCE = "exact"
@@ -77,23 +77,43 @@ def choose_shards(run_id: str, shards: int, producers: Mapping[int, str], k: int
     return picks
 
 
+#: What ``research.montecarlo.verify-reused`` may be.
+REUSED_EXPECTED = 'null (as many as verify), "all", or a whole number >= 0'
+
+
+def reused_setting(setting: Any) -> int | str | None:
+    """``research.montecarlo.verify-reused`` as kept: ``None``, ``"all"`` or a whole number >= 0.
+
+    Anything else is a ``ValueError`` (its caller names the setting).
+
+    >>> reused_setting(" ALL "), reused_setting(3), reused_setting(None)
+    ('all', 3, None)
+    """
+    if setting is None:
+        return None
+    if isinstance(setting, str) and setting.strip().lower() == "all":
+        return "all"
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+        return int(setting)
+    raise ValueError(f"verify-reused {setting!r}")
+
+
 def reused_count(setting: Any, k: int, reused: int) -> int:
     """How many of ``reused`` shards to check: ``research.montecarlo.verify-reused`` resolved.
 
     ``None``: as many as the run's ``verify`` (``k``); ``"all"``: every reused shard; an integer
     >= 0: that many (at most ``reused``). Anything else is an :class:`InputError`.
+
+    >>> reused_count(None, 4, 100), reused_count("all", 4, 100), reused_count(9, 4, 5)
+    (4, 100, 5)
     """
     from ..exceptions import InputError
 
-    if setting is None:
-        n = k
-    elif isinstance(setting, str) and setting.strip().lower() == "all":
-        n = reused
-    elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
-        n = setting
-    else:
-        raise InputError("research.montecarlo.verify-reused", setting,
-                         'null (as many as verify), "all", or a whole number >= 0', where="verify")
+    try:
+        kept = reused_setting(setting)
+    except ValueError:
+        raise InputError("research.montecarlo.verify-reused", setting, REUSED_EXPECTED, where="verify") from None
+    n = k if kept is None else reused if kept == "all" else kept
     return max(0, min(int(n), reused))
 
 

@@ -224,34 +224,35 @@ def test_a_block_lost_after_it_finished_is_recomputed_not_dropped(loop, monkeypa
     """A block finishes, then its worker goes before the driver collects it: Dask marks the
     future lost and recomputes it. The driver must keep waiting for it (a version that dropped
     it failed with 'nothing pending but the run is not finished')."""
-    from dask_research.montecarlo import engine
+    from dask_research.montecarlo.acceptance import Acceptance
     from dask_research.testing.processes import wait_for
 
     job = _job(_slow_saturating, shards=16, samples_per_shard=256)
-    leaf_done = engine.Execution._leaf_done
+    accept = Acceptance.accept
     reached = []    # per run: did the driver go back to waiting with a lost block and a finished one?
 
     def lose_a_finished_block_once(self, idx, fut, res):
-        leaf_done(self, idx, fut, res)
+        accept(self, idx, fut, res)
         if len(reached) == runs:
             return
-        wait_for(lambda: any(f.status == "finished" for f in self.pending), 5,
+        pending, client = self.window.pending, self.window.client
+        wait_for(lambda: any(f.status == "finished" for f in pending), 5,
                  "a finished block the driver has not collected", poll=0.005)
-        f = next(f for f in self.pending if f.status == "finished")
+        f = next(f for f in pending if f.status == "finished")
         deadline = time.time() + 5
-        holder = next(iter(self.client.who_has([f])[f.key]))
-        self.client.sync(next(w for w in cl.workers.values() if w.address == holder).close)
+        holder = next(iter(client.who_has([f])[f.key]))
+        client.sync(next(w for w in cl.workers.values() if w.address == holder).close)
         # hand back only once another block has finished while this one is still lost, so the
         # driver's next wait returns both
         while time.time() < deadline and not (f.status == "lost" and any(
-                g.status == "finished" for g in self.pending if g is not f)):
+                g.status == "finished" for g in pending if g is not f)):
             time.sleep(0.002)
         reached.append(f.status == "lost")
 
     with LocalCluster(loop=loop, n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
             Client(cl, set_as_default=False) as c:
         expected = mc.run(job, client=c, shards_per_task=1, progress=False, verify=0)
-        monkeypatch.setattr(engine.Execution, "_leaf_done", lose_a_finished_block_once)
+        monkeypatch.setattr(Acceptance, "accept", lose_a_finished_block_once)
         # the interleaving is up to the cluster: three tries to reach it (the closure above reads runs)
         for runs in range(1, 4):  # noqa: B007
             res = mc.run(job, client=c, shards_per_task=1, progress=False, verify=0, window=8)
@@ -262,12 +263,15 @@ def test_a_block_lost_after_it_finished_is_recomputed_not_dropped(loop, monkeypa
 
 
 def test_twins_finishing_in_the_same_batch_accept_one():
-    """A block and its speculative twin both gathered in one wait: the second is skipped."""
-    from collections import deque
-    from types import SimpleNamespace
-
-    from dask_research.montecarlo.engine import Execution
-    from dask_research.montecarlo.groups import Groups
+    """A block and its speculative twin both gathered in one wait: the first is accepted, which
+    cancels the second; the second's result is then skipped, and the run counts one block."""
+    from dask_research.montecarlo.acceptance import Acceptance
+    from dask_research.montecarlo.arrivals import Arrivals
+    from dask_research.montecarlo.block_watch import BlockWatch
+    from dask_research.montecarlo.shard import compute_block
+    from dask_research.montecarlo.submission import Window
+    from dask_research.montecarlo.timing import Limits
+    from dask_research.montecarlo.verification import Verification
 
     class Fut:
         status = "finished"
@@ -278,20 +282,27 @@ def test_twins_finishing_in_the_same_batch_accept_one():
         def cancel(self):
             self.status = "cancelled"
 
-    ex = Execution.__new__(Execution)
-    original, twin = Fut("mc-block-x-0-1"), Fut("mc-spec-x-0-1")
-    ex.pending, ex.window, ex.poll = {original: 0, twin: 0}, 1, 0.2
-    ex.groups, ex._waited = Groups(1), None
+    job = _job(saturating, shards=2, samples_per_shard=256, range=(0.0, 1.5))
+    reducer = job.make_reducer(job.range)
+    window = Window(None, job, reducer, [(0, 2)], tag="x", size=2, group_blocks=1, track=lambda futures: None)
+    original, twin = Fut("mc-block-x-0-2"), Fut("mc-spec-x-0-2")
+    window.pending.update({original: 0, twin: 0})
+    window.attempts[0] = [original, twin]
+    window.copies.add(twin.key)
+    watch = BlockWatch(None, window, Limits(block=2), Arrivals(None, bound=lambda: 1.0), speculate=0.0,
+                       attempts=2, emit=lambda kind, **data: None)
+    verification = Verification(None, job, reducer, run_id=job.id, tag="x", k=0, known={},
+                                emit=lambda kind, **data: None)
     accepted = []
-
-    def leaf_done(idx, fut, value):       # like the real one: accepting one drops its twin
-        accepted.append(value)
-        ex.pending.pop(twin if fut is original else original, None)
-
-    ex._leaf_done, ex._maybe_speculate = leaf_done, lambda todo: None
-    ex.client = SimpleNamespace(sync=lambda fn, futs, poll: ([original, twin], {original: "a", twin: "b"}))
-    ex._drain(deque(), lambda: bool(accepted))
-    assert accepted == ["a"] and not ex.pending
+    acceptance = Acceptance(window, reducer, verification=verification, watch=watch,
+                            emit=lambda kind, **data: accepted.append(data["worker"]))
+    a, b = compute_block(job, reducer, 0, 2), compute_block(job, reducer, 0, 2)
+    a.worker, b.worker = "tcp://first", "tcp://twin"
+    assert acceptance.take([original, twin], {original: a, twin: b}) == []
+    assert accepted == ["tcp://first"] and twin.status == "cancelled" and not window.pending
+    assert acceptance.outcome.computed == 2 and acceptance.outcome.speculated == [
+        {"block": [0, 2], "winner": "tcp://first", "speculative_won": False}]
+    assert acceptance.root == a.state
 
 
 def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):

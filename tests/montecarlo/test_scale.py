@@ -13,8 +13,8 @@ from distributed import Client, LocalCluster
 
 from dask_research import montecarlo as mc
 from dask_research.montecarlo.address import canonical_json
-from dask_research.montecarlo.blocks import compute_and_store_block, store_target
-from dask_research.montecarlo.store import RunStore
+from dask_research.montecarlo.blocks import compute_and_store_block
+from dask_research.montecarlo.store import RunStore, StoreTarget
 from dask_research.montecarlo.tree import tree_fold
 from dask_research.testing.pipelines import slow_tanh  # importable by `dask worker` processes
 from dask_research.testing.processes import dask_processes
@@ -102,11 +102,11 @@ def test_a_block_writes_only_under_the_runs_lease_and_returns_what_verification_
     rs = RunStore(str(tmp_path / "s")).prepare()
     shards = rs.run_dir(job.id) + "/shards"
     with rs.lease(job.id) as lease:
-        foreign = store_target(rs, job.id, "not-this-runs-token")
+        foreign = StoreTarget.of(rs, job.id, "not-this-runs-token")
         got = compute_and_store_block(job, reducer, 4, 8, {}, foreign, keep=(6,))
         assert got.stored is None and "does not hold this run's lease" in got.store_note
         assert sorted(got.shard_states) == [4, 5, 6, 7] and not pathlib.Path(shards).exists()
-        mine = store_target(rs, job.id, lease.token)
+        mine = StoreTarget.of(rs, job.id, lease.token)
         got = compute_and_store_block(job, reducer, 4, 8, {5: mc.compute_shard(job, 5, reducer=reducer)}, mine,
                                       keep=(6,))
         assert got.store_note is None and got.computed == [4, 6, 7]
@@ -138,6 +138,7 @@ def test_store_writes_must_be_auto_or_client(tmp_path):
 
 def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
     from dask_research.montecarlo.run import plan_blocks
+    from dask_research.montecarlo.run_settings import RunSettings
     from dask_research.montecarlo.tree import choose_block
 
     # The seed's shard (7.5 ms): 0.3 s tasks are 32 shards, whatever the cluster, without the rule.
@@ -166,3 +167,4 @@ def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
     with dask.config.set({"research.montecarlo.client-block-seconds": "fast"}):
         with pytest.raises(ConfigError, match="client-block-seconds"):
             plan_blocks(job, 0.0075, threads=8)
+    assert plan_blocks(job, 0.0075, threads=8, settings=RunSettings.parse(shards_per_task=64)) == 64

@@ -203,7 +203,7 @@ def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker):
     evil = tmp_path / "evil.py"
     evil.write_text("import pathlib; pathlib.Path(__file__).with_suffix('.ran').write_text('x')\n"
                     "def sat(a, b, c):\n    return a\n")
-    from dask_research.montecarlo.run import _JOBS
+    from dask_research.montecarlo.job_registry import JOBS
     from dask_research.montecarlo.store import checksum
 
     mpath = tmp_path / "store" / "runs" / job.id / "manifest.json"
@@ -213,7 +213,7 @@ def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker):
     mpath.write_text(json.dumps(doc))
     assert mc.replay(job.id, 2, store).match     # the job this process built; the planted origin is ignored
     assert not evil.with_suffix(".ran").exists()
-    _JOBS.clear()            # as if this process had built no job
+    JOBS.clear()            # as if this process had built no job
     with pytest.raises(StoreError, match="not the pipeline of any job built in this process.*pass job=.*--trust-origin"):
         mc.replay(job.id, 2, store)
     assert not evil.with_suffix(".ran").exists()

@@ -101,6 +101,50 @@ def test_layout_names():
     assert is_run_id("0" * 64) and not is_run_id("0" * 63) and not is_run_id(None)
 
 
+def _code_strings(tree):
+    """The string constants of a module's code (docstrings left out: they describe the layout)."""
+    import ast
+
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def test_the_stores_file_names_are_written_in_layout_only():
+    """lease.json, manifest.json, result.json, shards/, quarantine/, runs/: spelled once, in layout.py."""
+    import ast
+    import pathlib
+    import re
+
+    import dask_research
+    from dask_research.montecarlo.store import layout
+
+    names = {layout.RUNS_DIR, layout.MANIFEST_FILE, layout.SHARDS_DIR, layout.QUARANTINE_DIR, layout.RESULT_FILE,
+             layout.LEASE_FILE, layout.LEASE_LOCK_FILE, layout.REASON_SUFFIX}
+    assert names == {"runs", "manifest.json", "shards", "quarantine", "result.json", "lease.json", "lease.lock",
+                     ".reason.json"}
+    files = {"manifest.json", "result.json", "lease.json", "lease.lock", ".reason.json"}
+    path_like = re.compile(r"(^|/)(runs|shards|quarantine)/|(manifest|result|lease)\.json|lease\.lock|\.reason\.json")
+    root = pathlib.Path(dask_research.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == pathlib.Path(layout.__file__) or "durable" in path.parts:   # durable: the generic layer
+            continue
+        tree = ast.parse(path.read_text())
+        for lineno, text in _code_strings(tree):
+            if text in files or path_like.search(text):
+                found.append(f"{path.relative_to(root)}:{lineno}: {text!r}")
+        for node in ast.walk(tree):     # a directory named by a literal: files.path(run_id, "shards")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "path", "join", "run_dir"):
+                found += [f"{path.relative_to(root)}:{a.lineno}: {a.value!r}" for a in node.args
+                          if isinstance(a, ast.Constant) and a.value in ("runs", "shards", "quarantine")]
+    assert found == []
+
+
 def test_store_files_never_overwrite_unasked_and_refuse_links(tmp_path):
     files = StoreFiles(str(tmp_path / "s")).prepare()
     path = files.path("a" * 64, "result.json")

@@ -5,8 +5,10 @@ One module per job: :mod:`.layout` (what the files are called and how documents 
 :mod:`dask_research.durable`, without trusting the store), :mod:`.documents` (what each
 document may hold: its schema), :mod:`.lease` (one writer per run, a
 :class:`~dask_research.durable.Lease`), :mod:`.manifest` (what a run's manifest says),
-:mod:`.holdings` (what a store holds of a job, asked once before a run) and :mod:`.runstore`
-(the :class:`RunStore` that ties them).
+:mod:`.holdings` (what a store holds of a job, asked once before a run), :mod:`.runstore`
+(the :class:`RunStore` that ties them), :mod:`.held_run` (a run whose lease this process holds:
+the one way a running run reaches its store) and :mod:`.worker_writes` (the
+:class:`StoreTarget` through which block tasks write on the workers).
 
 Examples
 --------
@@ -17,10 +19,12 @@ Examples
 []
 """
 from .files import Exists, StoreFiles
+from .held_run import HeldRun
 from .holdings import Holdings
 from .layout import MANIFEST_FORMAT, RESULT_FORMAT, SHARDS_FORMAT, StoreWarning, checksum, redact
 from .lease import Lease
 from .runstore import RunStore
+from .worker_writes import StoreTarget, Unwritable
 
-__all__ = ["RunStore", "Lease", "Holdings", "StoreFiles", "Exists", "StoreWarning", "MANIFEST_FORMAT",
+__all__ = ["RunStore", "HeldRun", "StoreTarget", "Unwritable", "Lease", "Holdings", "StoreFiles", "Exists", "StoreWarning", "MANIFEST_FORMAT",
            "SHARDS_FORMAT", "RESULT_FORMAT", "checksum", "redact"]

@@ -25,6 +25,7 @@ from typing import Any
 
 from ...durable.schema import Any_, Bool, Checker, Float, Int, List, Maybe, Obj, OneOf, Str, Where
 from ..philox import MAX_SHARDS
+from ..run_settings import RECORD as SETTINGS_RECORD
 from .layout import MANIFEST_FORMAT, RESULT_FORMAT, SHARDS_FORMAT
 
 __all__ = ["MANIFEST", "SHARDS", "RESULT", "RANGE", "either"]
@@ -135,4 +136,6 @@ RESULT = Obj({"format": OneOf(RESULT_FORMAT), "run_id": Str(max_len=64, pattern=
     "output_interval95_normal": _INTERVAL, "underflow": _COUNT, "overflow": _COUNT, "samples_per_second": _NUMBER,
     "linearized": Maybe(Obj({}, extra=Any_())), "state": Any_(), "store_writes": Maybe(Obj({}, extra=Any_())),
     "groups": Maybe(Obj({}, extra=Any_())),
+    # The run's settings, as the run used them (written since issue 27; older results lack it).
+    "settings": Maybe(SETTINGS_RECORD),
 }, extra=Any_())

@@ -1,0 +1,110 @@
+"""A run's verification, as its blocks arrive and at the end: which states it keeps, what it blames.
+
+Which shards may be checked is decided when the run starts (:mod:`.verify`): the ``k + 64``
+hashed candidates, the first ``k`` of them checked as soon as they exist (their blocks go first,
+so the checks overlap the run), and ``n`` of the shards reused from the store drawn
+unpredictably. As blocks arrive, :class:`Verification` keeps the states those checks need (a
+block returns only those: see :mod:`.blocks`), each producing worker's first shard (a worker
+seen for the first time is always covered), and who produced every shard. At the end it runs
+the checks on other workers (:class:`~.checks.Checks`) and says what failed: the workers whose
+shards others cannot reproduce, and the stored files that hold a shard that differs from its
+recomputation. What is dropped then (every shard of a faulty worker, every shard of an edited
+file) is recomputed by the engine on good workers.
+
+Examples
+--------
+>>> from dask_research.montecarlo import Job, Normal
+>>> from dask_research.montecarlo.shard import compute_block
+>>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=16, samples_per_shard=64, seed=1, range=(-8, 8))
+>>> reducer = job.make_reducer(job.range)
+>>> v = Verification(None, job, reducer, run_id=job.id, tag="t", k=2, known={}, emit=print)
+>>> len(v.early), v.early <= v.candidates
+(2, True)
+>>> v.keep(compute_block(job, reducer, 0, 4))                # a first block from worker "local"
+>>> v.first_of_worker, v.producers.among({0, 3})
+({'local': 0}, {0: 'local', 3: 'local'})
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .checks import Checks, Producers
+from .shard import BlockResult
+from .timing import Limits
+from .verify import choose_reused, hash_order, reused_count
+
+__all__ = ["Verification"]
+
+
+class Verification:
+    """The verification of one execution: the states kept, the producers, the checks.
+
+    ``k`` is the run's ``verify``, ``known`` the states reused from the store (the execution's
+    own dict: a quarantine drops from it), ``known_producers`` who computed them,
+    ``verify_reused`` the setting ``research.montecarlo.verify-reused``; ``emit(kind, **data)``
+    sends a run event.
+    """
+
+    def __init__(self, client: Any, job: Any, reducer: Any, *, run_id: str, tag: str, k: int,
+                 known: Mapping[int, Any], emit: Callable[..., None], known_producers: Mapping[int, str] | None = None,
+                 verify_reused: int | str | None = None, limits: Limits | None = None, poll: float = 0.2):
+        self.k, self.known = int(k), known
+        self.reused = set(known)                   # shards reused from the store
+        self.producers = Producers(job.shards, known_producers)
+        # States kept for verification: the hashed candidates, and each worker's first shard.
+        self.candidates = set(hash_order(run_id, job.shards, self.k + 64)) if self.k else set()
+        self.kept: dict[int, Any] = {s: st for s, st in known.items() if s in self.candidates}
+        # Shards reused from a store are also checked, drawn unpredictably: the hashed picks are
+        # public, so a store's editor would otherwise know which shards nobody recomputes.
+        n_reused = reused_count(verify_reused, self.k, len(known)) if self.k else 0
+        self.reused_picks = choose_reused(known, n_reused)
+        self.kept.update({s: known[s] for s in self.reused_picks})
+        self.first_of_worker: dict[str, int] = {}
+        # The first k hashed shards are checked as soon as they exist, overlapping the run.
+        self.early = set(hash_order(run_id, job.shards, self.k)) if self.k else set()
+        self.checks = Checks(client, job, reducer, run_id=run_id, tag=tag, emit=emit,
+                             limits=limits if limits is not None else Limits(block=1), poll=poll)
+
+    def checked_early(self, a: int, b: int) -> bool:
+        """Whether shards ``a..b-1`` hold one of the shards checked as soon as it exists."""
+        return bool(self.early.intersection(range(a, b)))
+
+    def keep_stored(self, a: int, b: int) -> None:
+        """Shards ``a..b-1`` were all reused from the store: keep the candidates among them."""
+        for s in range(a, b):
+            if s in self.candidates:
+                self.kept[s] = self.known[s]
+
+    def keep(self, res: BlockResult) -> None:
+        """Block ``res`` was accepted: its producer, the states kept, the checks due now."""
+        self.producers.record(res.computed, res.worker)
+        states = res.shard_states    # a block that wrote the store returns only the few kept here
+        small, large = (states, self.candidates) if len(states) < len(self.candidates) else (self.candidates, states)
+        for s in [s for s in small if s in large]:
+            if s not in self.known:    # computed by this task (a known shard's state is the stored one)
+                self.kept[s] = states[s]
+        for s in self.early.intersection(res.computed):
+            self.checks.submit(s, res.worker)
+        if res.computed and res.worker not in self.first_of_worker:
+            s0 = res.computed[0]
+            self.first_of_worker[res.worker] = s0
+            self.kept[s0] = res.shard_states[s0]
+        if self.known:
+            for s in range(res.start, res.stop):
+                if s in self.known and s in self.candidates:
+                    self.kept.setdefault(s, self.known[s])
+
+    def verify(self) -> tuple[dict, set[str], set[int]]:
+        """Run and judge every check: the record, the faulty workers, the reused shards stored wrong."""
+        return self.checks.verify(self.kept, self.producers, self.first_of_worker, self.reused_picks, self.k,
+                                  self.reused)
+
+    def dropped(self, bad: set[str], bad_stored: set[int],
+                stored: Mapping[int, tuple[str, str]]) -> tuple[set[int], set[str]]:
+        """What a failed verification drops: every shard ``bad`` workers produced and every shard of a
+        stored file holding one of ``bad_stored``; and those files. ``stored``: shard -> (worker, file)."""
+        dropped = set(self.producers.shards_of(bad))
+        edited = {f for s, (_, f) in stored.items() if s in bad_stored}
+        dropped |= bad_stored | {s for s, (_, f) in stored.items() if f in edited}
+        return dropped, edited
