@@ -35,6 +35,7 @@ from typing import Any
 from .. import config, events
 from ..durable import schema
 from ..exceptions import ExperimentError, InputError
+from ..seeds import seed_int
 from .execute import is_async_callable
 from .objectives import OBJECTIVES, check_objective
 from .options import number as _number
@@ -167,7 +168,7 @@ def _policy(name: str, v: Any, so_far: Mapping[str, Any]) -> Any:
 
 
 def _seed(name: str, v: Any, _: Mapping[str, Any]) -> int:
-    return int(_number(name, v, "an integer", lambda x: x == int(x)))
+    return int(seed_int(v, where=_WHERE) or 0)
 
 
 def _checkpoint(name: str, v: Any, _: Mapping[str, Any]) -> Any:
@@ -285,7 +286,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("alpha", "alpha", _real(_finite_nonneg, "a finite number >= 0"),
             "float, optional\n    LinUCB confidence width (``research.experiments.alpha``).", _NUMBER),
     Setting("seed", "seed", _seed,
-            "int, optional\n    Seed of randomised policies: Thompson, Pareto UCB1 (``research.experiments.seed``).",
+            "int, SeedSequence or Generator, optional\n    Seed of randomised policies: Thompson, Pareto UCB1 "
+            "(``research.experiments.seed``; journaled as one int, :mod:`dask_research.seeds`).",
             _INT),
     Setting("objective", "objective", _objective,
             '{"mean", "max"}, optional\n    What a branch is worth (``research.experiments.objective``): ``"mean"`` '

@@ -47,6 +47,7 @@ import numpy as np
 
 from .. import config
 from ..exceptions import InputError
+from ..seeds import seed_sequence
 from . import checkpoints, snapshot
 from .batch import Batch
 from .delivery import BatchIterator, tensordict_output
@@ -102,8 +103,8 @@ class ExperiencePlane:
         Default :class:`UniformSampler`.
     rate_limiter : RateLimiter, optional
         Applied to ``ingest`` and to the delivery pipeline (not to :meth:`sample`).
-    seed : int, optional
-        Seed of the sampling generator (``numpy.random.default_rng``).
+    seed : int, SeedSequence or Generator, optional
+        Seed of the sampling generator, as ``numpy.random.default_rng`` takes it (:mod:`dask_research.seeds`).
     migrate : {"background", "manual"}, optional
         With several tiers: rebalance in a background thread (default), or only when
         :meth:`rebalance` is called (``research.replay.migrate``).
@@ -158,7 +159,7 @@ class ExperiencePlane:
         # add(): per-field checks for the one-transition fast path (host storage only)
         self._add_plan = add_checks(self.spec) if type(self.storage) is HostStorage else None
         self.rate_limiter = rate_limiter
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed_sequence(seed, where="ExperiencePlane"))
         self._lock = threading.RLock()
         self.migrate = migrate
         self._migrator = (Migrator(self.rebalance, self.rebalance_pending, migrate_interval,

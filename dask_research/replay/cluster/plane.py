@@ -57,6 +57,7 @@ import numpy as np
 
 from ... import config, events
 from ...exceptions import InputError
+from ...seeds import seed_int
 from ..batch import Batch
 from ..samplers import Sampler, UniformSampler
 from ..spec import ExperienceSpec, priority_arrays
@@ -108,7 +109,7 @@ class ClusterPlane:
     name : str, optional
         The plane's name on the workers (default: a fresh unique name). A second
         ``ClusterPlane`` with the same name attaches to the existing shards.
-    seed : int, optional
+    seed : int, SeedSequence or Generator, optional
         Seeds the learner's allocation draws and, with the worker address, each shard.
     checkpoint_dir : str, optional
         Where shards write checkpoints (a path all workers can reach).
@@ -129,7 +130,7 @@ class ClusterPlane:
 
     def __init__(self, spec: ExperienceSpec | Mapping[str, Any] | None = None, *args: Any, client: Any = None,
                  capacity_per_worker: int | None = None, sampler: Sampler | None = None,
-                 name: str | None = None, seed: int | None = None,
+                 name: str | None = None, seed: Any = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  checkpoint_interval: float | None = None, restore: str = "auto",
                  rebalance_interval: float | None = None, memory_fraction: float | None = None,
@@ -156,6 +157,7 @@ class ClusterPlane:
                              "PrioritizedSampler(alpha, beta), RecentSampler(window))",
                              where="ClusterPlane")
         self.name = name or f"plane-{uuid.uuid4().hex[:8]}"
+        seed = seed_int(seed, where="ClusterPlane")   # one number: each shard seeds from (seed, its worker)
         self.checkpoint_dir = None if checkpoint_dir is None else str(checkpoint_dir)
         self.restore_mode = restore
         self.refresh_interval = float(config.resolve("replay.cluster.refresh-interval"))
