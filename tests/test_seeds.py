@@ -27,11 +27,11 @@ def test_a_plane_seeded_by_an_int_or_its_seed_sequence_draws_the_same():
     assert first != second
 
 
-@pytest.mark.parametrize("bad", [-1, 2.5, "7", True, [1, 2]])
+@pytest.mark.parametrize("bad", [-1, 2.5, "7", True, [1, -2], []])
 def test_a_bad_seed_is_one_input_error_everywhere(bad):
-    with pytest.raises(InputError, match="seed=.* is invalid; expected an int >= 0, a numpy SeedSequence or Generator"):
+    with pytest.raises(InputError, match="seed=.* is invalid; expected an int >= 0 \\(or a list of them\\), a numpy SeedSequence"):
         replay.ExperiencePlane(SPEC, capacity=8, seed=bad)
-    with pytest.raises(InputError, match="seed=.* is invalid; expected an int >= 0, a numpy SeedSequence or Generator"):
+    with pytest.raises(InputError, match="seed=.* is invalid; expected an int >= 0 \\(or a list of them\\), a numpy SeedSequence"):
         IterationScheduler(lambda h: 0.5, seed=bad, progress=False)
 
 
