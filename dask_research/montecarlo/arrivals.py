@@ -14,8 +14,18 @@ so a frozen holder would hold everyone's results with its own), and what cannot 
 stays pending; it is tried again later with twice the bound (a large state on a slow network
 is fetched in the end).
 
->>> Arrivals(None, bound=lambda: 1.0).waitable([])
-[]
+>>> from distributed import Client, LocalCluster
+>>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+...         Client(cluster, set_as_default=False) as client:
+...     arrivals = Arrivals(client, bound=lambda: 30.0)
+...     futures = client.map(abs, [-1, -2, -3], pure=False)
+...     arrivals.track(futures)
+...     got: dict = {}
+...     while len(got) < 3:                     # each turn: the first to end, and every one finished
+...         done, values = arrivals.collect_sync({f for f in futures if f not in got}, 1.0)
+...         got.update(values)
+>>> sorted(got.values())
+[1, 2, 3]
 """
 from __future__ import annotations
 
@@ -41,9 +51,7 @@ class Arrivals:
     result that could not be fetched, a block that finished and then lost its data with its
     worker) are read again by their status at each turn until they are.
 
-    >>> arrivals = Arrivals(None, bound=lambda: 1.0)
-    >>> arrivals.unfetched
-    {}
+    See the module's example; :meth:`suspects` shows what a frozen holder leaves behind.
     """
 
     def __init__(self, client: Any, bound: Callable[[], float],

@@ -133,12 +133,19 @@ class Checks:
 
     ``emit(kind, **data)`` sends a run event.
 
+    >>> from distributed import Client, LocalCluster
     >>> from dask_research.montecarlo import Job, Normal
     >>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=4, samples_per_shard=64, seed=1, range=(-8, 8))
-    >>> checks = Checks(None, job, job.make_reducer(job.range), run_id=job.id, tag="t", emit=print,
-    ...                 limits=Limits(block=1), poll=0.2)
-    >>> checks.futures()
-    []
+    >>> reducer = job.make_reducer(job.range)
+    >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     checks = Checks(client, job, reducer, run_id=job.id, tag="t", emit=print, limits=Limits(block=1),
+    ...                     poll=0.2)
+    ...     checks.submit(2, "tcp://the-producer")
+    ...     (state, where), = checks.gather().values()
+    True
+    >>> state == compute_shard(job, 2, reducer=reducer), where == checks.checks[2][0]["verifier"]
+    (True, True)
     """
 
     def __init__(self, client: Any, job: Any, reducer: Any, *, run_id: str, tag: str, emit: Any,

@@ -59,9 +59,22 @@ def chunks(items: Sequence[Any], size: int) -> list[list]:
 class Groups:
     """The groups in flight: each collector future and its blocks' futures, in order.
 
-    >>> g = Groups(4)
-    >>> g.live, g.size, g.opened
-    ({}, 4, 0)
+    >>> class Future:
+    ...     def __init__(self, status):
+    ...         self.status = status
+    ...     def done(self):
+    ...         return self.status != "pending"
+    ...     def cancel(self):
+    ...         self.status = "cancelled"
+    >>> groups = Groups(2)
+    >>> collector, blocks = Future("pending"), [Future("finished"), Future("pending")]
+    >>> groups.add(collector, blocks)
+    >>> groups.overdue(now=10.0, bound=5.0)            # a block finished: its group is timed from now
+    []
+    >>> groups.overdue(now=16.0, bound=5.0) == [collector]
+    True
+    >>> groups.open(collector) == blocks, collector.status, groups.opened
+    (True, 'cancelled', 1)
     """
 
     def __init__(self, size: int):

@@ -8,10 +8,19 @@ at most one copy of a block, never of a block past half the block timeout (more 
 slow), and none at all once a copy was as slow as its original (then the shards are slow, not
 the worker).
 
+>>> from dask_research.montecarlo.run_settings import RunSettings
 >>> from dask_research.montecarlo.timing import Limits
->>> s = Stragglers(None, Limits(block=1), speculate=0.0, poll=0.2, bounds=[(0, 1)], emit=print)
->>> s.watch(0.0, {}, ending=True) is None      # no limit, no speculation: nothing to watch
-True
+>>> limits = Limits(block=4, settings=RunSettings.parse(block_timeout=10))
+>>> s = Stragglers(None, limits, speculate=0.0, poll=0.2, bounds=[(0, 4)], emit=print)
+>>> class Future:
+...     key, status = "mc-block-t-0-4", "pending"
+>>> block = Future()
+>>> s.running[block.key] = (100.0, "tcp://w1")         # first seen running on tcp://w1 at 100 s
+>>> s.check_hung(105.0, {block: 0}, {0: [block]})      # within the limit
+>>> s.check_hung(111.0, {block: 0}, {0: [block]})
+Traceback (most recent call last):
+...
+dask_research.exceptions.PipelineError: ...shard 0-3: did not return within 11.0 s on worker tcp://w1 ...
 """
 from __future__ import annotations
 
