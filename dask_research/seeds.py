@@ -36,7 +36,7 @@ EXPECTED = "an int >= 0 (or a list of them), a numpy SeedSequence or Generator, 
 
 
 def _whole(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0
+    return bool(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0)
 
 
 def _check(seed: Any, where: str | None) -> None:
