@@ -52,7 +52,7 @@ from dask_research import montecarlo as mc  # noqa: E402
 from dask_research.montecarlo import gpu  # noqa: E402
 from dask_research.montecarlo.gpu import kernel  # noqa: E402
 from dask_research.montecarlo.gpu.tolerance import differences  # noqa: E402
-from dask_research.montecarlo.shard import compute_block  # noqa: E402
+from dask_research.montecarlo.shard_compute import compute_block  # noqa: E402
 from dask_research.montecarlo.tree import tree_fold  # noqa: E402
 
 

@@ -286,7 +286,7 @@ def _experiments_figures(report):
     from bokeh.layouts import column
     from bokeh.plotting import figure
 
-    from .report import FRAME_WIDTH, outside_legend
+    from .html_report import FRAME_WIDTH, outside_legend
 
     best = max(BRANCH_MEANS.values())
     t, regret, acc = [], [], 0.0
@@ -325,7 +325,7 @@ def _experiments_figures(report):
 def _latency_figure(exposed, step_ms):
     from bokeh.plotting import figure
 
-    from .report import FRAME_WIDTH, outside_legend
+    from .html_report import FRAME_WIDTH, outside_legend
 
     fig = figure(title=f"Learner: blocked in next() (mean {np.mean(exposed):.3f} ms) "
                        f"vs step compute (mean {np.mean(step_ms):.2f} ms)",
@@ -363,7 +363,7 @@ def run_demo(out: str = "dask-research-report.html", quick: bool = False, client
     from distributed import Client, LocalCluster
 
     from . import dashboard  # noqa: F401  (registers the research pages before the scheduler starts)
-    from .report import environment_facts, montecarlo_figure, write_report
+    from .html_report import environment_facts, montecarlo_figure, write_report
 
     out = check_out_path(out)
     store = check_store_path(store if store is not None else os.path.join(os.path.dirname(out), STORE_NAME))

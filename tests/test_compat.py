@@ -208,11 +208,11 @@ def _internal_uses(path):
 
 #: Uses that are the package's own objects, not Dask's (file, attribute): each checked by hand.
 OWN = {("dask_research/experiments/execute.py", ".tasks"), ("dask_research/experiments/driver.py", ".tasks"),
-       ("dask_research/replay/cluster/table.py", ".bandwidth"), ("dask_research/replay/placement.py", ".bandwidth"),
+       ("dask_research/replay/cluster/table.py", ".bandwidth"), ("dask_research/replay/tier_placement.py", ".bandwidth"),
        ("dask_research/replay/storages/base.py", ".bandwidth"),
        ("dask_research/replay/storages/tiered.py", ".bandwidth"),
-       ("dask_research/replay/cluster/delivery.py", ".bandwidth"),      # the shard table's own estimate
-       ("dask_research/replay/cluster/plane.py", ".bandwidth"),
+       ("dask_research/replay/cluster/cluster_delivery.py", ".bandwidth"),      # the shard table's own estimate
+       ("dask_research/replay/cluster/cluster_plane.py", ".bandwidth"),
        ("dask_research/replay/storages/tiered.py", "getattr(..., '_on_gpu')")}   # storages/device.py's own flag
 
 

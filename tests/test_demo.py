@@ -31,7 +31,7 @@ from dask_research import demo as demo_module  # noqa: E402
 from dask_research.cli import main  # noqa: E402
 from dask_research.demo import BRANCH_MEANS, SEED, STORE_NAME, check_out_path, check_store_path, run_demo  # noqa: E402
 from dask_research.exceptions import InputError  # noqa: E402
-from dask_research.report import FRAME_WIDTH, LEGEND_CHARS  # noqa: E402
+from dask_research.html_report import FRAME_WIDTH, LEGEND_CHARS  # noqa: E402
 
 #: A generous width per character of a 13 px bold sans-serif title (Liberation Sans Bold, the
 #: Helvetica that bokeh asks for, averages about 7 px).

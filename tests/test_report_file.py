@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("bokeh")
 
 from dask_research.exceptions import ReportError  # noqa: E402
-from dask_research.report import write_report  # noqa: E402
+from dask_research.html_report import write_report  # noqa: E402
 from dask_research.testing.threads import in_thread  # noqa: E402
 
 

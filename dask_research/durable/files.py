@@ -316,23 +316,33 @@ class Files:
         file raises ``FileNotFoundError``.
         """
         with self.parent(path) as (pfd, name):
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC, dir_fd=pfd)
-            except FileNotFoundError:
-                raise
-            except OSError as e:
-                st = self._lstat_at(pfd, name)
-                if st is not None and stat.S_ISLNK(st.st_mode):
-                    raise self.link_error(path) from None
-                raise self.fail(path, f"cannot be read ({oserror(e)})") from None
+            fd = self._open_regular(pfd, name, path, os.O_RDONLY, "read")
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise self.fail(path, f"is {kind_of(mode)}, not a regular file; refused before reading "
-                                "(reading it could block or never end)")
             yield fd
         finally:
             os.close(fd)
+
+    def _open_regular(self, pfd: int, name: str, path: str, flags: int, doing: str) -> int:
+        """``name`` in directory ``pfd`` opened with ``flags`` (plus no links, no blocking),
+        and only if it is a regular file; ``FileNotFoundError`` if it is missing (unless
+        ``flags`` create it). Anything else is refused with the capability's error."""
+        try:
+            fd = os.open(name, flags | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, 0o644, dir_fd=pfd)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except OSError as e:
+            st = self._lstat_at(pfd, name)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                raise self.link_error(path) from None
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise self.fail(path, f"is {kind_of(st.st_mode)}, not a regular file; refused") from None
+            raise self.fail(path, f"cannot be {doing} ({oserror(e)})") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise self.fail(path, f"is {kind_of(mode)}, not a regular file; refused before reading "
+                            "or writing a byte (it could block or never end)")
+        return fd
 
     def read_bytes(self, path: str, cap: int) -> bytes:
         """The bytes of the regular file ``path``: at most ``cap`` (a larger file is refused).
@@ -555,24 +565,12 @@ class Files:
         """An :class:`AppendFile` on ``path`` (created if missing; no link, only a regular file)."""
         with self.parent(path, create=True) as (pfd, name):
             created = False
-            flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC
+            flags = os.O_WRONLY | os.O_APPEND
             try:
-                try:
-                    fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=pfd)
-                    created = True
-                except FileExistsError:
-                    fd = os.open(name, flags, dir_fd=pfd)
-            except OSError as e:
-                st = self._lstat_at(pfd, name)
-                if st is not None and stat.S_ISLNK(st.st_mode):
-                    raise self.link_error(path) from None
-                if st is not None and not stat.S_ISREG(st.st_mode):
-                    raise self.fail(path, f"is {kind_of(st.st_mode)}, not a regular file; refused") from None
-                raise self.fail(path, f"cannot be opened for writing ({oserror(e)})") from None
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                os.close(fd)
-                raise self.fail(path, f"is {kind_of(mode)}, not a regular file; refused")
+                fd = self._open_regular(pfd, name, path, flags | os.O_CREAT | os.O_EXCL, "created")
+                created = True
+            except FileExistsError:
+                fd = self._open_regular(pfd, name, path, flags, "opened for writing")
             os.set_blocking(fd, True)
             if created:
                 _fsync(pfd)
@@ -595,17 +593,8 @@ class Files:
             yield
             return
         with self.parent(path, create=create) as (pfd, name):
-            try:
-                fd = os.open(name, os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, 0o644, dir_fd=pfd)
-            except OSError as e:
-                st = self._lstat_at(pfd, name)
-                if st is not None and stat.S_ISLNK(st.st_mode):
-                    raise self.link_error(path) from None
-                raise self.fail(path, f"cannot be opened ({oserror(e)})") from None
+            fd = self._open_regular(pfd, name, path, os.O_RDWR | os.O_CREAT, "opened")
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise self.fail(path, f"is {kind_of(mode)}, not a regular file (remove it)")
             deadline = time.monotonic() + wait
             while True:
                 try:

@@ -29,7 +29,7 @@ Examples
 from __future__ import annotations
 
 from .checkpoint import JournalLegacyWarning
-from .events import EVENT_KINDS, Event, Interval, SlotInterval, Trace
+from .decision_trace import EVENT_KINDS, Event, Interval, SlotInterval, Trace
 from .lock import JournalLock, JournalLockWarning
 from .loop import IterationScheduler
 from .objectives import OBJECTIVES

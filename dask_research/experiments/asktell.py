@@ -28,17 +28,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import ExperimentError, InputError
-from .events import _jsonable
+from .decision_trace import _jsonable
 from .execute import coerce_result
 from .report import Report
-from .run import Run
+from .scheduler_run import Run
 from .types import BranchStats, ExperimentResult, Hypothesis
 
 __all__ = ["AskTellSession"]
 
 
 class AskTellSession:
-    """State of one ask/tell session over a :class:`~.run.Run` (a scheduler creates it at
+    """State of one ask/tell session over a :class:`~.scheduler_run.Run` (a scheduler creates it at
     its first ``ask``); ``paper_writer`` runs synchronously inside the triggering ``tell``.
 
     >>> from dask_research.experiments import Hypothesis, IterationScheduler

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from .events import Event
+from .decision_trace import Event
 from .ledger import BranchLedger
 from .types import ExperimentResult, Hypothesis
 

@@ -533,7 +533,7 @@ class Journal:
 
 def _clean(x: Any) -> Any:
     """Non-finite floats as strings (JSON has none); numpy scalars as Python numbers."""
-    from .events import _jsonable
+    from .decision_trace import _jsonable
 
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)

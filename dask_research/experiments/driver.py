@@ -1,7 +1,7 @@
 """The asyncio loop of :meth:`~.loop.IterationScheduler.run`: fill the slots, sleep until any
 experiment finishes, book it and refill its slot at once, repeat.
 
-:class:`LoopDriver` drives one :class:`~.run.Run` on a backend (asyncio tasks, or Dask futures
+:class:`LoopDriver` drives one :class:`~.scheduler_run.Run` on a backend (asyncio tasks, or Dask futures
 with a client). It never blocks behind one experiment: a finished experiment is booked and
 its slot refilled inside its own task (the local backend's completion hook), before the books
 of any other. With ``apply_order="dispatch"`` results are applied in dispatch order and
@@ -26,11 +26,11 @@ from typing import Any
 
 from ..exceptions import ExperimentError
 from .backends import DaskBackend, LocalBackend
-from .events import _jsonable
-from .progress import ProgressBar
+from .decision_trace import _jsonable
+from .progress_bar import ProgressBar
 from .recorder import log_records
 from .report import Report
-from .run import Run
+from .scheduler_run import Run
 from .timeouts import Deadlines, ExperimentTimeout
 from .types import BranchStats, ExperimentResult, Hypothesis
 

@@ -1,6 +1,6 @@
 """The gates applied to every outcome, in order: pruning, then the paper trigger.
 
-Pure decisions over a branch's statistics, no I/O; :mod:`.run` applies them after each
+Pure decisions over a branch's statistics, no I/O; :mod:`.scheduler_run` applies them after each
 outcome (and changes the state through :class:`~.books.Books`, whose same methods replay a
 journal on resume, so a gate's effect is written once). Three flavours: the scalar mean
 (``prune_floor`` / ``paper_threshold`` numbers), per-objective thresholds of vector rewards
@@ -16,7 +16,7 @@ True
 """
 from __future__ import annotations
 
-from .events import Trace
+from .decision_trace import Trace
 from .ledger import BranchLedger
 from .policies.maxbandit import max_prune_reason, should_trigger_paper_max
 from .settings import SchedulerSettings

@@ -3,7 +3,7 @@
 :class:`IterationScheduler` is the facade over the parts: its :class:`~.settings.
 SchedulerSettings`, a :class:`~.ledger.BranchLedger` (queues and statistics) with the
 :class:`~.books.Books` that count what a report shows, a :class:`~.recorder.Recorder` (trace
-and journal), and per run a :class:`~.run.Run` driven by the asyncio loop of :mod:`.driver`
+and journal), and per run a :class:`~.scheduler_run.Run` driven by the asyncio loop of :mod:`.driver`
 (or by your own loop, :mod:`.asktell`). On every result the gates of :mod:`.gates` apply in
 order: pruning, paper trigger, expansion. It never blocks behind one experiment: it sleeps
 until *any* experiment finishes and refills the freed slot at once.
@@ -29,11 +29,11 @@ from .driver import LoopDriver
 from .ledger import BranchLedger
 from .limits import check_batch_memory
 from .policies.base import Policy
-from .progress import ProgressBar
+from .progress_bar import ProgressBar
 from .recorder import Recorder
 from .report import Report
 from .resume import journaled_keywords, restore
-from .run import Run
+from .scheduler_run import Run
 from .settings import KEYWORDS, SETTINGS, SchedulerSettings, check_functions, parameters_doc
 from .sources import Branch, SourceTable
 from .types import BranchStats, ExperimentResult, Hypothesis

@@ -1,4 +1,4 @@
-"""The recorder: every decision becomes an :class:`~.events.Event` in the trace, and a journal
+"""The recorder: every decision becomes an :class:`~.decision_trace.Event` in the trace, and a journal
 record when the scheduler has a checkpoint; :func:`log_records` shapes events for the Dask log.
 
 The clock of a run starts at :meth:`Recorder.begin` (a resumed run continues the clock of the
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .checkpoint import Journal
-from .events import Event, Trace, _jsonable, top_scores
+from .decision_trace import Event, Trace, _jsonable, top_scores
 from .ledger import BranchLedger
 
 __all__ = ["Recorder", "log_records"]

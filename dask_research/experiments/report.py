@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import Trace, _jsonable
+from .decision_trace import Trace, _jsonable
 from .types import BranchStats, ExperimentResult
 
 __all__ = ["Report"]

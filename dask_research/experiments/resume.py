@@ -45,7 +45,7 @@ from ..durable import schema
 from ..exceptions import CheckpointError, ResearchError
 from .books import Books
 from .checkpoint import Journal, JournalState, hypothesis_from_json
-from .events import EVENT_KINDS, Event
+from .decision_trace import EVENT_KINDS, Event
 from .execute import coerce_result
 from .settings import check_header
 from .types import ExperimentResult, Hypothesis

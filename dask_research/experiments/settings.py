@@ -269,7 +269,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("progress", "progress", _flag,
             "bool, optional\n    Show a progress bar (``research.experiments.progress``): its total is\n"
             "    ``max_experiments`` when given, it ends at 100 % whatever stops the run, and in a\n"
-            "    notebook without ipywidgets it is tqdm's text bar (:mod:`.progress`)."),
+            "    notebook without ipywidgets it is tqdm's text bar (:mod:`.progress_bar`)."),
     Setting("log_events", "log-events", _flag,
             "bool, optional\n    With a client, forward events to the Dask event log under\n"
             "    ``research.experiments.event-topic`` (``research.experiments.log-events``)."),

@@ -36,7 +36,7 @@ from .pilot import Pilot, Plan, pilot
 from .power import PowerPolicy, power_state
 from .result import Interval, Result
 from .run import run
-from .shard import compute_shard
+from .shard_compute import compute_shard
 from .store import RunStore
 
 __all__ = [

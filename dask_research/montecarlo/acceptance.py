@@ -24,7 +24,7 @@ The acceptance of an execution, fed two blocks computed here, in the wrong order
 >>> from dask_research.montecarlo import Job, Normal
 >>> from dask_research.montecarlo.engine import Execution
 >>> from dask_research.montecarlo.run_settings import RunSettings
->>> from dask_research.montecarlo.shard import compute_block
+>>> from dask_research.montecarlo.shard_compute import compute_block
 >>> from dask_research.montecarlo.tree import tree_fold
 >>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=4, samples_per_shard=64, seed=1, range=(-8, 8))
 >>> reducer = job.make_reducer(job.range)
@@ -45,10 +45,10 @@ from typing import Any
 from .accumulators import Moments
 from .block_watch import BlockWatch
 from .codec import encode
-from .events import RunningEstimate
 from .folding import TreeFolder
 from .outcome import Outcome
-from .shard import BlockResult
+from .run_events import RunningEstimate
+from .shard_compute import BlockResult
 from .submission import Window
 from .tree import tree_fold
 from .verification import Verification

@@ -35,7 +35,7 @@ from .distributions import from_spec
 from .job import Job
 from .job_registry import JOBS, remember_job
 from .run import open_store
-from .shard import compute_shard
+from .shard_compute import compute_shard
 from .store import RunStore
 from .store.holdings import stored_state_problem
 from .store.layout import MANIFEST_FILE, RESULT_FILE

@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .codec import encode
-from .shard import BlockResult, compute_block
+from .shard_compute import BlockResult, compute_block
 from .store.worker_writes import Unwritable
 
 if TYPE_CHECKING:
@@ -67,12 +67,12 @@ def _trim(res: BlockResult, keep) -> None:
 
 def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[int, Any] | None,
                             target: StoreTarget | None, keep=(), trim: bool = False) -> BlockResult:
-    """:func:`~.shard.compute_block`, then write the block's shard file here if the store is reachable.
+    """:func:`~.shard_compute.compute_block`, then write the block's shard file here if the store is reachable.
 
     Parameters
     ----------
     job, reducer, start, stop, known
-        As :func:`~.shard.compute_block`.
+        As :func:`~.shard_compute.compute_block`.
     target : StoreTarget or None
         The store to write; ``None`` returns every shard state (the client writes).
     keep : iterable of int
@@ -86,7 +86,7 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
     BlockResult
         With ``stored`` and ``checksum`` set and ``shard_states`` cut to ``keep`` plus the first
         computed shard when the file was written here; otherwise with ``store_note`` saying why
-        not and every shard state, as :func:`~.shard.compute_block` returns it.
+        not and every shard state, as :func:`~.shard_compute.compute_block` returns it.
     """
     res = compute_block(job, reducer, start, stop, known)
     if not res.computed:

@@ -29,7 +29,7 @@ from .._compat import heartbeat_interval
 from .arrivals import Arrivals
 from .failures import raise_if_cancelled
 from .keys import verify_key
-from .shard import compute_shard
+from .shard_compute import compute_shard
 from .timing import Limits
 from .verify import TOLERANCE, choose_shards, states_match
 
@@ -45,7 +45,7 @@ def verify_shard(job, reducer, shard: int) -> tuple[Any, str]:
     >>> where, state == compute_shard(job, 2, reducer=job.make_reducer(job.range))
     ('local', True)
     """
-    from .shard import _worker_address
+    from .shard_compute import _worker_address
 
     return compute_shard(job, shard, reducer=reducer), _worker_address()
 

@@ -50,9 +50,9 @@ from .acceptance import Acceptance
 from .arrivals import Arrivals
 from .block_watch import BlockWatch
 from .checks import alive_workers
-from .events import EventOutbox
 from .failures import lost_scheduler, lost_scheduler_error, one_line, raise_if_cancelled
 from .outcome import Outcome, store_writes_start
+from .run_events import EventOutbox
 from .run_settings import RunSettings
 from .store.held_run import HeldRun
 from .store.holdings import Holdings

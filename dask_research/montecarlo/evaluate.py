@@ -1,6 +1,6 @@
 """Evaluating a pipeline on one stream: draw the inputs, call the pipeline, check its output.
 
-What the pilot and every shard run (:mod:`.pilot`, :mod:`.shard`). An exception the pipeline
+What the pilot and every shard run (:mod:`.pilot`, :mod:`.shard_compute`). An exception the pipeline
 raises, or an output of the wrong shape or with non-finite values, becomes a
 :class:`~dask_research.exceptions.PipelineError` that names the shard.
 

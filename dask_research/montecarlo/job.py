@@ -33,8 +33,8 @@ from . import philox
 from .accumulators import MomentsReducer, Reducer
 from .address import pipeline_fingerprint, sha256_hex
 from .distributions import Distribution
+from .gpu import device_choice as gpu_placement
 from .gpu import draws as gpu_draws
-from .gpu import placement as gpu_placement
 from .gpu import tolerance as gpu_tolerance
 from .job_registry import remember_job
 
@@ -85,7 +85,7 @@ class Job:
         width per side (default ``research.montecarlo.range-margin``, read once, here). Part of
         the address of a job whose ``range`` is not given.
     device : {"cpu", "gpu", "any"}
-        Where shards may run (see :mod:`dask_research.montecarlo.gpu.placement`). ``"cpu"``
+        Where shards may run (see :mod:`dask_research.montecarlo.gpu.device_choice`). ``"cpu"``
         (default) is the exact NumPy path; ``"gpu"`` and ``"any"`` use the portable draw
         algorithm, which the address records with its tolerance class.
     """

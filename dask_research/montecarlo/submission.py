@@ -43,7 +43,7 @@ from typing import Any
 from .blocks import compute_and_store_block
 from .groups import Groups, chunks, collect_group
 from .keys import block_key, group_key
-from .shard import compute_block
+from .shard_compute import compute_block
 
 __all__ = ["submit_many", "Window"]
 

@@ -14,7 +14,7 @@ file) is recomputed by the engine on good workers.
 Examples
 --------
 >>> from dask_research.montecarlo import Job, Normal
->>> from dask_research.montecarlo.shard import compute_block
+>>> from dask_research.montecarlo.shard_compute import compute_block
 >>> job = Job(lambda a: a, {"a": Normal(0.0, 1.0)}, shards=16, samples_per_shard=64, seed=1, range=(-8, 8))
 >>> reducer = job.make_reducer(job.range)
 >>> v = Verification(None, job, reducer, run_id=job.id, tag="t", k=2, known={}, emit=print)
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .checks import Checks, Producers
-from .shard import BlockResult
+from .shard_compute import BlockResult
 from .timing import Limits
 from .verify import choose_reused, hash_order, reused_count
 

@@ -24,13 +24,12 @@ Examples
 """
 from .adapter import ReplayBufferAdapter
 from .batch import Batch
-from .delivery import BatchIterator, DeliveryStats
-from .placement import Placement, PlacementReport
-from .plane import EmptyPlaneError, ExperiencePlane
-from .publish import publish_plane
+from .experience_plane import EmptyPlaneError, ExperiencePlane
+from .local_delivery import BatchIterator, DeliveryStats
 from .rate_limiter import RateLimiter
 from .samplers import PrioritizedSampler, RecentSampler, Sampler, UniformSampler
 from .spec import ExperienceSpec, Field
+from .stats_publisher import publish_plane
 from .storages import (
                        DeviceStorage,
                        DeviceTier,
@@ -42,6 +41,7 @@ from .storages import (
                        Tier,
                        TieredStorage,
 )
+from .tier_placement import Placement, PlacementReport
 from .transforms import Normalize, NStepReturn
 
 __all__ = [

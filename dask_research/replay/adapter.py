@@ -36,8 +36,8 @@ import numpy as np
 
 from ..exceptions import InputError
 from .batch import Batch
-from .delivery import make_converter
-from .plane import ExperiencePlane
+from .experience_plane import ExperiencePlane
+from .local_delivery import make_converter
 
 
 def _as_fields(transitions: Any) -> Any:

@@ -28,7 +28,7 @@ from ..exceptions import InputError
 from .batch import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .plane import ExperiencePlane
+    from .experience_plane import ExperiencePlane
 
 
 class NStepReturn:

@@ -9,7 +9,7 @@ import pytest
 
 from dask_research.exceptions import InputError
 from dask_research.experiments import Hypothesis, IterationScheduler
-from dask_research.experiments.events import top_scores
+from dask_research.experiments.decision_trace import top_scores
 
 BRANCHES = 400
 

@@ -18,7 +18,7 @@ from dask_research.experiments import (
     deterministic_expander,
     make_deterministic_runner,
 )
-from dask_research.experiments.run import Run
+from dask_research.experiments.scheduler_run import Run
 
 
 def _hyps(branches, per_branch, prefix=""):

@@ -80,7 +80,7 @@ def test_exports_are_what_the_api_docs_document():
 
 def test_renamed_types_keep_their_old_names():
     import dask_research.experiments as ex
-    from dask_research.experiments.events import Interval, SlotInterval
+    from dask_research.experiments.decision_trace import Interval, SlotInterval
     from dask_research.experiments.types import ExperimentResult, Result
 
     assert Result is ExperimentResult is ex.Result is ex.ExperimentResult

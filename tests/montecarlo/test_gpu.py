@@ -232,7 +232,7 @@ async def test_gpu_shards_run_on_gpu_workers_and_cpu_verification_accepts_within
 
 def test_the_engine_dispatch_keeps_cpu_jobs_on_the_ordinary_path():
     from dask_research.montecarlo.gpu import block_function, recompute_shard
-    from dask_research.montecarlo.shard import compute_block, compute_shard
+    from dask_research.montecarlo.shard_compute import compute_block, compute_shard
 
     cpu, dev = gpu_job(device="cpu"), gpu_job(device="any")
     assert block_function(cpu) is compute_block and block_function(dev) is compute_block_portable
@@ -242,7 +242,7 @@ def test_the_engine_dispatch_keeps_cpu_jobs_on_the_ordinary_path():
 
 
 def test_a_job_rebuilt_from_its_description_keeps_its_address():
-    from dask_research.montecarlo.gpu.placement import device_of_description
+    from dask_research.montecarlo.gpu.device_choice import device_of_description
 
     for device in ("cpu", "gpu", "any"):
         job = gpu_job(device=device)

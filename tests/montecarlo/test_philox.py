@@ -3,7 +3,7 @@ import pytest
 
 from dask_research import montecarlo as mc
 from dask_research.montecarlo import philox
-from dask_research.montecarlo.shard import compute_block
+from dask_research.montecarlo.shard_compute import compute_block
 
 
 def test_key_is_derived_from_the_root_seed():

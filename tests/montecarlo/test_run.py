@@ -268,7 +268,7 @@ def test_twins_finishing_in_the_same_batch_accept_one():
     from dask_research.montecarlo.acceptance import Acceptance
     from dask_research.montecarlo.arrivals import Arrivals
     from dask_research.montecarlo.block_watch import BlockWatch
-    from dask_research.montecarlo.shard import compute_block
+    from dask_research.montecarlo.shard_compute import compute_block
     from dask_research.montecarlo.submission import Window
     from dask_research.montecarlo.timing import Limits
     from dask_research.montecarlo.verification import Verification

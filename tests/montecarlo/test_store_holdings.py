@@ -8,7 +8,6 @@ import pytest
 from dask_research import montecarlo as mc
 from dask_research.exceptions import InputError, StoreError
 from dask_research.montecarlo.store import Holdings, RunStore, StoreFiles
-from dask_research.montecarlo.store.files import Exists
 from dask_research.montecarlo.store.holdings import stored_state_problem
 from dask_research.montecarlo.store.layout import (
     classify_shard_name,
@@ -17,6 +16,7 @@ from dask_research.montecarlo.store.layout import (
     shard_file_range,
 )
 from dask_research.montecarlo.store.manifest import build_manifest, check_manifest
+from dask_research.montecarlo.store.store_files import Exists
 from dask_research.montecarlo.tree import tree_fold
 from dask_research.testing.processes import wait_for
 

@@ -53,7 +53,7 @@ def test_checkpoints_of_the_flock_writer_restore_the_same_and_take_new_writes(tm
     counters and first seeded batch that code read back; a new writer then takes the directory
     (no lease there: no take-over, no warning; ``.lock`` stays the lock file) and commits."""
     from dask_research.replay import checkpoints
-    from dask_research.replay.cluster.shard import WorkerShard
+    from dask_research.replay.cluster.worker_shard import WorkerShard
 
     want = EXPECTED2[name]
     src = DATA2 / ("shards/shard" if name == "shard" else name)

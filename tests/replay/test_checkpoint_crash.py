@@ -18,7 +18,7 @@ from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import CheckpointError
 from dask_research.replay import ExperiencePlane, PrioritizedSampler, UniformSampler, checkpoints
-from dask_research.replay.cluster.shard import WorkerShard, checkpoint_info
+from dask_research.replay.cluster.worker_shard import WorkerShard, checkpoint_info
 from dask_research.testing.processes import wait_for
 
 CHILD = textwrap.dedent("""

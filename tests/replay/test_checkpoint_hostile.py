@@ -22,7 +22,7 @@ from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.exceptions import CheckpointError
 from dask_research.replay import ExperiencePlane, PrioritizedSampler, checkpoints
-from dask_research.replay.cluster.shard import WorkerShard
+from dask_research.replay.cluster.worker_shard import WorkerShard
 from dask_research.testing.processes import wait_for
 from dask_research.testing.threads import in_thread
 

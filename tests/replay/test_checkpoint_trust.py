@@ -22,7 +22,7 @@ from scipy import stats
 
 from dask_research.exceptions import CapacityError, CheckpointError, InputError
 from dask_research.replay import ExperiencePlane, PrioritizedSampler, RecentSampler, checkpoints, snapshot
-from dask_research.replay.cluster.shard import WorkerShard
+from dask_research.replay.cluster.worker_shard import WorkerShard
 
 SPEC = {"action": ((), "int64"), "obs": ((2,), "float32")}
 

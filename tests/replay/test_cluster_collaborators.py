@@ -27,7 +27,7 @@ from dask_research.replay.cluster import (
 )
 from dask_research.replay.cluster.eventlog import PlaneEvents
 from dask_research.replay.cluster.table import assemble
-from dask_research.replay.plane import EmptyPlaneError
+from dask_research.replay.experience_plane import EmptyPlaneError
 
 SPEC = {"x": ((), "int64")}
 FAST = {"research.replay.cluster.stall": 0.05, "research.replay.cluster.max-group": 1,

@@ -14,7 +14,7 @@ from dask_research.replay.cluster import (
     plan_moves,
     prefetch_depth,
 )
-from dask_research.replay.cluster.delivery import request_group
+from dask_research.replay.cluster.cluster_delivery import request_group
 from dask_research.replay.cluster.plugin import ShardPlugin
 from dask_research.replay.cluster.table import assemble
 

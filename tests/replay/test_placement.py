@@ -7,7 +7,7 @@ import pytest
 from replay_helpers import CARTPOLE, make_batch
 
 from dask_research.replay import DiskTier, ExperiencePlane, HostTier, PrioritizedSampler, RecentSampler
-from dask_research.replay.placement import desired_tiers
+from dask_research.replay.tier_placement import desired_tiers
 
 ITEM = 48     # aligned CartPole record
 

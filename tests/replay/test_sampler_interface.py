@@ -17,7 +17,7 @@ from dask_research.replay import (
     UniformSampler,
     snapshot,
 )
-from dask_research.replay.cluster.shard import WorkerShard
+from dask_research.replay.cluster.worker_shard import WorkerShard
 from dask_research.replay.migrator import Migrator
 from dask_research.replay.samplers import BUILTIN
 from dask_research.replay.source import BatchSource, Draw

@@ -6,7 +6,7 @@
 * :mod:`.draws` - portable inputs from the raw stream (53-bit uniforms, Box-Muller);
 * :mod:`.compute` - a block of shards in one launch, one state per shard;
 * :mod:`.tolerance` - the declared class (:data:`GPU_TOLERANCE`) and :func:`compare`;
-* :mod:`.placement` - ``Job(device=...)``, Dask resources and the array namespace.
+* :mod:`.device_choice` - ``Job(device=...)``, Dask resources and the array namespace.
 
 Nothing here imports CuPy until a GPU is actually used.
 
@@ -15,8 +15,8 @@ Nothing here imports CuPy until a GPU is actually used.
 (('cpu', 'gpu', 'any'), 'GPU')
 """
 from .compute import block_function, compute_block_portable, compute_shard_portable, recompute_shard, row_moments
+from .device_choice import DEVICES, GPU_RESOURCE, is_portable, select_xp, submit_kwargs
 from .draws import ALGORITHM, check_portable, draw_rows, namespace
-from .placement import DEVICES, GPU_RESOURCE, is_portable, select_xp, submit_kwargs
 from .tolerance import GPU_RTOL, GPU_TOLERANCE, compare, states_match, tolerance_of
 
 __all__ = [

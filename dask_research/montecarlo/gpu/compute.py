@@ -37,10 +37,10 @@ import numpy as np
 
 from ...exceptions import InputError, PipelineError
 from ..accumulators import Moments, MomentsReducer, Reducer
-from ..shard import BlockResult, _worker_address
+from ..shard_compute import BlockResult, _worker_address
 from ..tree import tree_fold
 from . import draws
-from .placement import select_xp
+from .device_choice import select_xp
 
 __all__ = ["row_moments", "evaluate_rows", "compute_rows", "compute_block_portable",
            "compute_shard_portable", "block_function", "recompute_shard"]
@@ -132,9 +132,9 @@ def compute_rows(job, reducer: Reducer, first: int, rows: int, xp: Any = np,
 def compute_block_portable(job, reducer: Reducer, start: int, stop: int,
                            known: Mapping[int, Any] | None = None, tamper: Any = None,
                            xp: Any = None) -> BlockResult:
-    """Same contract as :func:`~dask_research.montecarlo.shard.compute_block`, for device jobs.
+    """Same contract as :func:`~dask_research.montecarlo.shard_compute.compute_block`, for device jobs.
 
-    ``xp=None`` picks the namespace for this worker with :func:`.placement.select_xp`. Runs of
+    ``xp=None`` picks the namespace for this worker with :func:`.device_choice.select_xp`. Runs of
     consecutive unknown shards are computed together (one launch per run).
     """
     t0 = time.perf_counter()
@@ -177,13 +177,13 @@ def block_function(job):
     """The task function for a block of ``job``'s shards: ``compute_block`` or the portable one.
 
     Both take ``(job, reducer, start, stop, known=None, tamper=None)`` and return a
-    :class:`~dask_research.montecarlo.shard.BlockResult`.
+    :class:`~dask_research.montecarlo.shard_compute.BlockResult`.
     """
-    from .placement import is_portable
+    from .device_choice import is_portable
 
     if is_portable(job):
         return compute_block_portable
-    from ..shard import compute_block
+    from ..shard_compute import compute_block
 
     return compute_block
 
@@ -195,10 +195,10 @@ def recompute_shard(job, shard: int, reducer: Reducer | None = None,
     The ordinary path for ``device="cpu"`` jobs (bit-identical), the portable algorithm with
     ``xp=numpy`` for device jobs (to be compared within :func:`.tolerance.tolerance_of`).
     """
-    from .placement import is_portable
+    from .device_choice import is_portable
 
     if is_portable(job):
         return compute_shard_portable(job, shard, reducer, range, xp=np)
-    from ..shard import compute_shard
+    from ..shard_compute import compute_shard
 
     return compute_shard(job, shard, reducer=reducer, range=range)

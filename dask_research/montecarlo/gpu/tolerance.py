@@ -118,7 +118,7 @@ def compare(state_gpu: Any, state_cpu: Any, rtol: float = GPU_RTOL, path: str = 
 
 def tolerance_of(job) -> str:
     """The tolerance class verification must use for ``job``: ``exact`` or :data:`GPU_TOLERANCE`."""
-    from .placement import is_portable
+    from .device_choice import is_portable
 
     return GPU_TOLERANCE if is_portable(job) else "exact"
 

@@ -1,7 +1,7 @@
 """A run whose lease this process holds: the one way a running run reaches its store.
 
 :func:`~dask_research.montecarlo.run.run` opens the store, enters a :class:`HeldRun` (which
-takes the run's lease, see :mod:`.lease`), asks it once what the store holds of the job, and
+takes the run's lease, see :mod:`.run_lease`), asks it once what the store holds of the job, and
 hands it to the engine. Everything the run then reads or writes goes through it: the shard files
 the client writes (:meth:`HeldRun.write_shards`), the :class:`~.worker_writes.StoreTarget` the
 block tasks write through on the workers (:meth:`HeldRun.target`: the lease token travels with
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import encode
 from .holdings import Holdings
-from .lease import Lease
+from .run_lease import Lease
 from .runstore import RunStore
 from .worker_writes import StoreTarget
 

@@ -6,7 +6,7 @@ Layout under any fsspec URL (a local path, ``s3://bucket/prefix``, ``memory://x`
     <store>/runs/<run id>/shards/<a>-<b>.json accumulators of shards a..b-1 (those computed)
     <store>/runs/<run id>/quarantine/...       shard files moved aside after a failed check
     <store>/runs/<run id>/result.json          the accepted result's summary and verification
-    <store>/runs/<run id>/lease.json           the one writer's lease (see :mod:`.lease`)
+    <store>/runs/<run id>/lease.json           the one writer's lease (see :mod:`.run_lease`)
 
 Every other module takes these names from here (:data:`RUNS_DIR`, :data:`MANIFEST_FILE`,
 :data:`SHARDS_DIR`, :data:`QUARANTINE_DIR`, :data:`RESULT_FILE`, :data:`LEASE_FILE`, :data:`LEASE_LOCK_FILE`,

@@ -1,8 +1,8 @@
 """The run store: a manifest, accepted shard accumulators as they arrive, and the result.
 
 Where each file lives is in :mod:`.layout`; how they are read and written without trusting
-the store is :mod:`.files` (the durability layer, :mod:`dask_research.durable`); what each
-document may hold is :mod:`.documents`; one writer per run is :mod:`.lease`; what a store holds
+the store is :mod:`.store_files` (the durability layer, :mod:`dask_research.durable`); what each
+document may hold is :mod:`.documents`; one writer per run is :mod:`.run_lease`; what a store holds
 of a job, asked once before a run, is :mod:`.holdings`. Every manifest and shard file carries a
 sha256 of its content, and every document is checked against its schema before it is used: a
 corrupt, foreign, truncated or retyped file is refused with a
@@ -31,9 +31,8 @@ from ...durable import jsondoc
 from ...exceptions import InputError, StoreError
 from ..address import canonical_json
 from ..codec import CodecError, decode, encode
-from . import files as store_files
+from . import store_files as store_files
 from .documents import MANIFEST, RESULT, SHARDS
-from .files import Exists, StoreFiles
 from .holdings import Holdings, state_problem, stored_state_problem, template_of
 from .layout import (
     MANIFEST_FILE,
@@ -56,8 +55,9 @@ from .layout import (
     shard_file_name,
     shard_file_range,
 )
-from .lease import Lease
 from .manifest import build_manifest, check_manifest
+from .run_lease import Lease
+from .store_files import Exists, StoreFiles
 
 if TYPE_CHECKING:
     from ..job import Job
@@ -239,7 +239,7 @@ class RunStore:
         """Persist accepted shard states: one file for a contiguous set of shard indices.
 
         A set whose file would be larger than what the store's readers accept (``cap``, default
-        :data:`~.files.MAX_FILE_BYTES`) is split into several files, each named by its
+        :data:`~.store_files.MAX_FILE_BYTES`) is split into several files, each named by its
         ``[first, stop)``; a single shard larger than that is refused before anything is
         written. Idempotent: if a file exists with the same states (another writer of the same
         run got there first), nothing is written; different states under the same name are

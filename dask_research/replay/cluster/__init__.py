@@ -12,14 +12,14 @@ Examples
 [(0, 1, 10)]
 """
 from . import shard_ops
-from .delivery import ClusterBatchIterator, prefetch_depth
+from .cluster_delivery import ClusterBatchIterator, prefetch_depth
+from .cluster_plane import ClusterPlane
 from .indices import decode, encode
-from .placement import plan_moves
-from .plane import ClusterPlane
 from .plugin import ShardPlugin, local_shard, plugin_name
 from .router import PriorityRouter
-from .shard import ShardMissingError, ShardsLostError, WorkerShard
+from .shard_moves import plan_moves
 from .table import ShardRef, ShardTable
+from .worker_shard import ShardMissingError, ShardsLostError, WorkerShard
 
 __all__ = ["ClusterPlane", "ShardRef", "ShardTable", "PriorityRouter", "ShardPlugin",
            "WorkerShard", "ShardMissingError", "ShardsLostError",

@@ -2,7 +2,7 @@
 
 :class:`ShardPlugin` is registered by :class:`~dask_research.replay.ClusterPlane` (you rarely
 build one yourself). On each worker, present and future, ``setup`` sizes a
-:class:`~dask_research.replay.cluster.shard.WorkerShard` from that worker:
+:class:`~dask_research.replay.cluster.worker_shard.WorkerShard` from that worker:
 
 - capacity: ``capacity_per_worker`` transitions if given, else ``memory_fraction`` of the
   worker's ``memory_limit`` (of the machine's memory without a limit) divided by the record
@@ -39,7 +39,7 @@ from ...exceptions import InputError
 from ..samplers import Sampler, UniformSampler
 from ..spec import ExperienceSpec
 from ..storages import DeviceTier, HostTier, Tier
-from .shard import ShardMissingError, WorkerShard
+from .worker_shard import ShardMissingError, WorkerShard
 
 if TYPE_CHECKING:  # pragma: no cover
     from distributed import Worker

@@ -33,14 +33,14 @@ import numpy as np
 from ..._compat import bandwidth_workers, total_bandwidth
 from ...exceptions import InputError
 from ..batch import Batch
-from ..plane import EmptyPlaneError
+from ..experience_plane import EmptyPlaneError
 from ..samplers import Sampler
 from ..spec import ExperienceSpec
 from . import shard_ops
 from .eventlog import PlaneEvents
 from .indices import MAX_SHARDS, encode
 from .plugin import local_shard
-from .shard import ShardsLostError, WorkerShard
+from .worker_shard import ShardsLostError, WorkerShard
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ class ShardTable:
             return None
         from ...exceptions import CheckpointError
         from ..checkpoints import read_meta
-        from .shard import checkpoint_info
+        from .worker_shard import checkpoint_info
 
         p = os.path.join(self.checkpoint_dir, self.name, uid)
         try:

@@ -48,7 +48,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
 
 from ...exceptions import InputError
-from ..plane import ExperiencePlane
+from ..experience_plane import ExperiencePlane
 from ..samplers import Sampler
 
 __all__ = ["PlaneEpisodeReplayBuffer"]
@@ -140,7 +140,7 @@ class PlaneEpisodeReplayBuffer(EpisodeReplayBuffer):
             raise InputError("sample_episodes", sample_episodes, "True (RLlib's new API stack)",
                              where=where)
         if self.plane is None:
-            from ..plane import EmptyPlaneError
+            from ..experience_plane import EmptyPlaneError
 
             raise EmptyPlaneError()
         B = int(num_items or batch_size_B or self.batch_size_B)

@@ -55,7 +55,7 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
 from ...exceptions import InputError, ResearchError
-from ..plane import ExperiencePlane
+from ..experience_plane import ExperiencePlane
 from ..samplers import Sampler
 
 __all__ = ["SB3ReplayBuffer", "PrioritizedDQN", "sb3_spec"]

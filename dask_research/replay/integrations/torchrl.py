@@ -52,7 +52,7 @@ from torchrl.data.replay_buffers.storages import Storage as _TRLStorage
 from ...durable import Files, schema
 from ...exceptions import CheckpointError, InputError
 from ..batch import Batch
-from ..plane import ExperiencePlane
+from ..experience_plane import ExperiencePlane
 
 __all__ = ["from_tensordict", "to_tensordict", "ingest_tensordict", "tensordict_batches",
            "TensorDictBatches", "PlaneStorage", "PlaneSampler", "plane_replay_buffer"]

@@ -6,7 +6,7 @@ bandwidth, declared or measured once when the storage is built. ``TieredStorage`
 storage per tier, orders them fastest first and keeps a location map from logical slot (the
 plane's ring position) to ``(tier, row)``. A tier never holds more rows than
 ``capacity // itemsize``; the total capacity is the sum. Which slot lives in which tier is
-decided by :class:`~dask_research.replay.placement.Placement`; new transitions overwrite the
+decided by :class:`~dask_research.replay.tier_placement.Placement`; new transitions overwrite the
 slot they replace in place, or take a free row in the fastest tier that has one.
 
 Examples

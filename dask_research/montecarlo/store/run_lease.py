@@ -31,8 +31,8 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from ... import durable
-from .files import StoreFiles
 from .layout import LEASE_FILE, LEASE_FORMAT, LEASE_LOCK_FILE
+from .store_files import StoreFiles
 
 __all__ = ["Lease"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from . import gates
 from .books import Books
 from .checkpoint import hypothesis_to_json
-from .events import _jsonable
+from .decision_trace import _jsonable
 from .ledger import BranchLedger
 from .policies.pareto import pareto_front
 from .recorder import Recorder

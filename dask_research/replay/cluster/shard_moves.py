@@ -11,7 +11,7 @@ through the learner).
 
 Examples
 --------
->>> from dask_research.replay.cluster.placement import plan_moves
+>>> from dask_research.replay.cluster.shard_moves import plan_moves
 >>> plan_moves({"a": (1000, 1000), "b": (0, 1000)}, high=0.95, low=0.5, max_move=300)
 [('a', 'b', 300)]
 >>> plan_moves({"a": (900, 1000), "b": (0, 1000)}, high=0.95, low=0.5, max_move=300)

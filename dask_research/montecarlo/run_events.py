@@ -13,7 +13,7 @@ or store credentials.
 
 Examples
 --------
->>> from dask_research.montecarlo.events import RunningEstimate
+>>> from dask_research.montecarlo.run_events import RunningEstimate
 >>> est = RunningEstimate()
 >>> est.add(n=100, mean=1.0, m2=99.0)
 >>> est.add(n=100, mean=3.0, m2=99.0)

@@ -23,7 +23,7 @@ Examples
 >>> files.write_json(path, {"x": 2})
 Traceback (most recent call last):
 ...
-dask_research.montecarlo.store.files.Exists: ...notes.json: already exists; refusing to overwrite it
+dask_research.montecarlo.store.store_files.Exists: ...notes.json: already exists; refusing to overwrite it
 """
 from __future__ import annotations
 

@@ -50,9 +50,8 @@ from ..exceptions import InputError
 from ..seeds import seed_sequence
 from . import checkpoints, snapshot
 from .batch import Batch
-from .delivery import BatchIterator, tensordict_output
+from .local_delivery import BatchIterator, tensordict_output
 from .migrator import Migrator
-from .placement import Placement, PlacementReport, single_tier_report
 from .rate_limiter import RateLimiter
 from .ring import Ring, fit_batch
 from .samplers import Sampler, UniformSampler
@@ -62,6 +61,7 @@ from .spec import ExperienceSpec, add_checks, priority_arrays
 from .stats import PlaneCounters, PlaneStats
 from .storages import HostStorage, Tier, TieredStorage
 from .storages.host import _check_host_memory
+from .tier_placement import Placement, PlacementReport, single_tier_report
 
 __all__ = ["ExperiencePlane", "EmptyPlaneError", "FORMAT", "FORMAT_VERSION", "DRAW_BYTES"]
 
@@ -176,7 +176,7 @@ class ExperiencePlane:
         self._writers_guard = threading.Lock()
         weakref.finalize(self, _close_writers, self._writers)      # a plane collected unclosed
         if client is not None:
-            from .publish import auto_publisher
+            from .stats_publisher import auto_publisher
 
             self._publisher = auto_publisher(self, client, self.name, publish_interval)
 

@@ -53,8 +53,8 @@ from typing import Any
 from ... import config
 from ...exceptions import InputError
 from ..batch import Batch
-from ..delivery import _STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval, make_converter
-from ..plane import EmptyPlaneError
+from ..experience_plane import EmptyPlaneError
+from ..local_delivery import _STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval, make_converter
 from .router import PriorityRouter
 from .table import ShardTable
 from .waiting import wait_all

@@ -39,7 +39,7 @@ importable as ``Interval``, their name before they were renamed apart from
 
 Examples
 --------
->>> from dask_research.experiments.events import Trace
+>>> from dask_research.experiments.decision_trace import Trace
 >>> tr = Trace(slots=2)
 >>> _ = tr.emit("dispatch", t=0.0, branch="a", hypothesis="h1", slot=0)
 >>> _ = tr.emit("dispatch", t=0.0, branch="b", hypothesis="h2", slot=1)

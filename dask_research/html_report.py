@@ -7,7 +7,7 @@ legends outside the frame, so no legend covers data and no title is cut.
 
 Examples
 --------
->>> from dask_research.report import write_report, montecarlo_figure   # doctest: +SKIP
+>>> from dask_research.html_report import write_report, montecarlo_figure   # doctest: +SKIP
 >>> write_report("report.html", "My runs", [montecarlo_figure(result)],
 ...              facts={"seed": "2026"})                               # doctest: +SKIP
 """

@@ -4,9 +4,9 @@
 (each worker, present and future, gets a shard sized from its memory), keeps a table of the
 shards it knows (address, uid, occupancy, sampling mass, lost or live), and offers the
 single-process plane's surface: ``batches()`` (cluster delivery, see
-:mod:`~dask_research.replay.cluster.delivery`), ``sample()``, ``update_priorities()``,
+:mod:`~dask_research.replay.cluster.cluster_delivery`), ``sample()``, ``update_priorities()``,
 ``stats()``, ``checkpoint()``, plus ``rebalance()`` (placement across workers, see
-:mod:`~dask_research.replay.cluster.placement`).
+:mod:`~dask_research.replay.cluster.shard_moves`).
 
 The plane is a facade over its collaborators: the shard table
 (:mod:`~dask_research.replay.cluster.table`: refs, refresh, loss, allocation, sample tasks,
@@ -62,11 +62,11 @@ from ..batch import Batch
 from ..samplers import Sampler, UniformSampler
 from ..spec import ExperienceSpec, priority_arrays
 from . import shard_ops
-from .delivery import ClusterBatchIterator
+from .cluster_delivery import ClusterBatchIterator
 from .eventlog import PlaneEvents
-from .placement import plan_moves
 from .plugin import ShardPlugin, plugin_name
 from .router import PriorityRouter
+from .shard_moves import plan_moves
 from .table import ShardRef, ShardTable
 from .waiting import wait_all
 
@@ -184,7 +184,7 @@ class ClusterPlane:
         self._deliveries: list[ClusterBatchIterator] = []
         client.register_plugin(self.plugin)
         self.refresh()
-        from ..publish import auto_publisher
+        from ..stats_publisher import auto_publisher
 
         self._publisher = auto_publisher(self, client, self.name, publish_interval)
 
@@ -274,11 +274,11 @@ class ClusterPlane:
                 max_in_flight: int | None = None) -> ClusterBatchIterator:
         """Batches drawn across all live shards, fetched ahead as Dask futures.
 
-        See :mod:`dask_research.replay.cluster.delivery` for the allocation, the prefetch
+        See :mod:`dask_research.replay.cluster.cluster_delivery` for the allocation, the prefetch
         (bandwidth) rule and fault handling. ``to``/``device`` as in
         :meth:`ExperiencePlane.batches`.
         """
-        from ..delivery import tensordict_output
+        from ..local_delivery import tensordict_output
 
         wrap, to = tensordict_output(to)
         it = ClusterBatchIterator(self.table, self.router, batch_size=batch_size,
@@ -316,7 +316,7 @@ class ClusterPlane:
                   max_move: int | None = None, wait: bool = True) -> int:
         """Move the oldest transitions of full shards to nearly empty ones (worker to worker).
 
-        See :func:`~dask_research.replay.cluster.placement.plan_moves`. Returns how many
+        See :func:`~dask_research.replay.cluster.shard_moves.plan_moves`. Returns how many
         transitions moved (with ``wait=False``: how many were scheduled to move).
         """
         high = float(config.resolve("replay.cluster.rebalance-high", high))

@@ -10,7 +10,7 @@ Examples
 --------
 >>> import numpy as np
 >>> from dask_research.replay import UniformSampler
->>> from dask_research.replay.cluster.shard import WorkerShard
+>>> from dask_research.replay.cluster.worker_shard import WorkerShard
 >>> shard = WorkerShard("p", {"x": ((2,), "float32")}, capacity=100, sampler=UniformSampler(),
 ...                     seed=0)
 >>> shard.ingest({"x": np.ones((10, 2))})
@@ -33,7 +33,7 @@ import numpy as np
 
 from ...exceptions import InputError, ResearchError
 from .. import snapshot
-from ..plane import ExperiencePlane
+from ..experience_plane import ExperiencePlane
 from ..samplers import Sampler
 from ..spec import ExperienceSpec
 from ..storages import Tier
