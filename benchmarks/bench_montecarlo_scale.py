@@ -125,7 +125,7 @@ def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, wr
     sched = psutil.Process(sched_pid)
     with dask.config.set({"research.montecarlo.store-writes": writes, "research.montecarlo.group-blocks": groups}):
         s0, c0, w0 = sum(sched.cpu_times()[:2]), time.process_time(), time.perf_counter()
-        res = mc.run(job, client, store=store, verify=0, shards_per_task=spt, progress=False,
+        res = mc.run(job, client=client, store=store, verify=0, shards_per_task=spt, progress=False,
                      check_merger=False, pilot=p, speculate=0.0, window=window)
         c1, w1, s1 = time.process_time(), time.perf_counter(), sum(sched.cpu_times()[:2])
     mode = None
@@ -281,7 +281,7 @@ def count_main(spts: list[int], quick: bool) -> None:
                 yappi.clear_stats()
                 yappi.set_clock_type("cpu")
                 yappi.start(builtins=False)
-                mc.run(job, client, store=tempfile.mkdtemp(prefix="bench-scale-store-") if store else None, verify=0,
+                mc.run(job, client=client, store=tempfile.mkdtemp(prefix="bench-scale-store-") if store else None, verify=0,
                        shards_per_task=spt, progress=False, check_merger=False, pilot=p, speculate=0.0)
                 yappi.stop()
                 got = dict.fromkeys(COUNTED.values(), 0)

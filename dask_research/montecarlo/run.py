@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from typing import Any
 
 from .._cluster import get_client, workers_info
@@ -82,14 +83,17 @@ def open_store(store: Any, must_exist: bool = False) -> RunStore | None:
     return rs.require() if must_exist else rs
 
 
-def run(job: Job, client=None, *, store: Any = None, pilot: Pilot | None = None, **settings: Any) -> Result:
+def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilot | None = None,
+        **settings: Any) -> Result:
     """Run ``job`` and return its verified :class:`Result`.
 
     Parameters
     ----------
     job : Job
     client : distributed.Client, optional
-        Default: the current client, else an embedded ``LocalCluster`` for this call.
+        Default: the current client, else an embedded ``LocalCluster`` for this call. A keyword,
+        as in every entry point of the package (``mc.run(job, client)`` still works, with a
+        ``DeprecationWarning``).
     store : str or RunStore, optional
         A path or fsspec URL. The manifest and every accepted shard's accumulator are written
         as they arrive; a re-run of the same job computes only the shards that are missing.
@@ -103,6 +107,12 @@ def run(job: Job, client=None, *, store: Any = None, pilot: Pilot | None = None,
     """
     if not isinstance(job, Job):
         raise InputError("job", job, "a dask_research.montecarlo.Job", where="run")
+    if args:
+        if len(args) > 1 or client is not None:
+            raise TypeError("mc.run takes the job by position; pass client= and every setting by keyword")
+        warnings.warn("mc.run(job, client) is deprecated: pass mc.run(job, client=client)", DeprecationWarning,
+                      stacklevel=2)
+        client = args[0]
     s = RunSettings.from_keywords(settings)
     rs = open_store(store)
     if rs is not None:

@@ -286,7 +286,8 @@ def parameters_doc() -> str:
 
 
 def run_signature(func: Callable) -> inspect.Signature:
-    """``func``'s signature with its ``**settings`` replaced by one keyword per keyword setting.
+    """``func``'s signature with its ``**settings`` replaced by one keyword per keyword setting
+    (and without a ``*args`` kept only for a deprecated call form).
 
     >>> def run(job, *, store=None, **settings): ...
     >>> list(run_signature(run).parameters)
@@ -294,6 +295,6 @@ def run_signature(func: Callable) -> inspect.Signature:
     """
     sig = inspect.signature(func)
     P = inspect.Parameter
-    params = [p for p in sig.parameters.values() if p.kind is not P.VAR_KEYWORD]
+    params = [p for p in sig.parameters.values() if p.kind not in (P.VAR_KEYWORD, P.VAR_POSITIONAL)]
     params += [P(name, P.KEYWORD_ONLY, default=None) for name in KEYWORDS]
     return sig.replace(parameters=params)

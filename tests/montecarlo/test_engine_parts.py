@@ -171,6 +171,7 @@ def _slow_identity(x, seconds):
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120, method="thread")
 def test_arrivals_wake_on_the_first_end_and_gather_every_finished_one(loop):
     with LocalCluster(loop=loop, n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \

@@ -41,6 +41,7 @@ def _reference(job):
         return mc.run(job, client=c, verify=0, progress=False)
 
 
+@pytest.mark.slow
 def test_sigkill_a_worker_mid_run_loses_nothing_and_changes_no_bit(real_cluster, tmp_path):
     client, workers = real_cluster
     job = _job()
@@ -80,6 +81,7 @@ CLIENT_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_sigkill_the_client_then_resume_computes_only_the_missing_shards(tmp_path):
     script = tmp_path / "client_job.py"
     script.write_text(CLIENT_SCRIPT)

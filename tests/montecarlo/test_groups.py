@@ -63,6 +63,7 @@ def test_a_group_is_overdue_only_long_after_one_of_its_blocks_finished():
 
 # ------------------------------------------------------------------------------ real runs
 
+@pytest.mark.slow
 def test_groups_give_the_same_bits_and_one_gather_per_group(cluster, tmp_path):
     job = _job(shards=128)          # 64 blocks: 4 windows of 16, the least a run forms groups for
     states, records, gathers = {}, {}, {}

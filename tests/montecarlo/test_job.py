@@ -39,12 +39,14 @@ def _id_in_subprocess(tmp_path, source):
     return out.stdout.strip()
 
 
+@pytest.mark.slow
 def test_same_job_same_id_across_processes(tmp_path):
     a = _id_in_subprocess(tmp_path, SCRIPT)
     b = _id_in_subprocess(tmp_path, SCRIPT)
     assert a == b and len(a) == 64
 
 
+@pytest.mark.slow
 def test_one_character_changes_give_a_new_id(tmp_path):
     base = _id_in_subprocess(tmp_path, SCRIPT)
     assert _id_in_subprocess(tmp_path, SCRIPT.replace("* b + SCALE", "* b - SCALE")) != base  # body

@@ -114,6 +114,7 @@ class MeanOfMeans:
         return state[1]
 
 
+@pytest.mark.slow
 def test_pool_refuses_a_failing_user_reducer_before_submitting(client):
     job = mc.Job(lambda a: a, {"a": mc.Normal(0, 1)}, shards=4, samples_per_shard=512, reducer=MeanOfMeans())
     with pytest.raises(MergerError, match="not associative"):

@@ -341,6 +341,7 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="process groups")
 def test_preload_and_worker_command_install_the_plugin(tmp_path):
     """A real scheduler, one `dask worker --preload ...` and one `dask-research worker ...`."""

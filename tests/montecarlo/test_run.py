@@ -81,6 +81,7 @@ def test_lognormal_matches_closed_forms(one_worker):
     assert res.linearized.value < res.mean and res.linearized.sd < res.sd
 
 
+@pytest.mark.slow
 def test_bad_pipeline_output_is_refused_before_any_task_is_submitted(client):
     def wrong_shape(a):
         return np.stack([a, a])
@@ -142,6 +143,7 @@ def test_shards_per_task_must_be_a_power_of_two(one_worker):
         mc.run(_job(), client=one_worker, shards_per_task=3, progress=False)
 
 
+@pytest.mark.slow
 def test_task_size_comes_from_pilot_timing(one_worker):
     job = _job(shards=256)
     with __import__("dask").config.set({"research.montecarlo.task-seconds": 1e-9,
@@ -175,6 +177,7 @@ def test_embedded_cluster_when_no_client_exists():
         default_client()
 
 
+@pytest.mark.slow
 def test_client_holds_a_bounded_number_of_futures(one_worker):
     """1,024 one-shard tasks with a window of 8: never a future per shard."""
     job = mc.Job(lambda a: a, {"a": mc.Uniform(0, 1)}, shards=1024, samples_per_shard=8, seed=3, range=(0, 1))
@@ -319,6 +322,7 @@ def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
         assert c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
 
 
+@pytest.mark.slow
 def test_embedded_process_workers_get_the_malloc_fix():
     import dask
     from distributed import default_client

@@ -213,3 +213,18 @@ def test_the_engine_and_its_parts_never_read_dask_config():
         assert "config" not in imported, name
         assert not any(isinstance(node, ast.Attribute) and node.attr == "resolve" and
                        isinstance(node.value, ast.Name) and node.value.id == "config" for node in ast.walk(tree)), name
+
+
+def test_the_client_is_a_keyword_and_the_old_positional_form_warns():
+    import inspect
+
+    from distributed import Client, LocalCluster
+
+    sig = inspect.signature(mc.run)
+    assert sig.parameters["client"].kind is inspect.Parameter.KEYWORD_ONLY
+    job = mc.Job(lambda a: a, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=256, seed=1)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as client:
+        with pytest.warns(DeprecationWarning, match=r"mc.run\(job, client=client\)"):
+            old = mc.run(job, client, progress=False, verify=0)
+        assert old.mean == mc.run(job, client=client, progress=False, verify=0).mean

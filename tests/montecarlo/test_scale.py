@@ -43,6 +43,7 @@ def _stored_states(store, job) -> dict:
             for s in range(job.shards)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 def test_process_workers_write_the_store_and_the_client_writes_no_shard(process_cluster, tmp_path, monkeypatch):
     job = _job()
@@ -82,6 +83,7 @@ def test_process_workers_write_the_store_and_the_client_writes_no_shard(process_
     assert resumed.computed_shards == 8 and resumed.reused_shards == 24 and resumed.state == expected.state
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="thread")
 def test_a_store_the_workers_cannot_reach_is_written_by_the_client_and_said_so(process_cluster):
     # An in-memory store lives in the client's process: the worker processes cannot see it.

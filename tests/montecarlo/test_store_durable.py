@@ -198,6 +198,7 @@ print(job.id)
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_replay_in_a_script_never_calls_a_helper_whose_address_the_store_reproduced(tmp_path):
     script = tmp_path / "analysis.py"
@@ -324,6 +325,7 @@ def _manifest_paths(doc, prefix=()):
 WRONG = [True, 0, "x", [], {}, None]
 
 
+@pytest.mark.slow
 def test_every_manifest_field_retyped_is_a_store_error_naming_the_manifest(tmp_path):
     """The fuzzer's raw TypeError in replay (issue 26), as a regression test: each field of a real
     manifest set to each JSON type, checksum recomputed; replay, show and resume load it (a value

@@ -133,6 +133,7 @@ def _start_gated(tmp, store, job, gate, procs):
     return first
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_second_client_waits_for_the_first_then_resumes_without_computing(leased):
     tmp, job, store, lease = leased
@@ -161,6 +162,7 @@ def test_a_second_client_waits_for_the_first_then_resumes_without_computing(leas
     assert sum(1 for line in second.err if "waiting for it" in line) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_killed_holder_leaves_a_stale_lease_that_is_taken_over(leased):
     tmp, job, store, lease = leased
@@ -246,6 +248,7 @@ def test_a_lease_on_an_object_store_protocol(tmp_path):
     assert not rs.fs.exists(lease.path) and len(said) == 1 and "waiting for it" in said[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 def test_a_run_whose_lease_was_taken_over_stops_writing(leased):
     """A holder presumed dead (its lease replaced by another run's) writes no shard when it wakes."""

@@ -99,6 +99,7 @@ def test_a_straggler_is_duplicated_and_the_result_is_unchanged(two_workers):
     assert res.workers.get(slow, 0) < 16 // 2, res.workers
 
 
+@pytest.mark.slow
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])   # a shared machine: no wall-clock limits
 @given(st.integers(1, 500), st.integers(0, 8), st.data())
 def test_chosen_shards_cover_every_producer(shards, k, data):
