@@ -37,7 +37,7 @@ def test_a_hypothesis_batch_beyond_the_declared_memory_is_refused():
 def test_a_shard_too_large_for_any_store_file_is_refused_with_its_size_and_nothing_is_written(tmp_path, monkeypatch):
     from dask_research import montecarlo as mc
     from dask_research.exceptions import StoreError
-    from dask_research.montecarlo.store import files as store_files
+    from dask_research.montecarlo.store import store_files
 
     job = mc.Job(lambda a: a, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1, bins=4096,
                  range=(-5.0, 5.0))
