@@ -33,8 +33,7 @@ from dask_research.cli import main
 from dask_research.durable import jsondoc
 from dask_research.exceptions import StoreError
 from dask_research.montecarlo.codec import encode
-from dask_research.montecarlo.store import RunStore, StoreWarning, checksum
-from dask_research.montecarlo.store import store_files
+from dask_research.montecarlo.store import RunStore, StoreWarning, checksum, store_files
 from dask_research.montecarlo.store.manifest import build_manifest
 from dask_research.testing.processes import subprocess_env
 

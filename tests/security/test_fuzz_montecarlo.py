@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from dask_research import montecarlo as mc
 from dask_research.exceptions import ResearchError
-from dask_research.montecarlo.store import RunStore, checksum
-from dask_research.montecarlo.store import store_files
+from dask_research.montecarlo.store import RunStore, checksum, store_files
 from dask_research.montecarlo.store.manifest import build_manifest
 from dask_research.testing import corruption
 
