@@ -12,6 +12,8 @@ Examples
 >>> lo, hi = r.interval(0.95).percentile
 >>> round(lo), round(hi)
 (6, 14)
+>>> r                                   # one line; print(r) is the full summary
+Result(job, run_id=000000000000, mean=9.99... ± 0.012 (95 % CI), n=100,000, shards=0)
 """
 from __future__ import annotations
 
@@ -230,6 +232,19 @@ class Result:
 
     def to_json(self) -> str:
         return json.dumps(self.summary(), indent=2, default=float)
+
+    def __repr__(self) -> str:
+        """One line, as for :class:`Job` (``print(result)`` is the full summary).
+
+        The ``±`` is the half-width of the 95 % confidence interval of the mean, as everywhere.
+        """
+        head = f"Result({self.name or 'job'}, run_id={self.run_id[:12]}"
+        if not isinstance(self.state, Moments):
+            value = repr(self.value)
+            return f"{head}, value={value if len(value) <= 60 else value[:57] + '...'})"
+        z = _z(0.95)
+        return (f"{head}, mean={self.mean:.6g} ± {z * self.stderr:.2g} (95 % CI), n={self.n:,}, "
+                f"shards={self.shards})")
 
     def __str__(self) -> str:
         if not isinstance(self.state, Moments):

@@ -128,3 +128,20 @@ def test_a_pipeline_written_for_one_sample_is_told_to_use_arrays(body):
     job = mc.Job(scalar_only, {"a": mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1)
     with pytest.raises(PipelineError, match=r"called with one array per input.*np\.exp"):
         mc.pilot(job)
+
+
+def test_result_repr_is_one_short_line():
+    """A bare ``result`` in a console is one line (was a 6 KB dataclass dump); print() is the summary."""
+    from dask_research.montecarlo.accumulators import Moments
+    from dask_research.montecarlo.result import Result
+
+    y = np.random.default_rng(0).normal(10.0, 2.0, 10_000)
+    r = Result("ab" * 32, Moments.from_samples(y, (0.0, 20.0), 64), name="demo", shards=4,
+               samples_per_shard=2500, pilot={"range": [0.0, 20.0], "sigma": 2.0, "big": list(range(500))})
+    text = repr(r)
+    assert "\n" not in text and len(text) < 160
+    assert text.startswith("Result(demo, run_id=abababababab") and "95 % CI" in text
+    assert f"{r.mean:.6g}" in text and "n=10,000" in text
+    assert str(r).count("\n") > 2                        # the summary is unchanged
+    user = Result("cd" * 32, {"x": 1.0}, name="u")
+    assert repr(user) == "Result(u, run_id=cdcdcdcdcdcd, value={'x': 1.0})"
