@@ -135,6 +135,11 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except click.UsageError as e:
+            cause = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+            if ctx.meta.get("dask_research.traceback") and cause is not None:
+                import traceback  # what went wrong inside the job file, as asked for
+
+                click.echo("".join(traceback.format_exception(cause)).rstrip(), err=True)
             raise _one_line_usage(e) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
                 KeyboardInterrupt):

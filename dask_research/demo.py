@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from .montecarlo.job import job_factory
+
 __all__ = ["run_demo", "DemoResult", "demo_job", "quick_job", "replay_command", "check_out_path",
            "check_store_path", "STORE_NAME", "SEED"]
 
@@ -83,6 +85,7 @@ def experiment(h) -> Any:
     return Result(h, reward, {"work": float(np.abs(m).sum())})
 
 
+@job_factory
 def demo_job(quick: bool = False):
     """The demo's Monte-Carlo job: 320 (``quick``: 64) shards x 65,536 draws, seed :data:`SEED`.
 
@@ -97,6 +100,7 @@ def demo_job(quick: bool = False):
                   shards=64 if quick else 320, samples_per_shard=65_536, seed=SEED, name="saturating")
 
 
+@job_factory
 def quick_job():
     """The ``--quick`` demo's job (for ``--job dask_research.demo:quick_job``)."""
     return demo_job(quick=True)

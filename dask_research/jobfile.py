@@ -13,23 +13,29 @@ Examples
 Traceback (most recent call last):
     ...
 click.exceptions.BadParameter: 'dask_research.demo' has no attribute 'nope'; it has [...]
->>> load_job("dask_research.demo:quick_job").shards          # a function returning a Job is called
+>>> load_job("dask_research.demo:quick_job").shards          # a function marked @job_factory is called
 64
 >>> one_line(ValueError("first line\\nsecond line"))
 'ValueError: first line'
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import inspect
+import io
 import os
+import signal
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
-__all__ = ["load_object", "load_job", "one_line"]
+__all__ = ["load_object", "load_job", "one_line", "describe_object"]
 
 
 def _sibling_modules(directory: str, before: set[str]) -> list[str]:
@@ -80,12 +86,15 @@ def _exec_job_file(path: str):
     sys.path.insert(0, directory)
     write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True   # as `python FILE`: no __pycache__
     try:
-        spec.loader.exec_module(module)
+        with _bounded_import(path):
+            spec.loader.exec_module(module)
     except SyntaxError as e:
         where = f"{e.filename or path}, line {e.lineno}" if e.lineno else path
         raise click.BadParameter(f"{where}: syntax error: {e.msg}") from None
-    except (Exception, SystemExit) as e:
-        raise click.BadParameter(f"loading {path} failed: {one_line(e)}") from None
+    except click.BadParameter:
+        raise
+    except Exception as e:
+        raise click.BadParameter(f"loading {path} failed: {one_line(e)}") from e
     finally:
         sys.dont_write_bytecode = write_bytecode
         try:
@@ -96,6 +105,64 @@ def _exec_job_file(path: str):
             sys.modules.pop(name, None)
         sys.modules.pop(mod_name, None)
     return module
+
+
+class _ImportTimedOut(BaseException):
+    """Raised in the main thread when a job file's import outlives ``research.cli.import-timeout``
+    (a BaseException, so the file's own ``except Exception`` cannot swallow it)."""
+
+
+def _import_timeout() -> float:
+    """``research.cli.import-timeout`` in seconds (``None``/0: unbounded)."""
+    import dask.utils
+
+    from . import config
+
+    value = config.resolve("cli.import-timeout", default=None)
+    return float(dask.utils.parse_timedelta(value, default="s")) if value else 0.0
+
+
+@contextlib.contextmanager
+def _bounded_import(what: str) -> Iterator[None]:
+    """Import a job file or module as ``python FILE`` would, bounded, with one line for what goes wrong.
+
+    While it runs, ``sys.argv`` is ``[what]`` (a file that parses the command line at import
+    sees none of the CLI's arguments) and what it writes to ``sys.stderr`` is held back: a
+    ``sys.exit`` at import (another program's usage) becomes one :class:`click.BadParameter`
+    line, otherwise the text is passed on. In the main thread the import is bounded by
+    ``research.cli.import-timeout`` (a file that loops forever at import is named, not waited on).
+    """
+    seconds = _import_timeout()
+    bounded = seconds > 0 and threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+
+    def expire(signum, frame):
+        raise _ImportTimedOut()
+
+    argv, sys.argv = sys.argv, [what]
+    held = io.StringIO()
+    previous = signal.signal(signal.SIGALRM, expire) if bounded else None
+    if bounded:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except SystemExit as e:
+        first = next((line for line in held.getvalue().splitlines() if line.strip()), "")
+        shown = f" after printing {first.strip()[:80]!r}" if first else ""
+        raise click.BadParameter(
+            f"importing {what} called sys.exit({e.code!r}){shown}: a job file must not parse the command "
+            "line or exit when imported (keep that under `if __name__ == \"__main__\":`)") from e
+    except _ImportTimedOut:
+        raise click.BadParameter(
+            f"importing {what} did not finish within {seconds:g} s (research.cli.import-timeout): does it run "
+            "work or loop at import? Keep that under `if __name__ == \"__main__\":`") from None
+    else:
+        sys.stderr.write(held.getvalue())
+    finally:
+        if bounded:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        sys.argv = argv
 
 
 def load_object(ref: str) -> Any:
@@ -120,13 +187,16 @@ def load_object(ref: str) -> Any:
         if not all(part.isidentifier() for part in mod_ref.split(".")):
             raise click.BadParameter(f"{mod_ref!r} is not a module name or a .py file")
         try:
-            module = importlib.import_module(mod_ref)
+            with _bounded_import(mod_ref):
+                module = importlib.import_module(mod_ref)
         except ImportError as e:
             raise click.BadParameter(f"cannot import module {mod_ref!r}: {e}") from None
         except SyntaxError as e:
             raise click.BadParameter(f"{e.filename}, line {e.lineno}: syntax error: {e.msg}") from None
-        except (Exception, SystemExit) as e:
-            raise click.BadParameter(f"importing {mod_ref} failed: {one_line(e)}") from None
+        except click.BadParameter:
+            raise
+        except Exception as e:
+            raise click.BadParameter(f"importing {mod_ref} failed: {one_line(e)}") from e
     try:
         obj = getattr(module, name)
     except AttributeError:
@@ -141,8 +211,46 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
+def describe_object(obj: Any) -> str:
+    """What ``obj`` is, in a few words, for a refusal.
+
+    >>> def saturating(a, b, *, c=1): ...
+    >>> describe_object(saturating)
+    'a function saturating(a, b, *, c=1)'
+    >>> describe_object(3)
+    'an int'
+    """
+    if inspect.isclass(obj):
+        return f"a class {obj.__qualname__}"
+    if inspect.isfunction(obj) or inspect.ismethod(obj):
+        try:
+            sig = str(inspect.signature(obj))
+        except (TypeError, ValueError):
+            sig = "(...)"
+        return f"a function {obj.__qualname__}{sig}"
+    if inspect.ismodule(obj):
+        return f"a module {obj.__name__}"
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def load_job(ref: str):
+    """The :class:`~dask_research.montecarlo.Job` that ``MODULE:NAME`` names.
+
+    NAME must be a ``Job`` or a zero-argument function marked with
+    :func:`~dask_research.montecarlo.job.job_factory` (which is then called). Anything else is
+    refused with one line saying what it is, *before* anything runs: ``FILE:main`` (a program's
+    entry point) is never called, nor is the pipeline itself.
+
+    >>> load_job("dask_research.demo:quick_job").shards          # a marked factory is called
+    64
+    >>> load_job("dask_research.demo:saturating")
+    Traceback (most recent call last):
+        ...
+    click.exceptions.BadParameter: dask_research.demo:saturating is a function saturating(a, b, c, d, e, f, g), ...
+    """
     from .montecarlo import Job
+    from .montecarlo.job import is_job_factory
 
     try:
         obj = load_object(ref)
@@ -150,12 +258,18 @@ def load_job(ref: str):
         if e.param is None and e.param_hint is None:
             e.param_hint = "MODULE:JOB"
         raise
-    if callable(obj) and not isinstance(obj, Job):
-        try:
-            obj = obj()
-        except Exception as e:
-            raise click.BadParameter(f"{ref}() failed: {one_line(e)}", param_hint="MODULE:JOB") from None
+    if isinstance(obj, Job):
+        return obj
+    if not is_job_factory(obj):
+        hint = ("name the Job object (e.g. FILE:job, where job = Job(pipeline, inputs, ...)) or mark a "
+                "zero-argument function that returns one with @dask_research.montecarlo.job.job_factory")
+        raise click.BadParameter(f"{ref} is {describe_object(obj)}, not a dask_research.montecarlo.Job; {hint}",
+                                 param_hint="MODULE:JOB")
+    try:
+        obj = obj()
+    except (Exception, SystemExit) as e:
+        raise click.BadParameter(f"{ref}() failed: {one_line(e)}", param_hint="MODULE:JOB") from e
     if not isinstance(obj, Job):
-        raise click.BadParameter(f"{ref} is a {type(obj).__name__}, not a dask_research.montecarlo.Job "
-                                 "(or a function returning one)", param_hint="MODULE:JOB")
+        raise click.BadParameter(f"{ref}() returned {describe_object(obj)}, not a dask_research.montecarlo.Job",
+                                 param_hint="MODULE:JOB")
     return obj

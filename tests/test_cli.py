@@ -14,6 +14,7 @@ from dask_research.testing.processes import free_ports
 JOB_FILE = textwrap.dedent("""
     import numpy as np
     from dask_research import montecarlo as mc
+    from dask_research.montecarlo.job import job_factory
 
     def pipeline(a, b):
         return a * np.exp(b)
@@ -21,7 +22,12 @@ JOB_FILE = textwrap.dedent("""
     job = mc.Job(pipeline, {"a": mc.Normal(1.0, 0.1), "b": mc.Normal(0.0, 0.1)},
                  shards=16, samples_per_shard=2048, seed=3, name="tiny")
 
+    @job_factory
     def make():
+        return job
+
+    def main():
+        open(__file__ + ".ran", "w").write("main ran")
         return job
 
     not_a_job = 42
@@ -65,12 +71,53 @@ def test_mc_pilot_with_a_plan(job_file):
     ("nofile.py:job", "file 'nofile.py' does not exist"),
     ("{file}", "is not MODULE:NAME"),
     ("{file}:missing", "has no attribute 'missing'"),
-    ("{file}:not_a_job", "is a int, not a dask_research.montecarlo.Job"),
+    ("{file}:not_a_job", "is an int, not a dask_research.montecarlo.Job"),
+    ("{file}:pipeline", "is a function pipeline(a, b), not a dask_research.montecarlo.Job"),
     ("no_such_module_xyz:job", "cannot import module 'no_such_module_xyz'"),
 ])
 def test_bad_job_references_are_explained(job_file, ref, message):
     out = CliRunner().invoke(main, ["mc", "run", ref.format(file=job_file), "--no-progress"])
     assert out.exit_code == 2 and message in out.output
+
+
+def test_an_unmarked_function_is_refused_before_it_runs(job_file):
+    """``FILE:main`` (a slip for ``:job``) was called, running a whole job; now one line, nothing run."""
+    import os
+
+    out = CliRunner().invoke(main, ["mc", "run", f"{job_file}:main", "--no-progress"])
+    assert out.exit_code == 2, out.output
+    assert len(out.output.strip().splitlines()) == 1
+    assert "is a function main(), not a dask_research.montecarlo.Job" in out.output and "@" in out.output
+    assert not os.path.exists(job_file + ".ran")
+
+
+def test_a_job_file_that_exits_parses_argv_or_loops_at_import_gets_one_line(tmp_path):
+    """sys.exit at import (argparse's usage) and an import that never ends are one line naming
+    the file (exit 2); the file sees none of the CLI's arguments; --traceback shows the cause."""
+    import dask
+
+    exits = tmp_path / "exits_job.py"
+    exits.write_text("import argparse\nap = argparse.ArgumentParser()\nap.add_argument('--out', required=True)\n"
+                     "ap.parse_args()\n")
+    out = CliRunner().invoke(main, ["mc", "run", f"{exits}:job", "--no-progress"])
+    assert out.exit_code == 2, out.output
+    assert len(out.output.strip().splitlines()) == 1
+    assert f"importing {exits} called sys.exit(2)" in out.output and "__main__" in out.output
+    parses = tmp_path / "parses_job.py"          # parses argv at import, no required argument: it loads
+    parses.write_text(JOB_FILE + "\nimport argparse, sys\nARGV = list(sys.argv)\nargparse.ArgumentParser().parse_args()\n")
+    out = CliRunner().invoke(main, ["mc", "pilot", f"{parses}:job"])
+    assert out.exit_code == 0, out.output
+    loops = tmp_path / "loops_job.py"
+    loops.write_text("while True:\n    pass\n")
+    with dask.config.set({"research.cli.import-timeout": "1s"}):
+        out = CliRunner().invoke(main, ["mc", "run", f"{loops}:job", "--no-progress"])
+    assert out.exit_code == 2, out.output
+    assert f"importing {loops} did not finish within 1 s (research.cli.import-timeout)" in out.output
+    fails = tmp_path / "fails_job.py"
+    fails.write_text("def helper():\n    raise ValueError('deep inside')\nhelper()\n")
+    out = CliRunner().invoke(main, ["--traceback", "mc", "run", f"{fails}:job", "--no-progress"])
+    assert out.exit_code == 2 and "Traceback" in out.output and "in helper" in out.output, out.output
+    assert out.output.strip().splitlines()[-1].startswith("Error: Invalid value for MODULE:JOB: loading")
 
 
 def test_console_script_is_installed():

@@ -38,7 +38,42 @@ from .gpu import draws as gpu_draws
 from .gpu import tolerance as gpu_tolerance
 from .job_registry import remember_job
 
-__all__ = ["Job", "ENGINE"]
+__all__ = ["Job", "ENGINE", "job_factory", "is_job_factory"]
+
+_FACTORY_MARK = "__dask_research_job_factory__"
+
+
+def job_factory(fn: Callable[[], Job]) -> Callable[[], Job]:
+    """Mark a zero-argument function that returns a :class:`Job`, so ``--job FILE:NAME`` may call it.
+
+    The command line calls nothing else it is pointed at: ``FILE:main`` or the pipeline itself
+    is refused in one line, before anything runs.
+
+    >>> from dask_research.montecarlo import Normal
+    >>> @job_factory
+    ... def small_job():
+    ...     return Job(lambda a: a, {"a": Normal(0, 1)}, shards=2, samples_per_shard=8)
+    >>> is_job_factory(small_job), is_job_factory(lambda: None)
+    (True, False)
+    """
+    from ..exceptions import InputError
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise InputError("factory", fn, "a function", where="job_factory") from None
+    required = [p.name for p in sig.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        raise InputError("factory", fn, f"a function callable without arguments (it requires {required})",
+                         where="job_factory")
+    setattr(fn, _FACTORY_MARK, True)
+    return fn
+
+
+def is_job_factory(obj: Any) -> bool:
+    """Whether ``obj`` was marked with :func:`job_factory`."""
+    return callable(obj) and getattr(obj, _FACTORY_MARK, False) is True
 
 #: What the content address pins besides the job itself.
 ENGINE = {"dask_research": __version__, "numpy": np.__version__, "bit_generator": philox.ALGORITHM}
