@@ -120,10 +120,44 @@ def _one_line_usage(e: click.UsageError) -> _UsageError:
     return _UsageError(e.format_message(), e.ctx)
 
 
+#: Commands imported only when they run (name -> (module:attribute, the help listing's line)), so
+#: ``--help``, ``--version`` and argument errors import neither ``distributed`` nor a capability.
+_LAZY_COMMANDS = {
+    "worker": ("dask_research.montecarlo.power_cli:worker_command",
+               "Run `dask worker SCHEDULER` with the own-device power policy."),
+}
+
+
 class _Main(click.Group):
     """The command group. Every failure is one line on stderr: usage errors (what was typed:
     arguments, options, the job file) exit with 2, failures while running (a scheduler that
     does not answer, a store, the pipeline) with 1; a traceback only with ``--traceback``."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _LAZY_COMMANDS and cmd_name not in self.commands:
+            import importlib
+
+            module, _, attr = _LAZY_COMMANDS[cmd_name][0].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name=cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)
+        rows = []
+        for name in names:
+            if name in _LAZY_COMMANDS and name not in self.commands:
+                rows.append((name, _LAZY_COMMANDS[name][1]))
+                continue
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def make_context(self, *args, **kwargs) -> click.Context:
         try:
@@ -211,6 +245,28 @@ class _PositiveFloat(click.ParamType):
         return x
 
 
+class _PowerOfTwo(click.ParamType):
+    """A power of two (1, 2, 4, ...): ``--shards-per-task 3`` is a usage error before anything runs.
+
+    >>> _PowerOfTwo().convert("8", None, None)
+    8
+    """
+
+    name = "POWER_OF_TWO"
+
+    def convert(self, value, param, ctx):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a whole number; expected a power of two (1, 2, 4, 8, ...)", param, ctx)
+        if n < 1 or n & (n - 1):
+            below = 1 << max(0, n.bit_length() - 1) if n > 0 else 1
+            hint = f" (e.g. {below} or {below * 2})" if n > 1 else ""
+            self.fail(f"{value!r} is not a power of two{hint}: tasks compute aligned subtrees of the "
+                      "reduction tree", param, ctx)
+        return n
+
+
 def _scheduler_options(f):
     """``--scheduler`` and the dask-jobqueue options (``--cluster NAME --jobs N ...``)."""
     from .hpc import JOBQUEUE_CLUSTERS
@@ -248,7 +304,7 @@ def _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, wal
 @_scheduler_options
 @click.option("--store", metavar="URL", help="Run store (path or fsspec URL): persist shards, resume, replay.")
 @click.option("--verify", type=click.IntRange(min=0), help="Shards re-checked on another worker (default from config).")
-@click.option("--shards-per-task", type=click.IntRange(min=1), help="A power of two; default from pilot timing.")
+@click.option("--shards-per-task", type=_PowerOfTwo(), help="A power of two; default from pilot timing.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default from config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, cores, memory, walltime,
@@ -408,8 +464,25 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler, cluster, jobs, que
     click.echo(f"pilot: mean {p.mean:.6g}, sigma {p.sigma:.6g}, range {p.range}, "
                f"{p.shard_seconds * 1e3:.2f} ms per shard of {job.samples_per_shard:,}")
     if target_stderr is not None:
+        _check_reachable(p.sigma, target_stderr, job)
         with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
             click.echo(str(p.plan(target_stderr, client=client)))
+
+
+def _check_reachable(sigma: float, target_stderr: float, job) -> None:
+    """A usage error when no job can reach ``target_stderr`` (``1e-300`` was an OverflowError)."""
+    import math
+
+    from .montecarlo.philox import MAX_SHARDS
+
+    most = (MAX_SHARDS - 1) * job.samples_per_shard
+    # stderr = sigma / sqrt(samples): the smallest a job can reach, computed without overflow
+    floor = sigma / math.sqrt(most) if math.isfinite(sigma) else math.inf
+    if sigma > 0 and target_stderr < floor:
+        raise click.BadParameter(
+            f"{target_stderr:g} is out of reach: with the pilot's sigma {sigma:.3g}, even the most shards a job can "
+            f"have ({MAX_SHARDS - 1:,} x {job.samples_per_shard:,} samples) give a stderr of {floor:.3g}; "
+            "ask for a larger target", param_hint="--target-stderr")
 
 
 def _check_demo_paths(out: str, store: str | None) -> tuple[str, str | None]:
@@ -443,13 +516,6 @@ def demo(out, quick, store, scheduler):
         run_demo(out=out, quick=quick, client=client, store=store)
 
 
-def _add_worker_command() -> None:
-    from .montecarlo.power import worker_command
-
-    main.add_command(worker_command, name="worker")
-
-
-_add_worker_command()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

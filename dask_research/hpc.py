@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import config
-from ._compat import forget_unsubmitted_jobs
 from .exceptions import InputError, ResearchError
 
 __all__ = ["JOBQUEUE_CLUSTERS", "jobqueue_cluster_class", "jobqueue_client"]
@@ -124,6 +123,8 @@ def _submit(cluster, name: str, jobs: int) -> None:
                                     "is its submit command hanging?")
             time.sleep(0.05)
         # Forget the jobs that were never submitted, so that closing the cluster can work.
+        from ._compat import forget_unsubmitted_jobs  # Dask only when a cluster runs: the CLI's --help stays light
+
         forget_unsubmitted_jobs(cluster, lambda w: bool(getattr(w, "job_id", None)))
         err = keep.errors[0]
         text = [ln.strip() for ln in str(err).splitlines() if ln.strip()]

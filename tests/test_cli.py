@@ -120,6 +120,50 @@ def test_a_job_file_that_exits_parses_argv_or_loops_at_import_gets_one_line(tmp_
     assert out.output.strip().splitlines()[-1].startswith("Error: Invalid value for MODULE:JOB: loading")
 
 
+_IMPORTS_AFTER = """
+import sys
+sys.argv = ["dask-research", *sys.argv[1:]]
+from dask_research.cli import main
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("distributed", "torch", "bokeh")
+               or m.startswith(("dask_research.montecarlo", "dask_research.experiments", "dask_research.replay")))
+print(code, len(heavy), heavy[:3], file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["mc", "run", "--shards", "0", "x.py:job"],
+                                  ["mc", "run", "--help"], ["mc", "nope"]])
+def test_help_version_and_argument_errors_import_neither_distributed_nor_a_capability(args):
+    """``--help`` took 6.6-11 s importing distributed and the Monte-Carlo stack; a command's
+    imports now happen when it runs (checked by what is in sys.modules, not by a time)."""
+    out = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER, *args], capture_output=True, text=True,
+                         timeout=120)
+    code, n_heavy, _ = out.stderr.strip().splitlines()[-1].split(" ", 2)
+    assert code in ("0", "2") and n_heavy == "0", out.stderr
+
+
+def test_typed_values_are_checked_before_anything_runs(job_file):
+    """``--shards-per-task 3`` failed 24 s later as a run failure (exit 1); ``--target-stderr
+    1e-300`` printed OverflowError. Both are one usage line (exit 2)."""
+    out = CliRunner().invoke(main, ["mc", "run", f"{job_file}:job", "--shards-per-task", "3", "--no-progress"])
+    assert out.exit_code == 2, out.output
+    assert "Invalid value for '--shards-per-task': '3' is not a power of two (e.g. 2 or 4)" in out.output
+    out = CliRunner().invoke(main, ["mc", "pilot", f"{job_file}:job", "--target-stderr", "1e-300"])
+    assert out.exit_code == 2, out.output
+    assert "OverflowError" not in out.output and "1e-300 is out of reach" in out.output
+    assert out.output.strip().splitlines()[-1].startswith("Error: Invalid value for --target-stderr: ")
+
+
+def test_the_worker_command_loads_when_it_is_asked_for():
+    help_text = CliRunner().invoke(main, ["--help"]).output
+    assert "worker  Run `dask worker SCHEDULER` with the own-device power policy." in help_text
+    out = CliRunner().invoke(main, ["worker", "--help"])
+    assert out.exit_code == 0 and "--battery-floor" in out.output
+
+
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "dask_research.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "Monte-Carlo" in out.stdout
