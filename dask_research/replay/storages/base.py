@@ -72,13 +72,15 @@ class Storage(ABC):
                  "bytes_used": used * self.spec.itemsize, "capacity_bytes": self.nbytes,
                  "bandwidth": None}]
 
-    def measure_bandwidth(self, probe_rows: int = 16_384, repeat: int = 3) -> float:
+    def measure_bandwidth(self, probe_rows: int = 16_384, repeat: int = 3,
+                          span: int | None = None) -> float:
         """Random-row gather bandwidth into host memory, in bytes per second (best of ``repeat``).
 
-        Reads only; the contents are whatever the rows hold (zeros for new storages).
+        Reads only, of ``probe_rows`` rows drawn from the first ``span`` (default: all); the
+        contents are whatever the rows hold (zeros for new storages).
         """
         n = max(1, min(self.rows, probe_rows))
-        rows = np.random.default_rng(0).integers(0, self.rows, n)
+        rows = np.random.default_rng(0).integers(0, max(1, min(self.rows, span or self.rows)), n)
         out = self.spec.empty(n)
         best = float("inf")
         for _ in range(repeat):

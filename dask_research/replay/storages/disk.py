@@ -24,6 +24,7 @@ import tempfile
 import numpy as np
 
 from ..spec import ExperienceSpec
+from .base import Storage
 from .host import HostStorage
 
 
@@ -43,6 +44,8 @@ class DiskStorage(HostStorage):
     """
 
     kind = "disk"
+    #: random reads over the whole file, as the tier will serve them (not the host probe)
+    measure_bandwidth = Storage.measure_bandwidth
 
     def __init__(self, spec: ExperienceSpec, rows: int, path: str | os.PathLike,
                  name: str | None = None, keep: bool = False):

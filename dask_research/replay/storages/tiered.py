@@ -5,7 +5,10 @@ a kind of memory, a capacity in bytes (parsed with :func:`dask.utils.parse_bytes
 bandwidth, declared or measured once when the storage is built. ``TieredStorage`` builds one
 storage per tier, orders them fastest first and keeps a location map from logical slot (the
 plane's ring position) to ``(tier, row)``. A tier never holds more rows than
-``capacity // itemsize``; the total capacity is the sum. Which slot lives in which tier is
+``capacity // itemsize``, nor more than the plane's capacity (a tier's size is an upper bound);
+the total capacity is the sum unless ``capacity=`` asks for less. Storage and the location map
+grow with what is stored: memory is reserved, not touched, until a row is written (the map
+costs 9 bytes per stored transition, 1 + 4 + 4 for tier, row and back-pointer). Which slot lives in which tier is
 decided by :class:`~dask_research.replay.tier_placement.Placement`; new transitions overwrite the
 slot they replace in place, or take a free row in the fastest tier that has one.
 
@@ -131,6 +134,31 @@ class DiskTier(Tier):
         return DiskStorage(spec, rows, self.path, name=self.name)
 
 
+class _Shifted:
+    """Read-only ``a - 1`` of an array stored plus one (so that zero, the untouched page's
+    value, means "none"), computed for the indexed entries only."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    def __getitem__(self, idx: Any) -> Any:
+        return self.a[idx] - self.a.dtype.type(1)
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.a - self.a.dtype.type(1)
+        return out if dtype is None else out.astype(dtype)
+
+
+def _index_dtype(n: int) -> type[np.signedinteger[Any]]:
+    """The narrowest of int32/int64 that holds ``0..n``."""
+    return np.int32 if n < 2**31 - 1 else np.int64
+
+
 class TieredStorage:
     """Storages of several tiers behind one slot -> (tier, row) map, fastest tier first.
 
@@ -167,7 +195,7 @@ class TieredStorage:
             r = t.capacity // item
             if r < 1:
                 raise CapacityError(f"tier {t.name!r} (one {item}-byte record)", item, t.capacity)
-            rows.append(r)
+            rows.append(r if capacity is None else min(r, int(capacity)))   # an upper bound
         bounded = sum(r for r in rows if r is not None)
         unbounded = [i for i, r in enumerate(rows) if r is None]
         if capacity is None:
@@ -196,12 +224,28 @@ class TieredStorage:
         self.storages: list[Storage] = [built[i] for i in order]
         self.bandwidths = [float(bws[i]) for i in order]
         self.bandwidth_declared = [self.bandwidth_declared[i] for i in order]
-        self.tier_of = np.full(capacity, -1, dtype=np.int8)
-        self.row_of = np.full(capacity, -1, dtype=np.int64)
-        self.slot_at = [np.full(s.rows, -1, dtype=np.int64) for s in self.storages]
-        self._free = [np.arange(s.rows - 1, -1, -1, dtype=np.int64) for s in self.storages]
+        # The location map, zero-initialised so that the kernel hands out its pages only when a
+        # slot is first written (np.zeros/np.empty of a large array: untouched virtual memory).
+        # _tier1 holds tier + 1 (0: no tier yet); _slot1 holds slot + 1 (0: a free row).
+        self._tier1 = np.zeros(capacity, dtype=np.int8)
+        self.row_of = np.zeros(capacity, dtype=_index_dtype(max(sized)))
+        self._slot1 = [np.zeros(s.rows, dtype=_index_dtype(capacity + 1)) for s in self.storages]
+        # free rows: the rows above a high-water mark, plus a stack of rows released by moves
+        self._fresh = [0 for _ in self.storages]
+        self._stack = [np.empty(s.rows, dtype=_index_dtype(s.rows)) for s in self.storages]
+        self._nstack = [0 for _ in self.storages]
         self._nfree = [s.rows for s in self.storages]
         self.moves = 0
+
+    @property
+    def tier_of(self) -> _Shifted:
+        """Tier of each slot, fastest first (-1: not written yet): ``tier_of[slots]``."""
+        return _Shifted(self._tier1)
+
+    @property
+    def slot_at(self) -> list[_Shifted]:
+        """Per tier, the slot each row holds (-1: a free row): ``slot_at[k][rows]``."""
+        return [_Shifted(a) for a in self._slot1]
 
     @property
     def rows(self) -> int:
@@ -227,7 +271,7 @@ class TieredStorage:
         """``(device storage, rows)`` if every slot lives in the same GPU tier, else None."""
         if len(slots) == 0:
             return None
-        tiers = self.tier_of[slots]
+        tiers = self._tier1[slots] - 1
         k = int(tiers[0])
         s = self.storages[k]
         if s.kind != "device" or not getattr(s, "_on_gpu", False) or not (tiers == k).all():
@@ -240,29 +284,35 @@ class TieredStorage:
         if n > nf:  # pragma: no cover - guarded by callers
             raise CapacityError(f"tier {self.tiers[k].name!r}", n * self.spec.itemsize,
                                 nf * self.spec.itemsize)
-        rows = self._free[k][nf - n:nf][::-1].copy()
+        ns = self._nstack[k]
+        a = min(n, ns)                               # released rows first, then fresh ones
+        reused = self._stack[k][ns - a:ns][::-1].astype(np.int64)
+        self._nstack[k] = ns - a
+        lo = self._fresh[k]
+        self._fresh[k] = lo + (n - a)
         self._nfree[k] = nf - n
-        return rows
+        return np.concatenate([reused, np.arange(lo, lo + n - a, dtype=np.int64)])
 
     def _push(self, k: int, rows: np.ndarray) -> None:
-        nf = self._nfree[k]
-        self._free[k][nf:nf + len(rows)] = rows[::-1]
-        self._nfree[k] = nf + len(rows)
-        self.slot_at[k][rows] = -1
+        ns = self._nstack[k]
+        self._stack[k][ns:ns + len(rows)] = rows[::-1]
+        self._nstack[k] = ns + len(rows)
+        self._nfree[k] += len(rows)
+        self._slot1[k][rows] = 0
 
     def _assign(self, slots: np.ndarray, tiers: np.ndarray, rows: np.ndarray) -> None:
-        self.tier_of[slots] = tiers
+        self._tier1[slots] = tiers + 1
         self.row_of[slots] = rows
         for k in np.unique(tiers):
             m = tiers == k
-            self.slot_at[int(k)][rows[m]] = slots[m]
+            self._slot1[int(k)][rows[m]] = slots[m] + 1
 
     # --- data path --------------------------------------------------------------------
     def write_fields(self, start: int, fields: Mapping[str, np.ndarray]) -> None:
         """Write fields into slots ``start`` to ``start + n - 1``: in place, or into free fast rows."""
         n = len(next(iter(fields.values())))
         slots = np.arange(start, start + n, dtype=np.int64)
-        new = slots[self.tier_of[slots] < 0]
+        new = slots[self._tier1[slots] == 0]
         if len(new):
             t = np.empty(len(new), dtype=np.int8)
             r = np.empty(len(new), dtype=np.int64)
@@ -277,7 +327,7 @@ class TieredStorage:
                     break
             self._assign(new, t, r)
         rec = self.spec.pack(fields)
-        tiers = self.tier_of[slots]
+        tiers = self._tier1[slots] - 1
         rows = self.row_of[slots]
         for k in np.unique(tiers):
             m = tiers == k
@@ -285,7 +335,7 @@ class TieredStorage:
 
     def read_records(self, slots: np.ndarray, out: np.ndarray) -> None:
         """Gather ``slots`` into ``out``, each tier reading its own rows."""
-        tiers = self.tier_of[slots]
+        tiers = self._tier1[slots] - 1
         rows = self.row_of[slots]
         first = tiers[0] if len(tiers) else 0
         if (tiers == first).all():
@@ -309,7 +359,7 @@ class TieredStorage:
             return 0
         rec = self.spec.empty(len(slots))
         self.read_records(slots, rec)
-        cur = self.tier_of[slots]
+        cur = self._tier1[slots] - 1
         rows = self.row_of[slots]
         for k in np.unique(cur):
             self._push(int(k), rows[cur == k])
