@@ -7,7 +7,10 @@ done bool), 1M stored, batch 256:
 - uniform sample; prioritized sample; prioritized sample + priority update;
 - exposed latency of a learner whose step takes about as long as producing a batch,
   prefetch 0 vs prefetch 2 (a GIL-free learner step, like a GPU learner waiting on CUDA, and a
-  numpy compute step that releases the GIL).
+  numpy compute step that releases the GIL);
+- ``--section memory``: bytes of RSS per stored transition of ours (no tiers, and the replay
+  page's host + disk tiers), SB3's ``ReplayBuffer`` and TorchRL's ``LazyTensorStorage``, each
+  filled to 10^4, 10^6 and 10^7 transitions in its own fresh subprocess, one at a time.
 
 TorchRL is optional (``pip install dask-research[bench]``). Its prioritized sampler needs the
 compiled extension ``torchrl._torchrl``, which does not load on every torch version; the
@@ -40,7 +43,61 @@ SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float
 BATCH = 256
 CHUNK = 1024
 ALPHA, BETA = 0.6, 0.4
-SECTIONS = ("uniform", "add", "prioritized-order")
+SECTIONS = ("uniform", "add", "prioritized-order", "memory")
+MEMORY_SIZES = (10**4, 10**6, 10**7)
+MEMORY_BUFFERS = ("ours", "ours-tiered", "sb3", "torchrl")
+# One buffer of `n` transitions, filled to `n` in chunks, in a fresh process: prints the bytes of
+# record data one transition needs (the spec's itemsize, unpadded) and the growth of the RSS.
+MEMORY_PROBE = """
+import sys, tempfile, numpy as np, psutil
+kind, n = sys.argv[1], int(sys.argv[2])
+SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32"),
+        "next_obs": ((4,), "float32"), "done": ((), "bool")}
+m = min(n, 50_000)
+rng = np.random.default_rng(0)
+chunk = {"obs": rng.random((m, 4), dtype=np.float32), "action": rng.integers(0, 2, m),
+         "reward": rng.random(m, dtype=np.float32), "next_obs": rng.random((m, 4), dtype=np.float32),
+         "done": rng.random(m) < 0.05}
+if kind.startswith("ours"):
+    from dask_research import replay
+    def make():
+        if kind == "ours":
+            return replay.ExperiencePlane(SPEC, capacity=n)
+        return replay.ExperiencePlane(SPEC, capacity=n, migrate="manual",
+                                      tiers=[replay.HostTier("16GiB"), replay.DiskTier(tempfile.mkdtemp())])
+    def add(buf, k):
+        buf.ingest({f: v[:k] for f, v in chunk.items()})
+elif kind == "sb3":
+    import gymnasium as gym
+    from stable_baselines3.common.buffers import ReplayBuffer
+    envs = 1000 if n >= 10**6 else 100          # vectorised adds; the same arrays as n_envs=1
+    def make():
+        return ReplayBuffer(n // envs, gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                            device="cpu", n_envs=envs)
+    def add(buf, k):
+        for i in range(0, k, envs):
+            s = slice(i, i + envs)
+            buf.add(chunk["obs"][s], chunk["next_obs"][s], chunk["action"][s, None], chunk["reward"][s],
+                    chunk["done"][s], [{}] * envs)
+else:
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    td = TensorDict({f: torch.from_numpy(v) for f, v in chunk.items()}, batch_size=[m])
+    def make():
+        return ReplayBuffer(storage=LazyTensorStorage(n), batch_size=256)
+    def add(buf, k):
+        buf.extend(td[:k])
+proc = psutil.Process()
+base = proc.memory_info().rss
+buf = make()
+done = 0
+while done < n:
+    k = min(m, n - done)
+    add(buf, k)
+    done += k
+print(buf.size() * buf.n_envs if kind == "sb3" else len(buf), proc.memory_info().rss - base)
+"""
 
 
 def make_chunks(k: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -319,10 +376,40 @@ def run_sections(sections: list[str], N: int, quick: bool) -> dict[str, Any]:
         print_table([(k, f"{v['median_s'] * 1e6:.2f} us") for k, v in a["cases"].items()],
                     ("one transition", "median"))
         print(f"{a['peer']} / ours plane.add: {a['ratio_peer_over_ours_add']:.2f}x")
+    if "memory" in sections:
+        out["memory"] = memory_side_by_side()
     if "prioritized-order" in sections:
         out["prioritized_order"] = q = prioritized_order(N, reps, 300 if quick else 1000)
         print(f"prioritized sample(256): draw order / sorted by slot = "
               f"{q['ratio_shuffled_over_sorted']:.3f}")
+    return out
+
+
+def memory_side_by_side(sizes: tuple[int, ...] = MEMORY_SIZES) -> dict[str, Any]:
+    """RSS growth per stored transition of each buffer filled to ``n``, one fresh process each."""
+    import os
+    import subprocess
+
+    need = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in SPEC.values())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
+    out: dict[str, Any] = {"record_bytes_unpadded": need,
+                           "record_bytes_ours": replay.ExperienceSpec(SPEC).itemsize, "cases": {}}
+    for n in sizes:
+        for kind in MEMORY_BUFFERS:
+            r = subprocess.run([sys.executable, "-c", MEMORY_PROBE, kind, str(n)], env=env,
+                               capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0:
+                msg = (r.stderr.strip().splitlines() or ["?"])[-1][:200]
+                out["cases"][f"{kind} {n}"] = {"error": msg}
+                print(f"{kind:12s} {n:>11,}  skipped: {msg}")
+                continue
+            size, rss = map(int, r.stdout.split()[-2:])
+            case = {"buffer": kind, "n": n, "stored": size, "rss_bytes": rss,
+                    "rss_bytes_per_transition": rss / size, "over_unpadded_record": rss / size / need}
+            out["cases"][f"{kind} {n}"] = case
+            print(f"{kind:12s} {n:>11,}  {rss / size:8.1f} B/transition "
+                  f"({case['over_unpadded_record']:.2f}x the {need} B of its fields)")
     return out
 
 
