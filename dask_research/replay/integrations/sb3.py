@@ -134,7 +134,19 @@ class SB3ReplayBuffer(ReplayBuffer):
                  device: th.device | str = "auto", n_envs: int = 1,
                  optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
                  sampler: Sampler | None = None, seed: int | None = None, client: Any = None,
-                 plane: Any = None, flush_every: int = FLUSH_EVERY, sb3_sampling: bool = False):
+                 plane: Any = None, flush_every: int = FLUSH_EVERY, sb3_sampling: bool = False,
+                 n_steps: int = 1, **unknown: Any):
+        if n_steps != 1:          # SB3's NStepReplayBuffer's argument, passed through by SB3
+            raise InputError("n_steps", n_steps, "1: n-step returns are not provided by "
+                             "SB3ReplayBuffer (its samples are 1-step, discounts=None). For "
+                             "n-step DQN use SB3's own NStepReplayBuffer (replay_buffer_class="
+                             "NStepReplayBuffer), or read the plane through "
+                             "dask_research.replay.NStepReturn(n, gamma)", where="SB3ReplayBuffer")
+        if unknown:
+            name = next(iter(unknown))
+            raise InputError(name, unknown[name], "one of SB3ReplayBuffer's arguments (sampler, "
+                             "seed, client, plane, flush_every, sb3_sampling)",
+                             where="SB3ReplayBuffer")
         if optimize_memory_usage:
             raise InputError("optimize_memory_usage", True, "False (the plane stores next_obs "
                              "with every transition; pass optimize_memory_usage=False to the "

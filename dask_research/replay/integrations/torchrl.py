@@ -107,7 +107,8 @@ class PlaneStorage(_TRLStorage):
                              "does not", where="PlaneStorage.set")
         if isinstance(cursor, int) or (isinstance(cursor, torch.Tensor) and cursor.ndim == 0):
             data = _unsqueeze(data)
-        self.plane.ingest(from_tensordict(data))
+        # more rows than the ring holds: keep the newest, as TorchRL's own storages do
+        self.plane.ingest(from_tensordict(data), overflow="keep-newest")
         self._next = int((self._next + len(slots)) % self.max_size)
         self._set_last_cursor(cursor)
         self._bump_mutation_revision()

@@ -129,6 +129,16 @@ def test_optimize_memory_usage_is_refused_clearly():
             replay_buffer_kwargs={"handle_timeout_termination": False})
 
 
+def test_n_step_returns_are_refused_clearly():
+    """SB3's replay_buffer_kwargs={"n_steps": 3} (its NStepReplayBuffer's argument) reached the
+    buffer as a bare TypeError; now one line that says what is not provided and what to do."""
+    with pytest.raises(InputError, match="n_steps.*not provided.*NStepReplayBuffer.*NStepReturn"):
+        DQN("MlpPolicy", "CartPole-v1", buffer_size=100, replay_buffer_class=SB3ReplayBuffer,
+            replay_buffer_kwargs={"n_steps": 3, "gamma": 0.99})
+    with pytest.raises(InputError, match="colour.*one of SB3ReplayBuffer's arguments"):
+        SB3ReplayBuffer(10, BOX, spaces.Discrete(2), device="cpu", colour="red")
+
+
 def test_dict_observations_are_refused_clearly():
     with pytest.raises(InputError, match="DictReplayBuffer"):
         SB3ReplayBuffer(10, spaces.Dict({"a": BOX}), spaces.Discrete(2), device="cpu")

@@ -116,6 +116,23 @@ def test_plain_replay_buffer_with_explicit_pair_and_checkpoint(tmp_path):
     assert len(rb3) == 40
 
 
+def test_extend_larger_than_the_plane_keeps_the_newest_as_torchrl_does():
+    """700 rows into a 500-row ring: TorchRL's LazyTensorStorage keeps the newest 500; so does
+    a plane behind PlaneStorage (it raised CapacityError)."""
+    from torchrl.data import LazyTensorStorage
+
+    theirs = ReplayBuffer(storage=LazyTensorStorage(500), batch_size=8)
+    theirs.extend(_td(700))
+    plane = ExperiencePlane(SPEC, capacity=500)
+    ours = plane_replay_buffer(plane, batch_size=8)
+    ours.extend(_td(700))
+    assert len(ours) == len(theirs) == 500
+    np.testing.assert_array_equal(np.sort(plane.contents()["action"]), np.arange(200, 700))
+    assert set(theirs[:]["action"].tolist()) == set(range(200, 700))
+    ours.extend(_td(3, 700))                     # and the writer goes on from there
+    assert sorted(plane.contents()["action"].tolist()) == list(range(203, 703))
+
+
 def test_non_round_robin_writes_are_refused():
     plane = ExperiencePlane(SPEC, capacity=16)
     storage = PlaneStorage(plane)
