@@ -97,6 +97,24 @@ def test_placement_report_explains(tmp_path):
     plane.close()
 
 
+def test_placement_table_stars_only_measured_bandwidths(tmp_path):
+    """No "nan GB/s" for a plane without tiers, and the "(* = measured)" note only when a row
+    carries a star."""
+    plain = ExperiencePlane(CARTPOLE, capacity=100)
+    plain.ingest(make_batch(10))
+    text = str(plain.placement())
+    assert "nan" not in text and "*" not in text
+    declared = ExperiencePlane(CARTPOLE, tiers=_tiers(tmp_path), migrate="manual")
+    declared.ingest(make_batch(10))
+    assert "measured" not in str(declared.placement())
+    measured = ExperiencePlane(CARTPOLE, capacity=100, migrate="manual",
+                               tiers=[HostTier("1KiB", bandwidth=1e10), DiskTier(tmp_path / "m")])
+    measured.ingest(make_batch(10))
+    assert "GB/s*" in str(measured.placement()) and "(* = measured bandwidth)" in str(measured.placement())
+    for p in (plain, declared, measured):
+        p.close()
+
+
 def test_single_host_tier_report():
     plane = ExperiencePlane(CARTPOLE, capacity=10)
     plane.ingest(make_batch(4))
