@@ -104,8 +104,10 @@ class Job:
     shards, samples_per_shard : int
         Partitioning: ``shards * samples_per_shard`` draws in all. Defaults from
         ``research.montecarlo.shards`` / ``samples-per-shard``.
-    seed : int
-        Root seed. Shard ``i`` draws from Philox counter ``i << 64`` under a key derived from it.
+    seed : int, SeedSequence, Generator or None
+        Root seed, as NumPy's ``default_rng`` takes it (a SeedSequence gives its entropy, a
+        Generator one number drawn from it, ``None`` fresh entropy); ``job.seed`` records the int.
+        Shard ``i`` draws from Philox counter ``i << 64`` under a key derived from it.
     bins : int
         Histogram bins (default ``research.montecarlo.bins``).
     range : (float, float), optional
@@ -126,7 +128,7 @@ class Job:
     """
 
     def __init__(self, pipeline: Callable, inputs: Mapping, shards: int | None = None,
-                 samples_per_shard: int | None = None, seed: int = 0, bins: int | None = None,
+                 samples_per_shard: int | None = None, seed: Any = 0, bins: int | None = None,
                  range: tuple[float, float] | None = None, reducer: Reducer | None = None,
                  name: str | None = None, device: str = "cpu", range_margin: float | None = None):
         if not callable(pipeline):

@@ -17,9 +17,12 @@ True
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..exceptions import InputError
+from ..seeds import seed_int
 
 #: The bit generator and its round count, recorded in every content address.
 ALGORITHM = "Philox4x64-10"
@@ -29,13 +32,30 @@ PILOT_COUNTER = 1 << 128
 MAX_SHARDS = 1 << 64
 
 
-def check_seed(seed) -> int:
-    """Return ``seed`` as an ``int`` or raise :class:`InputError`."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise InputError("seed", seed, "a non-negative integer", where="Job")
-    if not 0 <= int(seed) < 2**128:
-        raise InputError("seed", seed, "an integer in [0, 2**128)", where="Job")
-    return int(seed)
+def check_seed(seed: Any) -> int:
+    """Return ``seed`` as the ``int`` a job records, or raise :class:`InputError`.
+
+    A seed is what NumPy's ``default_rng`` takes (:mod:`dask_research.seeds`): an int in
+    ``[0, 2**128)``, a list of ints or a ``SeedSequence`` (its entropy when it has no spawn key,
+    so ``SeedSequence(7)`` is the job of ``seed=7``), a ``Generator`` (one number drawn from it)
+    or ``None`` (fresh entropy). The job records the int, so whichever form was given, the job
+    replays from its record.
+
+    >>> import numpy as np
+    >>> check_seed(7), check_seed(np.random.SeedSequence(7))
+    (7, 7)
+    >>> check_seed(np.random.default_rng(1)) == check_seed(np.random.default_rng(1))
+    True
+    """
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)) and seed >= 0:
+        if int(seed) >= 2**128:
+            raise InputError("seed", seed, "an integer in [0, 2**128)", where="Job")
+        return int(seed)
+    if seed is None:
+        return int(np.random.SeedSequence().entropy) % 2**128     # type: ignore[arg-type]
+    value = seed_int(seed, where="Job")
+    assert value is not None
+    return value % 2**128
 
 
 def root_key(seed: int) -> np.ndarray:
