@@ -68,7 +68,7 @@ class AskTellSession:
             self.pending[h.id] = h
             return h
         while True:
-            if not led.has_work():
+            if not led.has_work() and not run.revive_parked(self.dispatched):
                 raise ExperimentError(
                     "nothing to ask: no queued hypotheses and no live source (add "
                     "Hypothesis or Branch(name, propose=...) objects first)"

@@ -92,6 +92,12 @@ class Books:
         self.dropped.extend(d.id for d in dropped)
         return dropped
 
+    def revive(self, i: int, live: bool) -> None:
+        """Bring pruned branch ``i`` back; ``live``: its source proposes again (on resume the
+        source is registered later and marks itself live)."""
+        self.ledger.revive(i)
+        self.ledger.set_sourced(i, live)
+
     def trigger(self, i: int, best: ExperimentResult | None) -> None:
         """Branch ``i`` triggered the paper stage with result ``best``."""
         branch = self.ledger.branches[i]

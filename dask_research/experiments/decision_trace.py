@@ -64,7 +64,7 @@ import numpy as np
 __all__ = ["Event", "Trace", "SlotInterval", "Interval", "EVENT_KINDS", "top_scores"]
 
 EVENT_KINDS = (
-    "add", "select", "dispatch", "result", "failure", "prune", "drop",
+    "add", "select", "dispatch", "result", "failure", "prune", "revive", "drop",
     "paper.trigger", "paper.done", "paper.failed", "expand", "stop", "finish", "cancel",
 )
 _ENDS = ("result", "failure", "finish", "cancel")     # kinds that free an experiment's slot

@@ -81,7 +81,7 @@ class LoopDriver:
         while self.free and self.stop_reason is None:
             if self.by_dispatch and self.next_seq - self.applied >= self.slots:
                 return                    # decision k waits for result k - slots
-            if not retry and not led.has_work():
+            if not retry and not led.has_work() and not run.revive_parked(self.dispatched):
                 return
             reason = run.budget_reason(self.dispatched)
             if reason is not None:

@@ -124,6 +124,9 @@ def prune_gate(s: SchedulerSettings, led: BranchLedger, i: int, trace: Trace | N
     'failures'
     """
     runs, failures = int(led.runs[i]), int(led.failures[i])
+    if s.objective == "max" and i in led.revived:    # brought back to spend the budget
+        limit = s.failure_limit
+        return "failures" if limit is not None and failures >= limit else None
     if s.objective == "max":
         pol = led.policy
         kept = getattr(pol, "sorted", None)

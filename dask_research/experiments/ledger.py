@@ -91,6 +91,7 @@ class BranchLedger:
         self.n_sourced = 0        # branches with a live hypothesis source (see .sources)
         self.best_ids: list[str | None] = []   # id of each branch's best result
         self.holder: int | None = None         # branch holding the best result overall
+        self.revived: set[int] = set()         # pruned, then brought back (see revive)
         self._alloc(capacity)
 
     # -- storage ------------------------------------------------------------------------
@@ -391,6 +392,14 @@ class BranchLedger:
         self.n_queued -= int(self.queued[i])
         self.queued[i] = 0
         return dropped
+
+    def revive(self, i: int) -> None:
+        """Bring pruned branch ``i`` back (its queue stays empty; the caller marks its source
+        live): a search with budget left and nothing else to run (:meth:`.scheduler_run.Run.
+        revive_parked`). A revived branch is not pruned again for its results."""
+        self.pruned[i] = False
+        self.prune_reasons.pop(i, None)
+        self.revived.add(i)
 
     # -- views --------------------------------------------------------------------------
     def stats(self, i: int) -> BranchStats:

@@ -122,6 +122,30 @@ class Report:
         return self.events.occupancy()
 
     @property
+    def stopped_because(self) -> str:
+        """Why the run stopped, in words: ``"budget spent"`` (``max_experiments`` or
+        ``max_seconds``), ``"space exhausted"`` (every queue and source ran dry; with
+        ``objective="max"`` and a budget, branches the ``no-better-best`` gate pruned are
+        revived first, so they are exhausted too), ``"space exhausted except pruned branches:
+        ..."`` (branches still pruned, e.g. for failures or a mean below ``prune_floor``),
+        or ``"ask/tell session open"``.
+
+        >>> from dask_research.experiments import Hypothesis, IterationScheduler
+        >>> sched = IterationScheduler(lambda h: 0.5, progress=False, max_experiments=1)
+        >>> sched.add([Hypothesis("a1", "a"), Hypothesis("a2", "a")])
+        >>> sched.run().stopped_because
+        'budget spent'
+        """
+        if self.stop_reason in ("max_experiments", "max_seconds"):
+            return "budget spent"
+        if self.stop_reason == "ask_tell":
+            return "ask/tell session open"
+        pruned = [b for b, s in self.branches.items() if s.pruned]
+        if pruned:
+            return "space exhausted except pruned branches: " + ", ".join(pruned)
+        return "space exhausted"
+
+    @property
     def best(self) -> str | None:
         """Best branch under the run's objective: the highest mean (``"mean"``) or the
         highest single result (``"max"``) among branches with results; ties go to the

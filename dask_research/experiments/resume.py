@@ -135,6 +135,8 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
                 _outcome(e, h, books)
             elif ev_kind == "prune":
                 books.prune(led.branch_index(branch), str(e.get("reason")))
+            elif ev_kind == "revive":
+                books.revive(led.branch_index(branch), live=False)
             elif ev_kind == "paper.trigger":
                 _trigger(e, books)
             elif ev_kind == "paper.failed":

@@ -74,6 +74,25 @@ class Run:
             return "max_seconds"
         return None
 
+    def revive_parked(self, dispatched: int) -> bool:
+        """With ``objective="max"``, a budget given and left, and nothing else to run: bring
+        back every branch the ``"no-better-best"`` gate pruned whose source is registered
+        (``revive`` events); ``True`` if any came back. That gate is a statistical guess
+        about which branch can still beat the best; once the live branches are exhausted, the
+        budget buys more of the pruned ones rather than stopping early. Returns ``False``
+        when there is nothing to revive: then the space is exhausted."""
+        s, led = self.settings, self.ledger
+        if (s.objective != "max" or (s.max_experiments is None and s.max_seconds is None)
+                or self.budget_reason(dispatched) is not None):
+            return False
+        back = [i for i, why in sorted(led.prune_reasons.items())
+                if why == "no-better-best" and led.branches[i] in self.sources.by_branch]
+        for i in back:
+            self.books.revive(i, live=True)
+            self.recorder.emit("revive", led.branches[i], reason="budget-left",
+                               pruned="no-better-best", runs=int(led.runs[i]))
+        return bool(back)
+
     def pick(self) -> Hypothesis | None:
         """The policy's next hypothesis, taken from its queue and recorded (``select``);
         ``None`` when the picked branch's source is exhausted (decide again). Call only
