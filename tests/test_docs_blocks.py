@@ -1,0 +1,87 @@
+"""Every Python block of the capability pages either runs as written or is visibly a fragment
+that names what it assumes (issue 29).
+
+The blocks are parsed out of the pages (never copied here), with the README test's parser
+(``tests/test_readme_snippets.py``). A block whose first line is ``# Fragment: assumes ...``
+is a fragment: the fast test checks that every name it uses without defining or importing it
+is named on that line. Every other block runs as a script in a fresh temporary directory, in
+a real ``python`` subprocess (slow: a block is a whole program).
+"""
+import ast
+import builtins
+import pathlib
+import re
+
+import pytest
+from test_readme_snippets import _as_script, _rst_blocks
+
+from dask_research.testing.processes import run_python
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = ("experiments", "search-loops", "replay", "replay-cluster", "integrations", "montecarlo")
+MARK = re.compile(r"^# Fragment: assumes (.+)$")
+NEEDS = {"ray.rllib": "ray"}          # a block that imports it is skipped without it
+
+
+def _blocks():
+    out = []
+    for page in PAGES:
+        for i, code in enumerate(_rst_blocks(ROOT / "docs" / f"{page}.rst")):
+            out.append(pytest.param(code, id=f"{page}-{i}"))
+    return out
+
+
+BLOCKS = _blocks()
+
+
+def _is_fragment(code):
+    return MARK.match(code.splitlines()[0]) is not None
+
+
+def free_names(code):
+    """Names a block reads without binding them (assignment, import, def, argument, loop)."""
+    tree = ast.parse(code)
+    bound, used = set(dir(builtins)), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return used - bound
+
+
+def test_free_names():
+    assert free_names("import numpy as np\nx = np.ones(train(y))\ndef f(a): return a + z") == \
+        {"train", "y", "z"}
+
+
+def test_the_pages_have_blocks_of_both_kinds():
+    assert len(BLOCKS) >= 12
+    kinds = {_is_fragment(p.values[0]) for p in BLOCKS}
+    assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("code", [p for p in BLOCKS if _is_fragment(p.values[0])])
+def test_a_fragment_names_what_it_assumes(code):
+    named = set(re.findall(r"\w+", MARK.match(code.splitlines()[0]).group(1)))
+    missing = free_names(code) - named
+    assert not missing, f"the block uses {sorted(missing)} without defining them; name them " \
+                        "on its '# Fragment: assumes ...' line, or define them"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600, method="thread")
+@pytest.mark.parametrize("code", [p for p in BLOCKS if not _is_fragment(p.values[0])])
+def test_a_block_runs_as_written(code, tmp_path):
+    for marker, module in NEEDS.items():
+        if marker in code:
+            pytest.importorskip(module)
+    assert not free_names(code), f"uses {sorted(free_names(code))}: define them or mark a fragment"
+    r = run_python(_as_script(code), tmp_path, timeout=540)
+    assert r.returncode == 0, r.stderr[-3000:]
