@@ -34,8 +34,9 @@ from typing import Any
 
 from ..exceptions import PipelineError
 from .arrivals import Arrivals
-from .checks import alive_workers
+from .checks import alive_workers, responsive_workers
 from .failures import one_line
+from .imports import looks_unimportable, unimportable_error
 from .outcome import Outcome
 from .stragglers import Stragglers
 from .submission import Window
@@ -63,6 +64,8 @@ class BlockWatch:
         self.failed_on: dict[int, dict[str, str]] = {}   # block -> worker -> its error
         self.quarantined: set[str] = set()               # workers that failed verification: never given work again
         self._groups_checked: float | None = None        # when overdue groups were last looked for (None: never)
+        self._silent_read: float | None = None           # when missed heartbeats were last looked for (None: never)
+        self._silent_workers: set[str] = set()           # workers that missed their heartbeats, then
 
     # -- what the driver tells it ----------------------------------------------------------------------
     def accepted(self, keys: Iterable[str], seconds: float, computed: int) -> None:
@@ -96,12 +99,40 @@ class BlockWatch:
         pending, attempts = self.window.pending, self.window.attempts
         processing = self.stragglers.watch(now, pending, ending=ending)
         if processing is not None:       # what runs where was read now: time the blocks in flight
-            self.stragglers.check_hung(now, pending, attempts, self._out)
+            self.stragglers.check_hung(now, pending, attempts, self._out, rescue=self._rescue,
+                                       silent=self._silent(now))
         self.stragglers.speculate_copies(now, processing, ending, finished, attempts, self._copy, self._out)
 
     def _out(self, fut: Any) -> bool:
         """Whether ``fut`` has not returned: running, waiting, or finished with a result not fetched."""
         return fut.status != "finished" or fut.key in self.arrivals.unfetched
+
+    def _silent(self, now: float) -> set[str]:
+        """Workers that missed their heartbeats (frozen, most likely), read at most once a second."""
+        if self._silent_read is None or now - self._silent_read >= 1.0:
+            self._silent_read = now
+            responsive = set(responsive_workers(self.client))
+            self._silent_workers = {w for w in alive_workers(self.client) if w not in responsive}
+        return self._silent_workers
+
+    def _rescue(self, idx: int, tried: set[str]) -> bool:
+        """Copy stuck block ``idx`` to a live worker it has not run on; whether one was left.
+
+        Stuck: every attempt runs on a worker that missed its heartbeats, or past half the
+        block timeout (:meth:`.Stragglers.check_hung`). A frozen worker then costs the run its
+        blocks' time elsewhere, whatever the run's length; a pipeline that hangs everywhere
+        still fails at the block timeout.
+        """
+        silent = self._silent_workers
+        alive = [w for w in alive_workers(self.client) if w not in self.quarantined and w not in tried]
+        others = [w for w in alive if w not in silent and w not in self.arrivals.suspects()] or \
+            [w for w in alive if w not in silent]
+        if not others:
+            return False
+        self.window.submit([idx], workers=others, speculative=True)
+        a, b = self.window.bounds[idx]
+        self.emit("rescue", start=a, stop=b, stuck_on=sorted(tried), silent=sorted(w for w in tried if w in silent))
+        return True
 
     def _copy(self, idx: int, slow_worker: str) -> None:
         """A speculative copy of block ``idx``, on any worker but ``slow_worker``, and never on one
@@ -120,7 +151,16 @@ class BlockWatch:
     # -- a block's task raised -------------------------------------------------------------------------
     def failed(self, idx: int, fut: Any) -> None:
         """Try block ``idx`` on a worker it has not failed on, or fail the run with the task's error."""
-        exc, tb = fut.exception(), fut.traceback()
+        exc = fut.exception()
+        if looks_unimportable(exc):
+            # A graph the scheduler could not deserialize has no traceback to wait for.
+            err = unimportable_error(self.client, exc, self.window.job.pipeline, self.window.tag)
+            if err is not None:
+                raise err from exc
+        try:
+            tb = fut.traceback(timeout=5)
+        except Exception:
+            tb = None
         seen = self.stragglers.running.pop(fut.key, None)
         worker = getattr(exc, "worker", None) or (seen[1] if seen else "an unknown worker")
         failures = self.failed_on.setdefault(idx, {})

@@ -27,6 +27,7 @@ from typing import Any
 from .._cluster import get_client, workers_info
 from ..exceptions import InputError, StoreError
 from .engine import Execution
+from .imports import check_importable
 from .job import Job
 from .job_registry import remember_job
 from .linearize import linearize
@@ -144,6 +145,7 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
              store: HeldRun | None) -> Result:
     with get_client(client) as c:
         check_memory(c, p)
+        check_importable(c, job.pipeline, job.id)   # a module only this client has: one line, now
         t0 = time.perf_counter()
         threads = max(1, sum(c.nthreads().values()))
         block = plan_blocks(job, p.shard_seconds, threads, settings)

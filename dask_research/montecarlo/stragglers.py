@@ -30,7 +30,11 @@ from typing import Any
 from ..exceptions import PipelineError
 from .timing import Limits, RunningMedian
 
-__all__ = ["Stragglers"]
+__all__ = ["RESCUES", "Stragglers"]
+
+#: Copies of one block made because it was stuck (on a silent worker, or past half the block
+#: timeout), at most: each goes to a worker the block has not run on.
+RESCUES = 2
 
 
 def _not_returned(fut: Any) -> bool:
@@ -58,6 +62,7 @@ class Stragglers:
         self.durations = RunningMedian()                 # seconds of every finished block
         self.end_seen: dict[int, float] = {}
         self.stopped = False                             # a copy was as slow as its original
+        self.rescued: dict[int, int] = {}                # block -> copies made because it was stuck
         self._watched: float | None = None               # when client.processing() was last read (None: never)
 
     def unanswered(self, key: str, now: float, holder: str | None = None) -> None:
@@ -92,14 +97,23 @@ class Stragglers:
         return where
 
     def check_hung(self, now: float, pending: Mapping[Any, int], leaf_futures: Mapping[int, list],
-                   out: Callable[[Any], bool] | None = None) -> None:
-        """Fail the run when a block has run longer than the block timeout.
+                   out: Callable[[Any], bool] | None = None,
+                   rescue: Callable[[int, set[str]], bool] | None = None,
+                   silent: Container[str] = ()) -> None:
+        """Copy a stuck block to a live worker; fail the run when a block hangs wherever it runs.
 
-        ``out(future)``: whether that attempt has not returned yet (default: all have not); a
-        block that finished and waits for the rest of its group (:mod:`.groups`) has returned.
+        A block is stuck when every attempt of it that has not returned runs on a ``silent``
+        worker (one that missed its heartbeats: frozen, most likely) or has run past half the
+        block timeout: ``rescue(block, workers_tried)`` then copies it to a worker it has not run
+        on (``False``: none is left), whatever the run's length, at most :data:`RESCUES` times.
+        The run fails with a :class:`PipelineError` only when the block's oldest attempt is past
+        the block timeout and no attempt of it has run less than half of it (it hangs wherever
+        it runs, or no other worker was left). ``out(future)``: whether that attempt has not
+        returned yet (default: all have not); a block that finished and waits for the rest of
+        its group (:mod:`.groups`) has returned.
         """
         limit = self.limits.block_limit()
-        if limit is None:
+        if limit is None and not silent:
             return
         out = out or _not_returned
         for idx in sorted(set(pending.values())):
@@ -109,7 +123,12 @@ class Stragglers:
                 continue
             attempts.sort()
             t0, worker = attempts[0]
-            if now - t0 <= limit:
+            stuck = all(w in silent or (limit is not None and now - t > limit / 2) for t, w in attempts)
+            if stuck and rescue is not None and self.rescued.get(idx, 0) < RESCUES:
+                if rescue(idx, {w for _, w in attempts}):
+                    self.rescued[idx] = self.rescued.get(idx, 0) + 1
+                    continue
+            if limit is None or now - t0 <= limit or now - attempts[-1][0] <= limit / 2:
                 continue
             a, b = self.bounds[idx]
             shards = f"{a}" if b - a == 1 else f"{a}-{b - 1}"

@@ -7,6 +7,7 @@ first), and every test has a thread-method timeout, so none can hang the suite.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -332,3 +333,92 @@ def test_auto_block_timeout_holds_from_the_first_block_with_the_pilots_figure(tm
         assert not t.is_alive(), "the run waited for a block that never finishes"
         err = out.get("error")
         assert isinstance(err, PipelineError) and "did not return within" in str(err), out
+
+
+# -- a frozen worker in a long run -------------------------------------------------------------
+
+#: The block timeout of the long frozen-worker run: far above a healthy block of it (8 shards of
+#: 4 ms), far below the tail after the freeze (about 1,400 shards on one worker).
+FROZEN_BLOCK_TIMEOUT = 6.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_a_worker_frozen_for_the_rest_of_a_long_run_costs_only_its_blocks(tmp_path):
+    """Issue 28: a worker SIGSTOPped at a third of a 2,048-shard run with groups stays frozen
+    for a tail several block timeouts long; its blocks are copied to the live worker (it misses
+    its heartbeats, or its blocks overrun) and the run returns, same bits, while it is frozen.
+    Before the fix the run failed one block timeout after the freeze ("did not return within")."""
+    import functools
+
+    from dask_research.testing.processes import dask_processes
+
+    pipeline = functools.partial(slow_tanh, delay=0.004)
+    job = mc.Job(pipeline, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=2048,
+                 samples_per_shard=64, seed=28, bins=32, range=(0.0, 1.0))
+    store = tmp_path / "store"
+    with dask_processes(tmp_path, n_workers=2) as (client, workers):
+        frozen = workers[0]
+        frozen_at = next(w for w, info in workers_info(client).items() if info["name"] == "w0")
+        with dask.config.set({"research.montecarlo.block-timeout": FROZEN_BLOCK_TIMEOUT}):
+            t, out = in_thread(lambda: mc.run(job, client=client, store=str(store), verify=4, progress=False,
+                                               shards_per_task=8, window=8))
+            try:
+                wait_for(lambda: "error" in out or _stored(store, job) >= 2048 // 3, 120, "a third of the shards")
+                assert "error" not in out, out.get("error")
+                frozen.send_signal(signal.SIGSTOP)
+                frozen_t = time.monotonic()
+                t.join(180)
+                tail = time.monotonic() - frozen_t
+                assert not t.is_alive(), "the run waited for the frozen worker"
+                assert frozen.poll() is None   # still frozen: the run ended without it
+            finally:
+                frozen.send_signal(signal.SIGCONT)
+        assert "error" not in out, out.get("error")
+        rescues = [m for m in _events(client) if m["event"] == "rescue"]
+    # The tail after the freeze was longer than the block timeout (by this process's clock):
+    # the old code failed there.
+    assert tail > FROZEN_BLOCK_TIMEOUT, tail
+    assert rescues and all(frozen_at in m["stuck_on"] for m in rescues), rescues
+    res = out["result"]
+    groups = json.loads((store / "runs" / job.id / "result.json").read_text())["groups"]
+    assert groups["formed"] > 0, groups
+    assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(2048))
+    assert res.state == _reference(job).state
+
+
+# -- a pipeline module the cluster cannot import -----------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(240, method="thread")
+@pytest.mark.parametrize("where", ["scheduler", "workers"])
+def test_a_pipeline_module_the_cluster_cannot_import_fails_at_once_naming_it(tmp_path, where, monkeypatch):
+    """Issue 28: a module only the client can import hung the run forever (the scheduler could not
+    deserialize the graph: the block's traceback never came) or, where only the workers lacked
+    it, failed after the 60 s block timeout as "a pipeline that hangs". Now one line names the
+    module, who cannot import it, and the fixes, and no block timeout is reached."""
+    import importlib
+
+    from dask_research.testing.processes import dask_processes
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "only_on_the_client_28.py").write_text("import numpy as np\n\n\ndef f(a, b):\n    return np.tanh(a * b)\n")
+    monkeypatch.syspath_prepend(str(mods))      # this process only: the cluster's processes lack it
+    module = importlib.import_module("only_on_the_client_28")
+    job = mc.Job(module.f, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=16, samples_per_shard=64,
+                 seed=1, bins=16, range=(0.0, 1.0))
+    with dask_processes(tmp_path, n_workers=2) as (client, _):
+        if where == "workers":                  # the scheduler can import it, the workers cannot
+            client.run_on_scheduler(lambda: __import__("sys").path.insert(0, str(mods)))
+        t, out = in_thread(lambda: mc.run(job, client=client, verify=0, progress=False))
+        t.join(150)
+        assert not t.is_alive(), "the run hung on a module the cluster cannot import"
+        events = _events(client)
+    err = out.get("error")
+    assert isinstance(err, ResearchError) and not isinstance(err, PipelineError), out
+    msg = str(err)
+    assert "cannot import the pipeline's module 'only_on_the_client_28'" in msg, msg
+    assert ("the scheduler" in msg) == (where == "scheduler") and "the workers" in msg, msg
+    assert "client.upload_file('only_on_the_client_28.py')" in msg and "FILE:job" in msg, msg
+    assert "block-timeout" not in msg and not any(m["event"] == "speculate" for m in events)
