@@ -1,4 +1,4 @@
-"""``dask-research demo``: all three capabilities on an embedded cluster in under a minute.
+"""``dask-research demo``: all three capabilities on an embedded cluster, in one command.
 
 1. **Monte-Carlo**: the 7-input saturating pipeline (320 shards x 65,536 draws), verified and
    stored; the delta method printed next to the sampled values.

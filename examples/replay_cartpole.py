@@ -1,4 +1,4 @@
-"""The experience plane end to end on one process, in a few seconds.
+"""The experience plane end to end on one process, on the CPU.
 
 An actor thread steps a tiny CartPole-like simulator (no gym needed) and ingests transitions; a
 learner trains a small Q-network with prioritized replay from prefetched batches, sending back

@@ -85,3 +85,17 @@ def test_a_block_runs_as_written(code, tmp_path):
     assert not free_names(code), f"uses {sorted(free_names(code))}: define them or mark a fragment"
     r = run_python(_as_script(code), tmp_path, timeout=540)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+# how long something takes, said with no machine: "a few seconds" on a busy 2-core machine was 41 s
+VAGUE_TIME = re.compile(r"a few seconds|under a minute|about (a|ten) seconds?|about a second", re.I)
+
+
+def test_no_run_time_is_promised_without_its_machine():
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.rst")),
+             *sorted((ROOT / "examples").glob("*.py")), ROOT / "dask_research" / "demo.py"]
+    claims = [f"{f.relative_to(ROOT)}:{i}: {line.strip()}" for f in files
+              for i, line in enumerate(f.read_text().splitlines(), 1)
+              if VAGUE_TIME.search(line) and not re.search(r"\bcores?\b|machine", line)]
+    assert not claims, "quote a time with the machine it was measured on, or not at all:\n" + \
+        "\n".join(claims)
