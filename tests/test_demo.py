@@ -235,3 +235,16 @@ def test_the_report_renders_in_a_browser_within_1000_pixels(demo, tmp_path):
         errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
         assert not errors, errors
 
+
+
+
+def test_a_short_pilot_plan_reads_as_english():
+    """The notebook's pilot plan said "about 0.0 s on 2 threads"."""
+    import dataclasses
+
+    from dask_research.montecarlo.pilot import Plan
+
+    plan = Plan(target_stderr=1e-3, sigma=0.3, samples_per_shard=4096, shards=4, threads=1,
+                shard_seconds=0.003, est_seconds=0.012)
+    assert "about 0.012 s on 1 thread " in str(plan)
+    assert "about 12.3 s on 2 threads" in str(dataclasses.replace(plan, est_seconds=12.34, threads=2))

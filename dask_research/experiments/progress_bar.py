@@ -2,8 +2,10 @@
 
 The bar's total is ``max_experiments`` when the run has that budget (experiments a resumed run
 already spent count as done), else the work known so far (done + in flight + queued, which
-grows as the expander queues follow-ups). When the run stops, for whatever reason, the total
-becomes what was done, so the bar ends at 100 % and its postfix says why it stopped.
+grows as the expander queues follow-ups). That total never moves backwards during the run:
+queued hypotheses that will not run (a pruned branch's) stay in it, counted in the postfix
+(``3 dropped from the queue``). When the run stops, for whatever reason, the total becomes what
+was done, so the bar ends at 100 % and its postfix says why it stopped.
 
 Which bar: in a Jupyter kernel with ``ipywidgets`` importable, tqdm's widget; everywhere else,
 including a notebook without ``ipywidgets``, tqdm's plain text bar (``tqdm.auto`` would warn
@@ -22,6 +24,16 @@ A run with a budget of 10 that stops early ends its bar at 100 % of what it did,
 >>> bar.finish(done=4, reason="queue_empty")
 >>> (bar.bar.n, bar.bar.total), "queue_empty" in out.getvalue()
 ((4, 4), True)
+
+Without a budget, a pruned branch's queued hypotheses leave the total where it was and say so:
+
+>>> bar = ProgressBar(budget=None, done=0, queued=18, file=out)
+>>> bar.update(done=6, in_flight=3, queued=6)          # 3 queued hypotheses were pruned
+>>> bar.bar.total, bar.bar.postfix
+(18, '3 dropped from the queue')
+>>> bar.update(done=8, in_flight=3, queued=10)         # the expander queued 8 more
+>>> bar.bar.total, bar.bar.postfix
+(24, '3 dropped from the queue')
 """
 from __future__ import annotations
 
@@ -47,6 +59,7 @@ class ProgressBar:
 
     def __init__(self, budget: int | None, done: int, queued: int, **kw: Any):
         self.budget = budget
+        self.dropped = 0              # queued work that left the queue without running
         total = budget if budget is not None else done + queued
         self.bar = make_bar(total=max(total, done), initial=done, desc="experiments", unit="exp",
                             leave=True, **kw)
@@ -55,7 +68,11 @@ class ProgressBar:
         """Show ``done`` outcomes (redrawn at most every 0.1 s)."""
         bar = self.bar
         if self.budget is None:
-            bar.total = done + in_flight + queued
+            known = done + in_flight + queued + self.dropped
+            if known < bar.total:                 # left the queue unrun: keep it, say so
+                self.dropped += bar.total - known
+                bar.set_postfix_str(f"{self.dropped} dropped from the queue", refresh=False)
+            bar.total = done + in_flight + queued + self.dropped
         elif done > bar.total:                    # re-dispatched work beyond the budget
             bar.total = done
         bar.update(done - bar.n)

@@ -63,9 +63,11 @@ class Plan:
         return self.shards * self.samples_per_shard
 
     def __str__(self) -> str:
+        e = self.est_seconds                    # a sub-0.1 s plan keeps two digits, not "0.0 s"
+        secs = f"{e:.1f}" if e >= 0.1 else f"{e:.2g}"
         return (f"target stderr {self.target_stderr:.3g} with sigma {self.sigma:.4g}: "
                 f"{self.shards:,} shards x {self.samples_per_shard:,} = {self.total_samples:,} samples, "
-                f"about {self.est_seconds:.1f} s on {self.threads} threads "
+                f"about {secs} s on {self.threads} thread{'s' if self.threads != 1 else ''} "
                 f"({self.shard_seconds * 1e3:.1f} ms per shard)")
 
 

@@ -271,7 +271,7 @@ class Result:
         head = f"  wall                 {self.wall_seconds:.2f} s"
         if self.computed_shards == 0 and self.reused_shards:
             return f"{head}: all {self.reused_shards} shards reused from the store (resumed), none computed"
-        text = (f"{head}, {self.samples_per_second / 1e6:.2f} M samples/s, {self.shards_per_task} shards per task "
+        text = (f"{head}, {self.samples_per_second / 1e6:.2f} M samples/s, {self.shards_per_task} shard{'s' if self.shards_per_task != 1 else ''} per task "
                 f"on {len(self.workers)} worker{'s' if len(self.workers) != 1 else ''}")
         if self.reused_shards:
             text += f"; {self.reused_shards} shards reused from the store"
