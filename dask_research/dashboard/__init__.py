@@ -54,6 +54,10 @@ def dask_setup(scheduler) -> None:
     (:func:`dask_research.events.install`), so producers ship many events per round trip."""
     from .. import events
 
+    if not register():
+        logger.warning("dask_research.dashboard: bokeh is not installed, so the research pages "
+                       "(/individual-research-shards, -branches, -experience) are not served: "
+                       "pip install 'dask-research[dashboard]' where the scheduler runs")
     events.install(scheduler)
 
 

@@ -15,6 +15,7 @@ Examples
 from __future__ import annotations
 
 import html
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -24,13 +25,19 @@ import numpy as np
 from .._compat import processing_keys
 from ..events import topic, unpack
 from ..montecarlo.keys import parse_block_key
+from .shard_cells import MAX_CELLS as MAX_CELLS  # where the page's callers read it
+from .shard_cells import STATE_NAMES, ShardCells, check_start
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "run_status", "plane_series", "STATE_NAMES", "STATE_COLORS"]
 
-#: Shard states, in the order of their codes.
-STATE_NAMES = ["queued", "running", "accepted", "verified", "quarantined", "re-run"]
 STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"]
-MAX_CELLS = 4096
+
+
+def skip_bad_event(page: str, msg: Any, reason: str) -> None:
+    """One warning for an event a page cannot read (a buggy producer, another client's version)."""
+    logger.warning("research %s page: skipped an event it cannot read (%s): %.200r", page, reason, msg)
 
 
 def latest_run(events: list) -> tuple[dict | None, list]:
@@ -53,26 +60,19 @@ def latest_run(events: list) -> tuple[dict | None, list]:
 
 
 def shard_states(events: list, running: Sequence[tuple[int, int]] = ()) -> tuple[dict | None, np.ndarray]:
-    """State code per shard of the latest run (see :data:`STATE_NAMES`)."""
+    """State code per shard of the latest run (per cell of shards past :data:`MAX_CELLS`; see
+    :data:`STATE_NAMES` and :class:`~.shard_cells.ShardCells`). Malformed events are skipped
+    with one warning each; a malformed ``start`` is no run."""
     start, later = latest_run(events)
-    if start is None:
+    if start is None or check_start(start) is not None:
         return None, np.zeros(0, dtype=np.int8)
-    states = np.zeros(int(start["shards"]), dtype=np.int8)
-    for a, b in running:
-        states[a:b] = np.maximum(states[a:b], 1)
+    cells = ShardCells(int(start["shards"]))
     for msg in later:
-        kind = msg.get("event")
-        if kind == "accepted":
-            states[msg["start"]:msg["stop"]] = np.where(states[msg["start"]:msg["stop"]] == 4, 4, 2)
-        elif kind in ("speculate", "retry"):
-            seg = states[msg["start"]:msg["stop"]]
-            seg[seg < 2] = 5
-        elif kind == "check":
-            states[msg["shard"]] = 3 if msg.get("match") else 4
-        elif kind == "quarantine":
-            for s in msg.get("shards", []):
-                states[s] = 4
-    return start, states
+        try:
+            cells.apply(msg)
+        except ValueError as e:
+            skip_bad_event("Shards", msg, str(e))
+    return start, cells.states(running)
 
 
 def run_status(start: dict, later: list, clients=None) -> str:
@@ -116,7 +116,8 @@ def _log(scheduler, subsystem: str) -> list[tuple[float, Any]]:
 
 
 class ShardBoard:
-    """A grid of every shard of the active Monte-Carlo run, and its running estimate."""
+    """A grid of the active Monte-Carlo run's shards (cells of shards past :data:`MAX_CELLS`), and its
+    running estimate with the 95 % confidence interval of the mean (as the CLI and ``print(result)``)."""
 
     def __init__(self, scheduler, width: int = 900, **kwargs: Any):
         from bokeh.models import ColumnDataSource, HoverTool
@@ -137,46 +138,111 @@ class ShardBoard:
         from bokeh.layouts import column
 
         self.root = column(self.summary, Div(text=legend), fig, sizing_mode=kwargs.get("sizing_mode"))
+        self.start: dict | None = None           # the latest run's start event, its cells and end events
+        self.cells: ShardCells | None = None
+        self.ends: list[dict] = []
+        self.estimate: dict | None = None        # the latest accepted event with a running estimate
+        self._last: Any = None                   # the last log entry folded in
+        self._drawn = -1
+        self._xy: tuple[list, list, list] = ([], [], [])
+
+    def _fold_new_events(self) -> None:
+        """Fold in the events logged since the last update (all of them after the log wrapped).
+
+        Work follows the new events and the cells, never the run's shards (issue 28: a
+        10^7-shard run cost 1.5 s of the scheduler's event loop per update)."""
+        log = self.scheduler.get_events(topic("montecarlo"))
+        fresh = len(log)
+        if self._last is not None:
+            for back in range(1, len(log) + 1):
+                if log[-back] is self._last:
+                    fresh = back - 1
+                    break
+            else:          # the log wrapped past what was folded in: start over from what it holds
+                self.start, self.cells, self.ends, self.estimate = None, None, [], None
+        if not fresh:
+            return
+        self._last = log[-1]
+        for _, msg in unpack(log[len(log) - fresh:]):
+            kind = msg.get("event")
+            if kind == "start":
+                reason = check_start(msg)
+                if reason is not None:
+                    skip_bad_event("Shards", msg, reason)
+                    continue
+                self.start, self.cells, self.ends, self.estimate = msg, ShardCells(int(msg["shards"])), [], None
+                continue
+            if self.cells is None or self.start is None or msg.get("run") != self.start["run"]:
+                continue
+            if kind in ("done", "failed"):
+                self.ends.append(msg)
+                continue
+            try:
+                self.cells.apply(msg)
+            except ValueError as e:
+                skip_bad_event("Shards", msg, str(e))
+                continue
+            if kind == "accepted" and msg.get("mean") is not None:
+                self.estimate = msg
 
     def update(self) -> None:
-        events = _log(self.scheduler, "montecarlo")
-        start, _ = latest_run(events)
-        if start is None:
+        self._fold_new_events()
+        start, cells = self.start, self.cells
+        if start is None or cells is None:
             return
-        _, later = latest_run(events)
-        status = run_status(start, later, clients=set(getattr(self.scheduler, "clients", {}) or ()))
+        status = run_status(start, self.ends, clients=set(getattr(self.scheduler, "clients", {}) or ()))
         # A run that ended (or lost its client) drives no task: blocks being cancelled are not running.
-        running = _running_blocks(self.scheduler, start.get("key_prefix", "")) if status == "running" else []
-        start, states = shard_states(events, running)
-        if start is None:
-            return
-        n = states.size
-        group = max(1, math.ceil(n / MAX_CELLS))
-        cells = math.ceil(n / group)
-        cols = max(1, math.ceil(math.sqrt(cells * 2)))
-        idx = np.arange(cells)
-        # A cell showing several shards takes the most notable state among them.
-        rank = np.array([0, 2, 1, 3, 5, 4])  # quarantined > re-run > verified > running > accepted
-        padded = np.full(cells * group, -1, dtype=np.int16)
-        padded[:n] = states
-        blocks = padded.reshape(cells, group)
-        order = np.where(blocks >= 0, rank[np.clip(blocks, 0, 5)], -1)
-        pick = blocks[np.arange(cells), order.argmax(axis=1)]
-        label = [f"{i * group}" if group == 1 else f"{i * group}-{min(n, (i + 1) * group) - 1}"
-                 for i in range(cells)]
-        self.source.data = {"x": (idx % cols).tolist(), "y": (-(idx // cols)).tolist(),
-                            "color": [STATE_COLORS[c] for c in pick], "state": [STATE_NAMES[c] for c in pick],
-                            "shards": label}
-        acc = [m for m in later if m.get("event") == "accepted"]
-        counts = {name: int((states == i).sum()) for i, name in enumerate(STATE_NAMES)}
+        running = _running_blocks(self.scheduler, str(start.get("key_prefix", ""))) if status == "running" else []
+        pick = cells.states(running)
+        idx = np.arange(cells.cells)
+        cols = max(1, math.ceil(math.sqrt(cells.cells * 2)))
+        if cells.cells != self._drawn:          # positions and labels change only with the run's size
+            self._drawn = cells.cells
+            self._xy = ((idx % cols).tolist(), (-(idx // cols)).tolist(), cells.labels())
+        x, y, labels = self._xy
+        self.source.data = {"x": x, "y": y, "color": [STATE_COLORS[c] for c in pick],
+                            "state": [STATE_NAMES[c] for c in pick], "shards": labels}
+        counts = cells.shard_counts(running)
         est = ""
-        if acc and acc[-1].get("mean") is not None:
-            est = f"running estimate {acc[-1]['mean']:.6g} &plusmn; {acc[-1]['stderr']:.3g} (n={acc[-1]['n']:,})"
+        acc = self.estimate
+        if acc is not None:
+            word = "running estimate" if status == "running" else "estimate"
+            try:
+                half = 1.96 * float(acc["stderr"])
+                est = (f"{word} {float(acc['mean']):.6g} &plusmn; {half:.3g} (95 % CI of the mean; "
+                       f"stderr {float(acc['stderr']):.3g}; n={int(acc['n']):,})")
+            except (KeyError, TypeError, ValueError):
+                skip_bad_event("Shards", acc, "mean, stderr and n are not numbers")
+                self.estimate = None
         # Names come from users: escaped, so a job called "<script>" is text, not markup.
         name, run = html.escape(str(start.get("name", ""))), html.escape(str(start["run"])[:12])
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
-                             f"({html.escape(status)}): {n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
+                             f"({html.escape(status)}): {cells.n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
                              + (f"<br>{est}" if est else ""))
+
+
+_STATS_NUMBERS = ("t", "size", "inserted", "sampled", "exposed_mean_s")
+
+
+def _bad_stats(m: dict) -> str | None:
+    """Why a replay ``stats`` event cannot be drawn (``None`` if it can).
+
+    >>> _bad_stats({"t": 1.0, "size": "x", "inserted": 0, "sampled": 0, "exposed_mean_s": 0.0})
+    "size 'x' is not a finite number"
+    """
+    for key in _STATS_NUMBERS:
+        v = m.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+            return f"{key} {v!r} is not a finite number"
+    step = m.get("step_mean_s")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float, np.integer, np.floating))):
+        return f"step_mean_s {step!r} is not a number"
+    tiers = m.get("tiers", [])
+    if not isinstance(tiers, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("rows"), (int, np.integer)) and isinstance(t.get("used"), (int, np.integer))
+            for t in tiers):
+        return "tiers is not a list of {name, rows, used}"
+    return None
 
 
 def plane_series(events: list) -> dict[str, dict[str, list]]:
@@ -185,6 +251,10 @@ def plane_series(events: list) -> dict[str, dict[str, list]]:
     last: dict[str, dict] = {}
     for _, m in unpack(events):
         if m.get("event") != "stats":
+            continue
+        reason = _bad_stats(m)
+        if reason is not None:
+            skip_bad_event("Experience", m, reason)
             continue
         name = str(m.get("plane", "plane"))
         s = out.setdefault(name, {"t": [], "size": [], "ingest_rate": [], "sample_rate": [],
@@ -364,8 +434,12 @@ class BranchBoard:
         self.lines = ColumnDataSource({"xs": [], "ys": [], "color": [], "branch": []})
         self.score_fig = figure(title="UCB score at each selection (busiest branches)", height=260,
                                 width=width // 2, tools="", toolbar_location=None, sizing_mode=sizing,
-                                x_axis_label="seconds since start")
-        glyph = self.score_fig.multi_line("xs", "ys", color="color", source=self.lines, line_width=2)
+                                x_axis_label="seconds since start",
+                                y_axis_label="UCB score (mean reward + exploration bonus)")
+        glyph = self.score_fig.multi_line("xs", "ys", color="color", source=self.lines, line_width=2,
+                                          legend_field="branch")
+        self.score_fig.legend.location = "top_left"
+        self.score_fig.legend.label_text_font_size = "8pt"
         self.score_fig.add_tools(HoverTool(renderers=[glyph], tooltips=[("branch", "@branch")]))
         self.occ = ColumnDataSource({"t": [], "n": []})
         self.occ_fig = figure(title="Experiments in flight", height=260, width=width // 2, tools="",

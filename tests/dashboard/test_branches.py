@@ -35,3 +35,22 @@ def test_a_new_run_replaces_the_old_one():
           batch("r2", [{"event": "add"}, {"event": "dispatch", "branch": "y", "t": 0.1}])]
     view = branch_view(ev)
     assert view["run"] == "r2" and list(view["branches"]) == ["y"] and view["branches"]["y"]["pending"] == 1
+
+
+def test_the_score_lines_are_named_and_the_axis_says_what_it_shows():
+    """The "UCB score at each selection" plot had unnamed lines and no y label."""
+    from bokeh.models import Legend
+
+    class _Scheduler:
+        def get_events(self, topic):
+            return [(0, {"event": "add", "run": "r"}),
+                    (1, {"event": "select", "run": "r", "t": 0.5, "scores": {"good": 1.2, "bad": 0.4}}),
+                    (2, {"event": "dispatch", "run": "r", "t": 0.6, "branch": "good"}),
+                    (3, {"event": "dispatch", "run": "r", "t": 0.7, "branch": "bad"})]
+
+    board = BranchBoard(_Scheduler())
+    board.update()
+    assert board.score_fig.yaxis[0].axis_label.startswith("UCB score")
+    legends = [r for r in board.score_fig.center if isinstance(r, Legend)]
+    assert legends and legends[0].items[0].label.field == "branch"
+    assert board.lines.data["branch"] == ["good", "bad"]

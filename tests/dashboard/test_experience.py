@@ -57,6 +57,20 @@ def test_series_rates_from_counters():
     assert s["exposed_pct"][-1] == pytest.approx(10.0)
 
 
+def test_malformed_stats_are_skipped_with_one_warning(caplog):
+    """Replay ``stats`` fields were read unchecked: a string or a missing field failed the page."""
+    import logging
+
+    good = {"event": "stats", "plane": "p", "t": 12.0, "size": 9, "inserted": 100, "sampled": 400,
+            "tiers": [{"name": "host", "used": 9, "rows": 9}], "exposed_mean_s": 0.001, "step_mean_s": 0.01}
+    bad = [dict(good, size="nine"), {k: v for k, v in good.items() if k != "t"}, dict(good, tiers="host"),
+           dict(good, exposed_mean_s=float("nan"))]
+    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.components"):
+        s = plane_series([(0, b) for b in bad] + [(1, good)])["p"]
+    assert s["size"] == [9]
+    assert len([r for r in caplog.records if "skipped an event" in r.getMessage()]) == len(bad)
+
+
 def _stats_events(client, name):
     return [m for _, m in client.get_events("research.replay")
             if m.get("event") == "stats" and m.get("plane") == name]

@@ -125,3 +125,95 @@ def test_shard_states_read_envelopes_batches_and_the_older_shape_alike():
         start, states = shard_states(log, running=[(2, 3)])
         assert start["key_prefix"] == "ab-cd"
         assert [STATE_NAMES[s] for s in states] == ["verified", "accepted", "running", "queued"]
+
+
+@pytest.mark.parametrize("bad", ["abc", -5, 1e15, True, None])
+def test_a_malformed_start_event_is_skipped_with_one_warning_and_the_page_still_answers(cluster, caplog, bad):
+    """A start event with shards "abc", -5 or 1e15 made the Shards page answer HTTP 500 for everyone."""
+    import logging
+    import urllib.request
+
+    cl, c = cluster
+    c.log_event("research.montecarlo", {"event": "start", "run": "good", "shards": 8, "key_prefix": "g"})
+    c.log_event("research.montecarlo", {"event": "start", "run": "bad", "shards": bad, "key_prefix": "b"})
+    c.log_event("research.montecarlo", {"event": "accepted", "run": "good", "start": 0, "stop": "x"})
+    c.log_event("research.montecarlo", {"event": "accepted", "run": "good", "start": 0, "stop": 4})
+    wait_for(lambda: len(cl.scheduler.get_events("research.montecarlo")) >= 4, 60, "the events logged")
+    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.components"):
+        board = ShardBoard(cl.scheduler)
+        board.update()
+        board.update()
+    skipped = [r for r in caplog.records if "skipped an event" in r.getMessage()]
+    assert len(skipped) == 2, [r.getMessage() for r in skipped]          # each bad event once
+    assert board.source.data["state"] == ["accepted"] * 4 + ["queued"] * 4
+    url = cl.dashboard_link.replace("/status", "/individual-research-shards")
+    with urllib.request.urlopen(url, timeout=60) as page:
+        assert page.status == 200
+
+
+def test_the_page_costs_cells_and_new_events_not_shards(cluster, monkeypatch):
+    """A 10^12-shard run is 4,096 cells of aggregates (it was a per-shard array: 1.5 s per update at
+    10^7 shards); an update folds in only the events logged since the last one."""
+    from dask_research.dashboard import shard_cells
+
+    cl, c = cluster
+    n = 10**12
+    c.log_event("research.montecarlo", {"event": "start", "run": "huge", "shards": n, "key_prefix": "h"})
+    c.log_event("research.montecarlo", {"event": "accepted", "run": "huge", "start": 0, "stop": n // 2})
+    c.log_event("research.montecarlo", {"event": "check", "run": "huge", "shard": 0, "match": False})
+    wait_for(lambda: len(cl.scheduler.get_events("research.montecarlo")) >= 3, 60, "the events logged")
+    applied = []
+    real = shard_cells.ShardCells.apply
+    monkeypatch.setattr(shard_cells.ShardCells, "apply", lambda self, msg: (applied.append(msg), real(self, msg)))
+    board = ShardBoard(cl.scheduler)
+    board.update()
+    cells = board.cells
+    assert cells is not None and cells.cells <= shard_cells.MAX_CELLS
+    assert all(a.size <= shard_cells.MAX_CELLS for a in (cells.accepted, cells.verified, cells.rerun, cells.size))
+    states = board.source.data["state"]
+    assert states[:2] == ["quarantined", "accepted"] and states[-1] == "queued" and len(states) == cells.cells
+    assert f"{n:,} shards, {n // 2:,} queued, {n // 2 - 1:,} accepted, 1 quarantined" in board.summary.text
+    assert len(applied) == 2
+    board.update()
+    assert len(applied) == 2                       # nothing new: nothing folded in again
+    c.log_event("research.montecarlo", {"event": "accepted", "run": "huge", "start": n // 2, "stop": n // 2 + 10})
+    wait_for(lambda: len(cl.scheduler.get_events("research.montecarlo")) >= 4, 60, "the events logged")
+    board.update()
+    assert len(applied) == 3
+
+
+def test_the_estimate_is_labelled_a_95_ci_and_is_no_longer_running_when_done(cluster):
+    cl, c = cluster
+    for msg in ({"event": "start", "run": "r2", "shards": 4, "key_prefix": "q"},
+                {"event": "accepted", "run": "r2", "start": 0, "stop": 4, "mean": 1.5, "stderr": 0.1, "n": 400}):
+        c.log_event("research.montecarlo", msg)
+    wait_for(lambda: len(cl.scheduler.get_events("research.montecarlo")) >= 2, 60, "the events logged")
+    board = ShardBoard(cl.scheduler)
+    board.update()
+    assert "running estimate 1.5 &plusmn; 0.196 (95 % CI of the mean; stderr 0.1; n=400)" in board.summary.text
+    c.log_event("research.montecarlo", {"event": "done", "run": "r2"})
+    wait_for(lambda: len(cl.scheduler.get_events("research.montecarlo")) >= 3, 60, "the events logged")
+    board.update()
+    assert "(done)" in board.summary.text and "running estimate" not in board.summary.text
+    assert "estimate 1.5 &plusmn; 0.196 (95 % CI" in board.summary.text
+
+
+def test_the_preload_without_bokeh_says_so_in_the_scheduler_log(monkeypatch, caplog):
+    """``--preload dask_research.dashboard`` without bokeh: the pages 404ed with no word in the log."""
+    import logging
+    import sys
+
+    import dask_research.dashboard as dash
+
+    monkeypatch.setitem(sys.modules, "bokeh", None)         # import bokeh raises ImportError
+
+    class _Scheduler:
+        handlers: dict = {}
+
+        def set_metadata(self, keys, value):
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard"):
+        dash.dask_setup(_Scheduler())
+    lines = [r.getMessage() for r in caplog.records if "bokeh is not installed" in r.getMessage()]
+    assert len(lines) == 1 and "pip install 'dask-research[dashboard]'" in lines[0]
