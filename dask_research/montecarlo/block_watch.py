@@ -32,10 +32,11 @@ import time
 from collections.abc import Callable, Container, Iterable
 from typing import Any
 
+from .._cluster import workers_info
 from ..exceptions import PipelineError
 from .arrivals import Arrivals
 from .checks import alive_workers, responsive_workers
-from .failures import one_line
+from .failures import killed_workers_error, one_line
 from .imports import looks_unimportable, unimportable_error
 from .outcome import Outcome
 from .stragglers import Stragglers
@@ -55,9 +56,12 @@ class BlockWatch:
     """
 
     def __init__(self, client: Any, window: Window, limits: Limits, arrivals: Arrivals, *, speculate: float,
-                 attempts: int, emit: Callable[..., None], outcome: Outcome | None = None, poll: float = 0.2):
+                 attempts: int, emit: Callable[..., None], outcome: Outcome | None = None, poll: float = 0.2,
+                 shard_bytes: int | None = None, workers: dict | None = None):
         self.client, self.window, self.limits, self.arrivals = client, window, limits, arrivals
         self.attempts, self.emit = attempts, emit
+        self.shard_bytes = shard_bytes                   # the pilot's memory per shard (for a killed worker's error)
+        self.workers_at_start = dict(workers or {})      # the workers' memory limits, while none is restarting
         self.outcome = outcome if outcome is not None else Outcome()
         self.stragglers = Stragglers(client, limits, speculate=speculate, poll=poll, bounds=list(window.bounds),
                                      emit=emit)
@@ -174,7 +178,12 @@ class BlockWatch:
         others = [w for w in alive_workers(self.client) if w not in tried and w not in self.quarantined]
         others = [w for w in others if w not in bad_anywhere] or others
         a, b = self.window.bounds[idx]
-        if isinstance(exc, KilledWorker) or len(failures) >= self.attempts or not others:
+        if isinstance(exc, KilledWorker):
+            shards = f"{a}" if b - a == 1 else f"{a}-{b - 1}"
+            raise killed_workers_error(exc, shards=shards, block=b - a, samples_per_shard=self.window.job.samples_per_shard,
+                                       shard_bytes=self.shard_bytes,
+                                       workers={**self.workers_at_start, **workers_info(self.client)}) from exc
+        if len(failures) >= self.attempts or not others:
             if len(failures) > 1 and isinstance(exc, PipelineError):
                 where = ", ".join(sorted(failures))
                 exc = PipelineError(exc.shard, f"{exc.problem}; it failed on every worker tried ({where}): "

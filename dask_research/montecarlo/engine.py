@@ -77,12 +77,15 @@ class Execution:
     ``holdings``: what the store holds of the job (default: nothing); ``store``: the run's
     :class:`~.store.held_run.HeldRun` (``None``: no store); ``progress``: a bar told of every
     accepted block's shards; ``shard_seconds``: the pilot's seconds per shard (the block
-    timeout from the first block on); ``run_id``: default the job's content address.
+    timeout from the first block on); ``run_id``: default the job's content address;
+    ``shard_bytes``: the pilot's memory per shard and ``workers`` the scheduler's information on
+    the workers at the start (both named when the blocks kill their workers).
     """
 
     def __init__(self, client: Any, job: Any, reducer: Any, block: int, *, settings: RunSettings | None = None,
                  holdings: Holdings | None = None, store: HeldRun | None = None, progress: Any = None,
-                 shard_seconds: float | None = None, run_id: str | None = None):
+                 shard_seconds: float | None = None, run_id: str | None = None, shard_bytes: int | None = None,
+                 workers: dict | None = None):
         s = settings if settings is not None else RunSettings.parse()
         self.client, self.job, self.reducer, self.block, self.settings = client, job, reducer, block, s
         self.run_id = run_id if run_id is not None else job.id
@@ -103,7 +106,8 @@ class Execution:
                              group_blocks=s.group_blocks, track=self.arrivals.track, known=self.known,
                              keep=self.verification.candidates, target=target, with_store=store is not None)
         self.watch = BlockWatch(client, self.window, self.limits, self.arrivals, speculate=s.speculate,
-                                attempts=s.pipeline_attempts, emit=self._emit, outcome=self.outcome, poll=POLL)
+                                attempts=s.pipeline_attempts, emit=self._emit, outcome=self.outcome, poll=POLL,
+                                shard_bytes=shard_bytes, workers=workers)
         self.arrivals.on_unfetched = self.watch.unanswered
         self.acceptance = Acceptance(self.window, reducer, verification=self.verification, watch=self.watch,
                                      emit=self._emit, outcome=self.outcome, store=store, progress=progress)

@@ -19,7 +19,7 @@ from typing import Any
 from .._compat import CommClosedError, FutureCancelledError, FuturesCancelledError
 from ..exceptions import ResearchError
 
-__all__ = ["LOST", "one_line", "lost_scheduler", "raise_if_cancelled", "lost_scheduler_error"]
+__all__ = ["LOST", "one_line", "lost_scheduler", "raise_if_cancelled", "lost_scheduler_error", "killed_workers_error"]
 
 #: The reason Dask gives the futures it cancels when a client loses its scheduler.
 LOST = "scheduler-connection-lost"
@@ -99,3 +99,44 @@ def lost_scheduler_error(exc: BaseException, *, address: str | None, run_id: str
                 "are lost; pass store= (--store) to make a run resumable")
     return ResearchError(f"run {run_id[:12]} lost the connection to {address or 'the scheduler'} "
                          f"({type(exc).__name__}: {one_line(exc)[:200]}): {kept}")
+
+
+def _size(n: float) -> str:
+    """Bytes for a message.
+
+    >>> _size(3 * 2**20), _size(1536)
+    ('3.0 MiB', '1.5 KiB')
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def killed_workers_error(exc: BaseException, *, shards: str, block: int, samples_per_shard: int,
+                         shard_bytes: int | None, workers: dict) -> Exception:
+    """Dask's ``KilledWorker`` (the task's workers died, one after another) as one line a user can act on.
+
+    A worker process that dies while it runs a block is, on a cluster with nannies, almost
+    always one its nanny restarted for passing the memory limit: the message says which
+    shards, the workers' memory limit, what a shard needed in the pilot, and what to change.
+    ``workers``: the scheduler's information on each worker (``memory_limit``, ``nthreads``).
+
+    >>> str(killed_workers_error(RuntimeError("x"), shards="0-3", block=4, samples_per_shard=65_536,
+    ...                          shard_bytes=2**20, workers={"w": {"memory_limit": 2**28, "nthreads": 2}}))[:95]
+    "pipeline output of shard 0-3: killed every worker it ran on (Dask's KilledWorker: x): the shard"
+    """
+    from ..exceptions import PipelineError
+
+    limits = sorted({int(i.get("memory_limit") or 0) for i in workers.values()} - {0})
+    threads = max([int(i.get("nthreads") or 1) for i in workers.values()] or [1])
+    limit = (f"the workers' memory limit is {' to '.join(_size(x) for x in (limits[0], limits[-1])[:len(limits)])} "
+             f"for {threads} thread(s) each" if limits else "the workers have no memory limit set")
+    pilot = (f"the pilot measured {_size(shard_bytes)} per shard of {samples_per_shard:,} samples "
+             f"({_size(shard_bytes * block)} for a task of {block} shards)" if shard_bytes else
+             "the pilot measured no memory for a shard")
+    return PipelineError(shards, (
+        f"killed every worker it ran on (Dask's KilledWorker: {one_line(exc)[:160]}): the shards' pipeline most likely "
+        f"exceeded the workers' memory limit (a nanny restarts a worker past 95 % of it); {limit}, {pilot}. Use fewer "
+        "samples_per_shard (more shards), shards_per_task=1, fewer threads per worker, or workers with more memory "
+        "(dask worker --memory-limit); stored shards are kept and the same command resumes"))

@@ -144,7 +144,7 @@ if run.__doc__:
 def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: Holdings,
              store: HeldRun | None) -> Result:
     with get_client(client) as c:
-        check_memory(c, p)
+        workers = check_memory(c, p)
         check_importable(c, job.pipeline, job.id)   # a module only this client has: one line, now
         t0 = time.perf_counter()
         threads = max(1, sum(c.nthreads().values()))
@@ -153,7 +153,8 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
         bar = _progress_bar(job.shards, settings.progress, f"mc {job.name}")
         try:
             ex = Execution(c, job, reducer, block, settings=settings, holdings=held, store=store, progress=bar,
-                           shard_seconds=p.shard_seconds)   # the block timeout from the first block on
+                           shard_seconds=p.shard_seconds,   # the block timeout from the first block on
+                           shard_bytes=p.shard_bytes, workers=workers)
             state, outcome = ex.execute()
         finally:
             bar.close()
@@ -176,17 +177,19 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
     return result
 
 
-def check_memory(client, p: Pilot) -> None:
-    """Refuse up front a job whose shard cannot fit the memory a worker thread has."""
+def check_memory(client, p: Pilot) -> dict:
+    """Refuse up front a job whose shard cannot fit the memory a worker thread has; the workers' information."""
     from ..exceptions import CapacityError
 
-    for addr, info in workers_info(client).items():
+    workers = workers_info(client)
+    for addr, info in workers.items():
         limit = info.get("memory_limit") or 0
         threads = max(1, int(info.get("nthreads") or 1))
         if limit and p.shard_bytes * threads > limit:
             raise CapacityError(f"a shard of {p.job.samples_per_shard:,} samples (measured by the pilot) on each of "
                                 f"{threads} threads of worker {addr}; use fewer samples_per_shard and more shards",
                                 p.shard_bytes * threads, int(limit))
+    return workers
 
 
 def _encode_state(reducer, state) -> Any:

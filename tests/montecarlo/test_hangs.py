@@ -422,3 +422,41 @@ def test_a_pipeline_module_the_cluster_cannot_import_fails_at_once_naming_it(tmp
     assert ("the scheduler" in msg) == (where == "scheduler") and "the workers" in msg, msg
     assert "client.upload_file('only_on_the_client_28.py')" in msg and "FILE:job" in msg, msg
     assert "block-timeout" not in msg and not any(m["event"] == "speculate" for m in events)
+
+
+# -- a pipeline that outgrows the workers' memory ----------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_a_pipeline_that_outgrows_the_workers_memory_says_so_naming_the_shards(tmp_path):
+    """Issue 28: a pipeline that needs more memory on the workers than their limit ended in Dask's
+    raw ``KilledWorker ... on N different workers``. Nanny workers (real processes) with a
+    small memory limit: the error says the pipeline exceeded the workers' memory limit, which
+    shards, what the pilot measured per shard, and what to change."""
+    import numpy as np
+
+    def hog(a, b):               # nested: sent by value; small in the pilot, huge on a worker
+        from distributed import get_worker
+
+        try:
+            get_worker()
+        except ValueError:
+            return np.tanh(a * b)
+        big = np.ones(2**27)     # 1 GiB, every page touched, well past the 400 MB limit
+        time.sleep(30)
+        return np.tanh(a * b) + big[:1].sum() * 0
+
+    job = mc.Job(hog, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=8, samples_per_shard=256,
+                 seed=3, bins=16, range=(0.0, 2.0))
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="400MB",
+                         dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        t, out = in_thread(lambda: mc.run(job, client=c, verify=0, progress=False, shards_per_task=4))
+        t.join(240)
+        assert not t.is_alive(), "the run hung"
+    err = out.get("error")
+    assert isinstance(err, PipelineError), out
+    msg = str(err)
+    assert err.shard in ("0-3", "4-7") and "exceeded the workers' memory limit" in msg, msg
+    assert "memory limit is 381.5 MiB" in msg and "the pilot measured" in msg and "per shard of 256 samples" in msg, msg
+    assert "samples_per_shard" in msg and "--memory-limit" in msg, msg
