@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -41,9 +41,10 @@ from .job_registry import remember_job
 __all__ = ["Job", "ENGINE", "job_factory", "is_job_factory"]
 
 _FACTORY_MARK = "__dask_research_job_factory__"
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def job_factory(fn: Callable[[], Job]) -> Callable[[], Job]:
+def job_factory(fn: _F) -> _F:
     """Mark a zero-argument function that returns a :class:`Job`, so ``--job FILE:NAME`` may call it.
 
     The command line calls nothing else it is pointed at: ``FILE:main`` or the pipeline itself
