@@ -45,3 +45,27 @@ def test_the_wrong_job_is_told_what_the_run_recorded(stored):
     assert "is not the one that ran" in msg and "'twice'" in msg and "4 shards of 256 samples, seed 1" in msg
     assert "\n" not in msg
     assert np.isfinite(mc.replay(job.id[:12], shard=0, store=store, job=job).recomputed.mean)
+
+
+def test_replay_many_reads_the_store_and_the_job_once_for_k_shards(stored, monkeypatch):
+    """Issue 28: ``mc verify -k K`` re-read every shard file and reloaded the job for each of the K
+    replays (0.33 s a shard on a 512-file store). Now K replays read each once."""
+    from dask_research.montecarlo import audit
+
+    job, store = stored
+    reads = {"shards": 0, "jobs": 0}
+    read_shards, load_job = mc.RunStore.read_shards, audit.load_job
+
+    def counting_read_shards(self, *a, **kw):
+        reads["shards"] += 1
+        return read_shards(self, *a, **kw)
+
+    def counting_load_job(*a, **kw):
+        reads["jobs"] += 1
+        return load_job(*a, **kw)
+
+    monkeypatch.setattr(mc.RunStore, "read_shards", counting_read_shards)
+    monkeypatch.setattr(audit, "load_job", counting_load_job)
+    reports = mc.replay_many(job.id[:12], store, k=4)
+    assert sorted(r.shard for r in reports) == [0, 1, 2, 3] and all(r.match for r in reports)
+    assert reads == {"shards": 1, "jobs": 1}, reads
