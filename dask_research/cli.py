@@ -289,13 +289,32 @@ def _scheduler_options(f):
     return f
 
 
-def _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime):
+def _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store=None):
     given = {"--queue": queue, "--account": account, "--cores": cores, "--memory": memory, "--walltime": walltime}
     if cluster is None and any(v is not None for v in given.values()):
         flag = next(k for k, v in given.items() if v is not None)
         raise click.UsageError(f"{flag} applies only with --cluster NAME (a dask-jobqueue cluster)")
+    logs = _job_log_directory(cluster, store) if cluster is not None else None
     return _client(scheduler, cluster, jobs, queue=queue, account=account, cores=cores, memory=memory,
-                   walltime=walltime)
+                   walltime=walltime, log_directory=logs)
+
+
+def _job_log_directory(cluster: str, store: str | None) -> str | None:
+    """Where ``--cluster``'s batch jobs write their logs, said in one line (issue 29: they were
+    ``slurm-1.out``, ``slurm-2.out`` in the working directory): ``jobqueue.<name>.log-directory``
+    if set, else ``<store>/logs`` for a local store, else ``dask-research-logs``."""
+    import os
+
+    import dask
+
+    if dask.config.get(f"jobqueue.{cluster.lower()}.log-directory", default=None):
+        return None                                    # dask-jobqueue's own setting applies
+    local = store is not None and "://" not in store or (store or "").startswith("file://")
+    path = os.path.join(store.removeprefix("file://"), "logs") if store is not None and local else "dask-research-logs"
+    path = os.path.abspath(path)
+    os.makedirs(path, exist_ok=True)
+    click.echo(f"batch job logs: {path}/ (set jobqueue.{cluster.lower()}.log-directory to change)", err=True)
+    return path
 
 
 @mc.command("run")
@@ -318,7 +337,7 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
 
     job = _apply_overrides(load_job(job_ref), shards, seed)
     try:
-        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
+        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store) as client:
             result = montecarlo.run(job, client=client, store=store, verify=verify,
                                     shards_per_task=shards_per_task, progress=progress)
     except KeyboardInterrupt:

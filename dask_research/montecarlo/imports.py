@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import threading
 from typing import Any
 
@@ -50,7 +51,8 @@ def pipeline_modules(pipeline: Any) -> list[str]:
     if not hasattr(f, "__code__") and not hasattr(f, "__module__"):
         f = type(f)          # a callable object: pickled by reference to its class
     mod = getattr(f, "__module__", None)
-    return [mod] if mod and mod not in ("__main__", "builtins") and not mod.startswith("<") else []
+    # A module that is not in sys.modules (a CLI job file: jobfile.py takes it out) is pickled by value too.
+    return [mod] if mod and mod not in ("__main__", "builtins") and not mod.startswith("<") and mod in sys.modules else []
 
 
 def looks_unimportable(exc: BaseException | None) -> bool:

@@ -228,13 +228,20 @@ def test_the_documented_cli_command_runs_on_slurm(slurm, tmp_path):
     shutil.copy(os.path.join(REPO, "examples", "saturating_pipeline.py"), tmp_path / "examples")
     # The documented command, plus fewer shards (a quick test) and --json (to read the result).
     extra = ["--shards", "24", "--no-progress", "--json"]
+    # As on a new account: no jobqueue.slurm.log-directory (the fixture's env sets one for its own jobs).
+    env = {k: v for k, v in slurm.env.items() if k != "DASK_JOBQUEUE__SLURM__LOG_DIRECTORY"}
     out = subprocess.run([sys.executable, "-m", "dask_research.cli", *cmd[1:], *extra], cwd=tmp_path,
-                         env=slurm.env, capture_output=True, text=True, timeout=280)
+                         env=env, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert len(summary["workers"]) >= 1
     wait_for(lambda: not slurm.jobs(), 60, "--cluster to cancel its jobs at the end")
     assert (tmp_path / "runs" / "runs" / summary["run_id"] / "result.json").exists()
+    # The worker jobs' logs go under the store, said in one line, not slurm-N.out in the working directory.
+    assert not list(tmp_path.glob("slurm-*.out")), sorted(p.name for p in tmp_path.iterdir())
+    logs = tmp_path / "runs" / "logs"
+    assert f"batch job logs: {logs}/ (set jobqueue.slurm.log-directory to change)" in out.stderr
+    wait_for(lambda: any(logs.iterdir()), 60, "the worker jobs' log files")
     ref = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "run",
                           "examples/saturating_pipeline.py:job", *extra], cwd=tmp_path,
                          capture_output=True, text=True, timeout=280)
