@@ -149,6 +149,7 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
         t0 = time.perf_counter()
         threads = max(1, sum(c.nthreads().values()))
         block = plan_blocks(job, p.shard_seconds, threads, settings)
+        check_bookkeeping(job, block, p)
         settings = settings.for_cluster(threads)
         bar = _progress_bar(job.shards, settings.progress, f"mc {job.name}")
         try:
@@ -190,6 +191,48 @@ def check_memory(client, p: Pilot) -> dict:
                                 f"{threads} threads of worker {addr}; use fewer samples_per_shard and more shards",
                                 p.shard_bytes * threads, int(limit))
     return workers
+
+
+#: Bytes of the client's bookkeeping a run may need at most: the fold keeps each block's state
+#: (a quarantine folds them again) and the run holds each block's bounds.
+BOOKKEEPING_BYTES = 1 << 30
+#: Bytes of the client's bookkeeping per block besides its state (its bounds, its place in the
+#: queue, its key and future while in flight).
+BLOCK_OVERHEAD_BYTES = 400
+
+
+def check_bookkeeping(job: Job, block: int, p: Pilot) -> None:
+    """Refuse a task size whose bookkeeping on the client cannot fit :data:`BOOKKEEPING_BYTES`.
+
+    The client keeps every block's folded state: ``shards_per_task=1`` on a 10^7-shard job held
+    1.9 GB after 60 s and spent 75 s before its first block. The state's size is the pilot's.
+
+    >>> from dask_research import montecarlo as mc
+    >>> job = mc.Job(lambda a: a, {"a": mc.Normal(0, 1)}, shards=10**7, samples_per_shard=64, seed=1)
+    >>> from types import SimpleNamespace
+    >>> pilot = SimpleNamespace(states=[job.make_reducer((-8.0, 8.0)).init()])   # what the pilot folded
+    >>> check_bookkeeping(job, 64, pilot)                                         # 156,250 tasks: fits
+    >>> check_bookkeeping(job, 1, pilot)
+    Traceback (most recent call last):
+    ...
+    dask_research.exceptions.InputError: run of <lambda>: shards_per_task=1 is invalid; expected a task size ...
+    """
+    import pickle
+
+    blocks = -(-job.shards // block)
+    state = len(pickle.dumps(p.states[0])) if p.states else 1024
+    need = blocks * (state + BLOCK_OVERHEAD_BYTES)
+    if need <= BOOKKEEPING_BYTES:
+        return
+    per = state + BLOCK_OVERHEAD_BYTES
+    fits = 1
+    while -(-job.shards // fits) * per > BOOKKEEPING_BYTES:
+        fits *= 2
+    raise InputError("shards_per_task", block, (
+        f"a task size whose bookkeeping fits the client: {blocks:,} tasks of {job.shards:,} shards keep about "
+        f"{need / 2**30:.1f} GiB on the client ({state:,} bytes of folded state and {BLOCK_OVERHEAD_BYTES} of "
+        f"bookkeeping a task, at most {BOOKKEEPING_BYTES / 2**30:.0f} GiB); use shards_per_task={fits} or more, "
+        "or leave it to the pilot"), where=f"run of {job.name}")
 
 
 def _encode_state(reducer, state) -> Any:

@@ -170,3 +170,31 @@ def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
         with pytest.raises(ConfigError, match="client-block-seconds"):
             plan_blocks(job, 0.0075, threads=8)
     assert plan_blocks(job, 0.0075, threads=8, settings=RunSettings.parse(shards_per_task=64)) == 64
+
+
+@pytest.mark.timeout(180, method="thread")
+def test_a_task_size_whose_bookkeeping_cannot_fit_the_client_is_refused_before_any_block(tmp_path):
+    """Issue 28: shards_per_task=1 on a 10^7-shard job held 1.9 GB on the client after 60 s (every
+    block's bounds, place in the queue and folded state) and took ~75 s before its first block.
+    Now it is refused in one line, before the blocks are built: the client's memory stays small."""
+    import tracemalloc
+
+    from dask_research.exceptions import InputError
+    from dask_research.testing.threads import in_thread
+
+    job = mc.Job(lambda a: a, {"a": mc.Normal(0.0, 1.0)}, shards=10**7, samples_per_shard=64, seed=1,
+                 range=(-8.0, 8.0))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        tracemalloc.start()
+        try:
+            t, out = in_thread(lambda: mc.run(job, client=c, verify=0, progress=False, shards_per_task=1))
+            t.join(120)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert not t.is_alive(), "the run went on building its bookkeeping"
+    err = out.get("error")
+    assert isinstance(err, InputError) and err.name == "shards_per_task" and err.value == 1, out
+    assert "10,000,000 tasks" in str(err) and "use shards_per_task=" in str(err), str(err)
+    assert peak < 200 * 2**20, peak          # the old code's bookkeeping passed 1 GB
