@@ -313,14 +313,17 @@ def _experiments_figures(report):
                     frame_width=FRAME_WIDTH, frame_height=260, x_axis_label="seconds since the loop started",
                     y_axis_label="UCB1 score (mean + bonus)", toolbar_location=None)
     series: dict[str, tuple[list, list]] = {n: ([], []) for n in names}
+    measured: set[str] = set()          # branches with a result so far: a score means something
     for e in report.events:
-        if e.kind == "select" and (e.scores is not None or e.top is not None):
+        if e.kind == "result" and e.branch is not None:
+            measured.add(e.branch)
+        elif e.kind == "select" and (e.scores is not None or e.top is not None):
             for n, s in report.events.scores(e).items():     # every branch, or the trace's top-k
-                if math.isfinite(s):
+                if n in measured and math.isfinite(s):
                     series[n][0].append(e.t)
                     series[n][1].append(s)
-    for i, n in enumerate(top):
-        scores.line(*series[n], color=palette[i], line_width=2,
+    for i, n in enumerate(top):         # a score holds until the next selection: steps
+        scores.step(*series[n], mode="after", color=palette[i], line_width=2,
                     legend_label=f"{n} ({report.branches[n].runs} runs)")
     outside_legend(scores)
     return column(reg, scores)

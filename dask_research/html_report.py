@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,7 @@ def montecarlo_figure(result, level: float = 0.95):
     fig.segment(x0=[result.mean], y0=[0], x1=[result.mean], y1=[top], line_color="black", line_width=1.5,
                 legend_label=f"sampled mean {result.mean:.5g} ({pct} CI ± {(mhi - mlo) / 2:.2g})")
     fig.y_range.update(start=0)
+    fig.x_range.update(**data_extent(lo, hi, [*iv.normal, *iv.percentile]))
     outside_legend(fig)
     from .montecarlo.result import _decimals, _num
 
@@ -104,6 +106,20 @@ def montecarlo_figure(result, level: float = 0.95):
                      f"mean ± z·sd (dashed) [{iv.normal[0]:.4g}, {iv.normal[1]:.4g}], about "
                      f"sqrt(n) = {math.sqrt(result.n):,.0f} times wider.</p>"))
     return column(fig, note)
+
+
+def data_extent(lo: float, hi: float, marks: Sequence[float] = (), pad: float = 0.03) -> dict[str, float]:
+    """An x range from ``lo`` to ``hi`` (the data's 0.05 and 99.95 percentiles) and the marks
+    drawn over it, padded by ``pad`` of its width: neither the frozen histogram range's margin
+    nor a few far outliers fill the picture.
+
+    >>> data_extent(0.32, 0.83, [0.43, 0.74])
+    {'start': 0.3047, 'end': 0.8453}
+    """
+    lo = min([float(lo), *[float(m) for m in marks if math.isfinite(m)]])
+    hi = max([float(hi), *[float(m) for m in marks if math.isfinite(m)]])
+    margin = pad * (hi - lo) if hi > lo else 1.0
+    return {"start": round(lo - margin, 12), "end": round(hi + margin, 12)}
 
 
 def _z(level: float) -> float:

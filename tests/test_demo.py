@@ -248,3 +248,24 @@ def test_a_short_pilot_plan_reads_as_english():
                 shard_seconds=0.003, est_seconds=0.012)
     assert "about 0.012 s on 1 thread " in str(plan)
     assert "about 12.3 s on 2 threads" in str(dataclasses.replace(plan, est_seconds=12.34, threads=2))
+
+
+def test_the_histogram_shows_the_data_not_the_frozen_range_margin():
+    """The demo's histogram spanned the frozen range 0.08-1.05 while the outputs lay in
+    0.32-0.83 (40 % of the width empty); the x range now ends a few % past the data."""
+    import types
+
+    from dask_research.html_report import montecarlo_figure
+
+    edges = np.linspace(0.08, 1.05, 257)
+    mid = (edges[:-1] + edges[1:]) / 2
+    counts = np.where((mid > 0.32) & (mid < 0.83), np.exp(-((mid - 0.58) / 0.08) ** 2 / 2) * 1e4 + 1, 0)
+    iv = types.SimpleNamespace(percentile=(0.43, 0.74), normal=(0.43, 0.74))
+    fake = types.SimpleNamespace(
+        histogram=(edges, counts), n=int(counts.sum()), name="saturating", run_id="0" * 12,
+        interval=lambda level: iv, quantile=lambda q: (0.33, 0.82), mean=0.584,
+        mean_interval=lambda level: (0.5839, 0.5841),
+        linearized=types.SimpleNamespace(value=0.591, sd=0.082))
+    fig = montecarlo_figure(fake).children[0]
+    start, end = fig.x_range.start, fig.x_range.end
+    assert 0.30 <= start < 0.33 and 0.82 < end <= 0.85, (start, end)
