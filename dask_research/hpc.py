@@ -73,17 +73,65 @@ def jobqueue_client(name: str, jobs: int, **options: Any) -> Iterator:
     if int(jobs) < 1:
         raise InputError("jobs", jobs, "a positive number of batch jobs")
     kwargs = {k: v for k, v in options.items() if v is not None}
+    if name.lower() == "slurm":
+        kwargs.update(slurm_job_size(kwargs))
     try:
         cluster = cls(**kwargs)
     except ValueError as e:     # e.g. "You must specify how much cores and memory per job"
-        raise ResearchError(f"cannot configure a {cls.__name__}: {e} (set jobqueue.{name.lower()}.* "
-                            "or pass --cores/--memory)") from None
+        first = str(e).strip().splitlines()[0].rstrip(":").removesuffix(", for example").rstrip(",. ")
+        raise ResearchError(f"cannot configure a {cls.__name__}: {first}; pass --cores N --memory 4GB, or set "
+                            f"jobqueue.{name.lower()}.cores and .memory (~/.config/dask/jobqueue.yaml)") from None
     try:
         _submit(cluster, name.lower(), int(jobs))
         with Client(cluster) as client:
             yield client
     finally:
         cluster.close()
+
+
+def slurm_job_size(given: dict[str, Any], sinfo: str = "sinfo") -> dict[str, Any]:
+    """Cores and memory per SLURM job from what ``sinfo`` reports for the partition's nodes, where
+    neither the command line nor ``jobqueue.slurm.cores`` / ``.memory`` says (a new account).
+
+    Returns what it chose (``{}`` when nothing was missing) and says so in one line on stderr,
+    with how to override it; where SLURM cannot tell, a :class:`ResearchError` line keeps the hint.
+
+    >>> slurm_job_size({"cores": 2, "memory": "4GB"})
+    {}
+    """
+    import subprocess
+    import sys
+
+    import dask
+
+    missing = [k for k in ("cores", "memory") if given.get(k) is None and dask.config.get(f"jobqueue.slurm.{k}", None) is None]
+    if not missing:
+        return {}
+    queue = given.get("queue") or dask.config.get("jobqueue.slurm.queue", None)
+    hint = "pass --cores N --memory 4GB, or set jobqueue.slurm.cores and .memory (~/.config/dask/jobqueue.yaml)"
+    cmd = [sinfo, "-h", "-o", "%c %m", *(["-p", str(queue)] if queue else [])]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        sizes = [tuple(int(x.rstrip("+")) for x in line.split()[:2]) for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        sizes, out = [], None
+    if not sizes:
+        why = (out.stderr.strip().splitlines() or ["no nodes"])[-1] if out is not None else f"{sinfo} did not run"
+        where = f"partition {queue!r}" if queue else "the default partition"
+        raise ResearchError(f"cannot tell the cores and memory of a SLURM job: sinfo says nothing of {where}'s "
+                            f"nodes ({why.strip()}); {hint}")
+    cores, mem_mb = min(c for c, _ in sizes), min(m for _, m in sizes)
+    chosen: dict[str, Any] = {}
+    if "cores" in missing:
+        chosen["cores"] = cores
+    if "memory" in missing:
+        # whole GiB, rounded down: dask-jobqueue rounds --mem up to GiB, past the node's memory otherwise
+        chosen["memory"] = f"{mem_mb // 1024}GiB" if mem_mb >= 1024 else f"{mem_mb}MiB"
+    where = f"partition {queue}" if queue else "the default partition"
+    said = ", ".join(f"{k} {v}" for k, v in chosen.items())
+    print(f"--cluster slurm: {said} per job, from sinfo for {where}'s smallest node; {hint} to change it",
+          file=sys.stderr, flush=True)
+    return chosen
 
 
 class _SubmitErrors(logging.Filter):

@@ -66,7 +66,9 @@ def test_sbatch_errors_are_reported_with_its_own_words(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["--cluster", "slurm"], 1, "cannot configure a SLURMCluster: You must specify how much cores and memory"),
+    # No jobqueue.slurm config and no SLURM to ask (sinfo fails here): one line that keeps the hint.
+    (["--cluster", "slurm"], 1, "cannot tell the cores and memory of a SLURM job: sinfo says nothing of the "
+                                "default partition's nodes"),
     (["--cluster", "kubernetes"], 2, "Invalid value for '--cluster'"),
     (["--queue", "short"], 2, "--queue applies only with --cluster NAME"),
     (["--cluster", "slurm", "--scheduler", "tcp://127.0.0.1:8786"], 2, "give --scheduler or --cluster, not both"),
@@ -78,3 +80,27 @@ def test_cluster_options_are_checked(args, code, message):
     assert out.returncode == code, out.stderr
     [line] = _errors(out)
     assert message in line, line
+
+
+def test_where_sinfo_cannot_tell_the_line_keeps_the_hint(tmp_path):
+    """The getting-started command on a new account printed "... for example:" and stopped."""
+    import dask
+
+    from dask_research.exceptions import ResearchError
+    from dask_research.hpc import slurm_job_size
+
+    silent = tmp_path / "sinfo"
+    silent.write_text("#!/bin/sh\necho 'sinfo: error: Invalid partition name specified' >&2\nexit 1\n")
+    silent.chmod(0o755)
+    with dask.config.set({"jobqueue.slurm.cores": None, "jobqueue.slurm.memory": None}):
+        with pytest.raises(ResearchError) as e:
+            slurm_job_size({"queue": "gpu"}, sinfo=str(silent))
+    text = str(e.value)
+    assert "\n" not in text and "partition 'gpu'" in text and "Invalid partition name" in text
+    assert "pass --cores N --memory 4GB, or set jobqueue.slurm.cores and .memory" in text
+    two_nodes = tmp_path / "sinfo2"
+    two_nodes.write_text("#!/bin/sh\nprintf '8 31000\\n4+ 15900\\n'\n")
+    two_nodes.chmod(0o755)
+    with dask.config.set({"jobqueue.slurm.cores": None, "jobqueue.slurm.memory": None}):
+        assert slurm_job_size({"queue": "debug"}, sinfo=str(two_nodes)) == {"cores": 4, "memory": "15GiB"}
+        assert slurm_job_size({"queue": "debug", "cores": 2}, sinfo=str(two_nodes)) == {"memory": "15GiB"}

@@ -279,3 +279,25 @@ def test_the_documented_batch_script_starts_dask_research_workers(slurm, tmp_pat
 
 def _sbatch_name(script) -> str:
     return re.search(r"#SBATCH --job-name=(\S+)", script.read_text()).group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_the_getting_started_slurm_command_works_on_a_new_account(slurm, tmp_path):
+    """No jobqueue.slurm config (a new account): cores and memory per job come from sinfo, said in
+    one line (the command printed "... for example:" and stopped)."""
+    text = open(os.path.join(REPO, "docs", "getting-started.rst")).read().replace("\\\n", " ")
+    [line] = [ln for ln in text.splitlines() if "--cluster slurm" in ln and "dask-research mc run" in ln]
+    cmd = shlex.split(line, comments=True)
+    assert "--cores" not in cmd and "--memory" not in cmd
+    (tmp_path / "examples").mkdir()
+    shutil.copy(os.path.join(REPO, "examples", "saturating_pipeline.py"), tmp_path / "examples")
+    env = {k: v for k, v in slurm.env.items() if not k.startswith("DASK_JOBQUEUE__")}
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", *cmd[1:], "--shards", "8", "--no-progress",
+                          "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stderr[-3000:]
+    memory = f"{slurm.memory_mb // 1024}GiB" if slurm.memory_mb >= 1024 else f"{slurm.memory_mb}MiB"
+    assert (f"--cluster slurm: cores {slurm.cpus}, memory {memory} per job, from sinfo for the default partition's "
+            "smallest node; pass --cores N --memory 4GB") in out.stderr, out.stderr[-2000:]
+    assert json.loads(out.stdout)["n"] == 8 * 65_536
+    wait_for(lambda: not slurm.jobs(), 60, "--cluster to cancel its jobs at the end")
