@@ -41,9 +41,11 @@ print(plane.spec.itemsize, len(plane), proc.memory_info().rss - base)
 
 
 @pytest.mark.parametrize("tier, capacity, n", [
-    ("none", 2_000_000, 500_000),          # a quarter full: RSS of a quarter, not of the capacity
-    ("512MiB", 1_000_000, 500_000),        # a tier far larger than the plane's capacity
-    ("16GiB", 1_000_000, 1_000_000),       # the replay page's headline plane, on the host, full
+    # a quarter full: RSS of a quarter, not of the capacity
+    pytest.param("none", 2_000_000, 500_000, marks=pytest.mark.slow),
+    ("512MiB", 1_000_000, 500_000),        # a tier far larger than the plane's capacity (the cheap one)
+    # the replay page's headline plane, on the host, full
+    pytest.param("16GiB", 1_000_000, 1_000_000, marks=pytest.mark.slow),
 ])
 def test_rss_follows_stored_transitions(tmp_path, tier, capacity, n):
     r = run_python(PROBE, tmp_path, tier, str(capacity), str(n), timeout=120)
