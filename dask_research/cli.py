@@ -337,7 +337,8 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
 
     job = _apply_overrides(load_job(job_ref), shards, seed)
     try:
-        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store) as client:
+        with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store) as client, \
+                _quiet_reported_task_failures():
             result = montecarlo.run(job, client=client, store=store, verify=verify,
                                     shards_per_task=shards_per_task, progress=progress)
     except KeyboardInterrupt:
@@ -347,6 +348,33 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
         from .montecarlo.store.layout import RUNS_DIR
 
         click.echo(f"  stored               {_redact(store).rstrip('/')}/{RUNS_DIR}/{result.run_id}")
+
+
+class _ReportedFailures:
+    """A logging filter that drops Dask's multi-line "Compute Failed" worker log for a failure the
+    command reports itself in one line (a ``dask_research`` error: a NaN, a bad shape)."""
+
+    def filter(self, record) -> bool:
+        if not str(record.msg).startswith("Compute Failed"):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        text = str(args[3]) if len(args) > 3 else ""
+        return not text.startswith(("PipelineError(", "InputError(", "ResearchError("))
+
+
+@contextlib.contextmanager
+def _quiet_reported_task_failures():
+    """While a run goes, the in-process workers of the embedded cluster do not log what the run's
+    one-line error says anyway (issue 28: a late NaN printed 6 lines of Dask's worker log first)."""
+    import logging
+
+    keep = _ReportedFailures()
+    log = logging.getLogger("distributed.worker")
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def _interrupted(job, store: str | None) -> str:

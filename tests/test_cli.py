@@ -157,6 +157,29 @@ def test_typed_values_are_checked_before_anything_runs(job_file):
     assert out.output.strip().splitlines()[-1].startswith("Error: Invalid value for --target-stderr: ")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180, method="thread")
+def test_a_late_nan_is_one_line_without_dask_s_compute_failed_log(tmp_path):
+    """A NaN in shard 22 (the pilot is clean) printed Dask's 6-line "Compute Failed" worker log first."""
+    job = tmp_path / "nan_job.py"
+    job.write_text(textwrap.dedent("""
+        import numpy as np
+        from dask_research import montecarlo as mc
+
+        def late_nan(a):
+            return np.where(a > 4.0, np.nan, a)
+
+        job = mc.Job(late_nan, {"a": mc.Normal(0.0, 1.0)}, shards=32, samples_per_shard=4096, seed=1,
+                     range=(-6.0, 6.0))
+    """))
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "run", f"{job}:job", "--no-progress"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "Compute Failed" not in out.stderr, out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.strip() and "warn" not in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith("Error: pipeline output of shard "), out.stderr
+
+
 def test_the_worker_command_loads_when_it_is_asked_for():
     help_text = CliRunner().invoke(main, ["--help"]).output
     assert "worker  Run `dask worker SCHEDULER` with the own-device power policy." in help_text
