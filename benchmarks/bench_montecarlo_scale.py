@@ -336,8 +336,10 @@ def main() -> None:
             for store, writes in (cases[w] for w in args.writes.split(",")):
                 for g in groups:
                     seed += 1
-                    f = measure(client, sched_pid, spt, store, writes, bases.get(spt, 32 * spt), repeat,
-                                seed * 100_000, g, args.window)
+                    # N and 2N must both form groups (a run of fewer than 4 windows of blocks forms
+                    # none, see montecarlo/submission.py): else the marginal compares two paths.
+                    base = max(bases.get(spt, 32 * spt), 4 * (args.window or 16) * spt)
+                    f = measure(client, sched_pid, spt, store, writes, base, repeat, seed * 100_000, g, args.window)
                     figures.append(f)
                     rows.append((spt, g, "yes" if store else "no", writes if store else "-", f["mode"] or "-",
                                  f"{f['client_us_per_shard']:.1f}", f"{f['client_us_per_block']:.0f}",
