@@ -111,8 +111,11 @@ def loads(raw: bytes | str, max_depth: int = MAX_DEPTH, constants: bool = False)
     return doc
 
 
-def dumps(obj: Any, max_depth: int = MAX_DEPTH) -> bytes:
+def dumps(obj: Any, max_depth: int = MAX_DEPTH, sort_keys: bool = False) -> bytes:
     """``obj`` as compact UTF-8 JSON; :class:`Malformed` for what :func:`loads` would refuse.
+
+    ``sort_keys=True`` writes the canonical form (sorted keys, ASCII, exact floats): the bytes a
+    signature is computed over, so a writer can sign what it writes without encoding it twice.
 
     >>> dumps({"b": 1, "a": [True, None]})
     b'{"b":1,"a":[true,null]}'
@@ -124,6 +127,6 @@ def dumps(obj: Any, max_depth: int = MAX_DEPTH) -> bytes:
     if depth(obj, max_depth) > max_depth:
         raise Malformed(f"is nested more than {max_depth} levels deep; it could not be read back")
     try:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False, sort_keys=sort_keys).encode("utf-8")
     except (TypeError, ValueError) as e:
         raise Malformed(f"cannot be written as JSON ({e})") from None

@@ -408,3 +408,25 @@ def test_the_docs_say_what_verification_checks_of_reused_shards():
     flat = " ".join(text.split())
     assert "caught only with probability k/N" in flat and "verify-reused: all" in flat
     assert '"k of N reused shards re-run"' in flat
+
+
+# -- a shard file is signed over the bytes it holds --------------------------------------------------
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**62, 2**62) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12)
+
+
+@given(states=st.dictionaries(st.integers(0, 200), _json_values, min_size=1, max_size=12))
+def test_a_shard_file_is_signed_with_the_checksum_its_readers_recompute(tmp_path_factory, states):
+    """The writer signs its own canonical entries (one encoding per state, not two): the
+    signature must be the checksum of the states as a reader parses them back, for any state,
+    any key order and any shard numbering ("10" sorts before "2")."""
+    root = tmp_path_factory.mktemp("signed")
+    path, signature = RunStore(str(root)).write_shard_file("a" * 64, states, "w", encoder=lambda v: v)
+    doc = json.loads(pathlib.Path(path).read_bytes())
+    assert doc["checksum"] == signature == checksum(doc["states"]) == checksum({str(k): v for k, v in states.items()})

@@ -20,6 +20,7 @@ Examples
 """
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 import time
@@ -269,7 +270,9 @@ class RunStore:
         written = []
         for group in self._split(where, entries, len(head) + len(_TAIL) + 67, limit):
             part = body if len(group) == len(entries) else {key: body[key] for key, _ in group}
-            signature = checksum(part)
+            # Each entry is canonical JSON, so the canonical form of ``part`` (what
+            # ``checksum`` signs and a reader recomputes) is the entries in key order.
+            signature = hashlib.sha256(b"{" + b",".join(e for _, e in sorted(group)) + b"}").hexdigest()
             data = head + b",".join(e for _, e in group) + _TAIL + b'"' + signature.encode() + b'"}'
             keys = [int(key) for key, _ in group]
             path = self.files.path(run_id, SHARDS_DIR, shard_file_name(min(keys), max(keys) + 1))
@@ -281,7 +284,7 @@ class RunStore:
     def _entry(where: str, key: str, value: Any) -> bytes:
         """``"key":value`` as the shard file holds it; nested at most as deep as its readers read."""
         try:                                        # the file adds two levels: itself and "states"
-            return jsondoc.dumps({key: value}, max_depth=jsondoc.MAX_DEPTH - 1)[1:-1]
+            return jsondoc.dumps({key: value}, max_depth=jsondoc.MAX_DEPTH - 1, sort_keys=True)[1:-1]
         except jsondoc.Malformed as e:
             raise StoreError(where, f"not written: the state of shard {key} {e}") from None
 
