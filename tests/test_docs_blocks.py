@@ -21,6 +21,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = ("experiments", "search-loops", "replay", "replay-cluster", "integrations", "montecarlo")
 MARK = re.compile(r"^# Fragment: assumes (.+)$")
 NEEDS = {"ray.rllib": "ray"}          # a block that imports it is skipped without it
+#: What a block's run must also show, after it ran as written (appended to its script). The
+#: RLlib block is the suite's one RLlib DQN run: it trains with the plane as its buffer.
+THEN = {"PlaneEpisodeReplayBuffer": (
+    "\nrb = algo.local_replay_buffer\n"
+    "assert type(rb).__name__ == 'PlaneEpisodeReplayBuffer' and len(rb) >= 1_000, (type(rb), len(rb))\n"
+    "algo.stop()\n")}
 
 
 def _blocks():
@@ -83,7 +89,8 @@ def test_a_block_runs_as_written(code, tmp_path):
         if marker in code:
             pytest.importorskip(module)
     assert not free_names(code), f"uses {sorted(free_names(code))}: define them or mark a fragment"
-    r = run_python(_as_script(code), tmp_path, timeout=540)
+    then = "".join(check for marker, check in THEN.items() if marker in code)
+    r = run_python(_as_script(code) + then, tmp_path, timeout=540)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -44,28 +44,5 @@ def test_unsupported_sampling_is_refused():
         rb.sample(num_items=2, n_step=1, batch_length_T=8, sample_episodes=True)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600, method="thread")
-def test_rllib_dqn_trains_on_the_plane():
-    import os
-
-    import ray
-    from ray.rllib.algorithms.dqn import DQNConfig
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 p for p in (root, os.environ.get("PYTHONPATH")) if p)}})
-    try:
-        cfg = (DQNConfig().environment("CartPole-v1").env_runners(num_env_runners=0)
-               .training(replay_buffer_config={
-                   "type": "dask_research.replay.integrations.rllib.PlaneEpisodeReplayBuffer",
-                   "capacity": 10_000}))
-        algo = cfg.build_algo()
-        for _ in range(2):
-            algo.train()
-        rb = algo.local_replay_buffer
-        assert isinstance(rb, PlaneEpisodeReplayBuffer) and len(rb) >= 2_000
-        algo.stop()
-    finally:
-        ray.shutdown()
+# The RLlib DQN run on CartPole with this buffer is the integrations page's own block, run as
+# written in a fresh directory: tests/test_docs_blocks.py::test_a_block_runs_as_written.
