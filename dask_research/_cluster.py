@@ -112,15 +112,47 @@ def embedded_cluster() -> Iterator:
 
     kwargs = embedded_cluster_kwargs()
     settings = embedded_dask_config()
+    spawn: dict[str, str | None] = {}
     if kwargs.get("processes"):
         settings.update(process_worker_environ())
+        spawn = {k.rsplit(".", 1)[1]: v for k, v in process_worker_environ().items()}
     else:
         tune_malloc()       # the workers are threads of this process: see dask_research.malloc
     with dask.config.set(settings):
         kwargs["scheduler_kwargs"] = with_research_preloads(
             kwargs.get("scheduler_kwargs"), dashboard=kwargs.get("dashboard_address") is not None)
-        with LocalCluster(**kwargs) as cluster, Client(cluster) as c:
+        # A nanny reads its pre-spawn-environ *under* this process's environment (an os.environ
+        # value wins) and leaves what it spawned with in os.environ: after any other
+        # process-worker cluster in this process, Dask's MALLOC_TRIM_THRESHOLD_=65536 sat there
+        # and silently replaced the embedded cluster's threshold. So the values are in
+        # os.environ while the nannies start, and os.environ is as it was afterwards.
+        saved = _set_environ(spawn)
+        try:
+            cluster = LocalCluster(**kwargs)
+        finally:
+            _set_environ(saved)
+        with cluster, Client(cluster) as c:
             yield c
+
+
+def _set_environ(values: dict[str, str | None]) -> dict[str, str | None]:
+    """Set (``None``: remove) ``values`` in ``os.environ``; return what they replaced.
+
+    >>> old = _set_environ({"DASK_RESEARCH_DOCTEST": "1"})
+    >>> import os; os.environ["DASK_RESEARCH_DOCTEST"], _set_environ(old)
+    ('1', {'DASK_RESEARCH_DOCTEST': '1'})
+    >>> "DASK_RESEARCH_DOCTEST" in os.environ
+    False
+    """
+    import os
+
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    return old
 
 
 def with_research_preloads(scheduler_kwargs: dict | None, dashboard: bool) -> dict:

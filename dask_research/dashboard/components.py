@@ -229,6 +229,9 @@ def _bad_stats(m: dict) -> str | None:
 
     >>> _bad_stats({"t": 1.0, "size": "x", "inserted": 0, "sampled": 0, "exposed_mean_s": 0.0})
     "size 'x' is not a finite number"
+    >>> _bad_stats({"t": 1.0, "size": 3, "capacity": 8, "inserted": 3, "sampled": 0, "exposed_mean_s": 0.0,
+    ...             "tiers": ({"name": "host", "rows": 8, "used": 3},)}) is None     # as a comm delivers it
+    True
     """
     for key in _STATS_NUMBERS:
         v = m.get(key)
@@ -238,7 +241,8 @@ def _bad_stats(m: dict) -> str | None:
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float, np.integer, np.floating))):
         return f"step_mean_s {step!r} is not a number"
     tiers = m.get("tiers", [])
-    if not isinstance(tiers, list) or not all(
+    # a list as published; a tuple once it crossed a Dask comm (msgpack decodes arrays as tuples)
+    if not isinstance(tiers, (list, tuple)) or not all(
             isinstance(t, dict) and isinstance(t.get("rows"), (int, np.integer)) and isinstance(t.get("used"), (int, np.integer))
             for t in tiers):
         return "tiers is not a list of {name, rows, used}"

@@ -323,7 +323,11 @@ def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
 
 
 @pytest.mark.slow
-def test_embedded_process_workers_get_the_malloc_fix():
+def test_embedded_process_workers_get_the_malloc_fix(monkeypatch):
+    """Also after another process-worker cluster in this process: its nannies leave Dask's
+    MALLOC_TRIM_THRESHOLD_=65536 in os.environ, which a nanny reads over its config."""
+    import os
+
     import dask
     from distributed import default_client
 
@@ -331,12 +335,14 @@ def test_embedded_process_workers_get_the_malloc_fix():
 
     with dask.config.set({"research.cluster.processes": True, "research.cluster.n-workers": 1,
                           "research.cluster.dashboard-address": None}):
+        monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")     # what an earlier nanny leaves
         with get_client(None) as c:
             env = c.run(lambda: [__import__("os").environ.get(k) for k in
                                  ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")])
             assert list(env.values()) == [[str(32 * 2**20), str(64 * 2**20)]]
             res = mc.run(_job(shards=8), client=c, progress=False, verify=0)
             assert res.n == 8 * 2048
+        assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"      # this process's as it was
     with pytest.raises(ValueError):
         default_client()
 
