@@ -122,11 +122,19 @@ def test_a_worker_behind_a_partition_for_twice_the_block_timeout_changes_no_bit(
             healed_after = time.monotonic() - cut
             t.join(180)
         assert not t.is_alive(), "the run hung after the partition healed"
-        rescues = [m for _, m in client.get_events("research.montecarlo") if m["event"] == "rescue"]
+
+        def rescues() -> list:
+            return [m for _, m in client.get_events("research.montecarlo") if m["event"] == "rescue"]
+
+        # The run's events are shipped in batches, behind its result on a busy machine: wait for them.
+        with contextlib.suppress(AssertionError):          # the assertion below says what came
+            wait_for(lambda: any(PEER in w for m in rescues() for w in m["stuck_on"]), 60,
+                     "a rescue event naming the cut-off worker", poll=0.5)
+        found = rescues()
     # The link was down for twice the block timeout (by this process's clock), or the run ended sooner.
     assert healed_after >= 2 * BLOCK_TIMEOUT or not t.is_alive()
     assert "error" not in out, out["error"]     # the code before failed here: "did not return within"
-    assert any(PEER in w for m in rescues for w in m["stuck_on"]), rescues
+    assert any(PEER in w for m in found for w in m["stuck_on"]), found
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \
             Client(cl, set_as_default=False) as c:
         clean = mc.run(job, client=c, verify=0, progress=False)
