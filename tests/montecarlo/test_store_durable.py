@@ -411,7 +411,7 @@ def test_the_docs_say_what_verification_checks_of_reused_shards():
 
 
 # -- a shard file is signed over the bytes it holds --------------------------------------------------
-from hypothesis import given  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _json_values = st.recursive(
@@ -421,6 +421,7 @@ _json_values = st.recursive(
     max_leaves=12)
 
 
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(states=st.dictionaries(st.integers(0, 200), _json_values, min_size=1, max_size=12))
 def test_a_shard_file_is_signed_with_the_checksum_its_readers_recompute(tmp_path_factory, states):
     """The writer signs its own canonical entries (one encoding per state, not two): the
