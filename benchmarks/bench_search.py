@@ -53,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import search_space as sp  # noqa: E402
-from benchmarks.harness import LoadMonitor, print_table, require, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, finish, print_table, require  # noqa: E402
 from benchmarks.search_stats import paired  # noqa: E402
 
 BUDGET = 60
@@ -330,14 +330,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             figures["datasets"][dataset] = {"best_score": prob.best_score,
                                             "best_family": prob.best_family,
                                             "methods": table}
-    figures["machine_busy"] = load.machine_busy
-    if not args.no_write:
-        path = write_results(args.name, figures, notes=(
-            "Cached 3-fold CV accuracy (unshuffled StratifiedKFold) of grid configurations; "
-            "decide ms = loop wall minus cache lookups per experiment; eval s = CV seconds of "
-            "the evaluated configurations when they were computed (n_jobs=1)."))
-        print(f"\nwrote {path}")
-    return figures
+    return finish(args, figures, load, notes=(
+        "Cached 3-fold CV accuracy (unshuffled StratifiedKFold) of grid configurations; "
+        "decide ms = loop wall minus cache lookups per experiment; eval s = CV seconds of "
+        "the evaluated configurations when they were computed (n_jobs=1)."))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import bench_search as bs  # noqa: E402
 from benchmarks import search_shapes as shapes  # noqa: E402
 from benchmarks import search_space as sp  # noqa: E402
-from benchmarks.harness import LoadMonitor, print_table, require, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, finish, print_table, require  # noqa: E402
 from benchmarks.search_stats import paired  # noqa: E402
 
 BUDGET = 60
@@ -187,14 +187,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"  best {prob.best_score:.4f} ({prob.best_family}); runs short of the "
                   f"budget: {short}", flush=True)
             figures["spaces"][space] = out
-    figures["machine_busy"] = load.machine_busy
-    if not args.no_write:
-        path = write_results(args.name, figures, notes=(
-            "Cached scores; parallelism simulated exactly (k-1 latest results unknown at each "
-            "decision). Seeds 1000-1029, never used for tuning. The machine was shared with "
-            "other sessions (machine_busy); the figures are scores, not times."))
-        print(f"\nwrote {path}")
-    return figures
+    return finish(args, figures, load, notes=(
+        "Cached scores; parallelism simulated exactly (k-1 latest results unknown at each "
+        "decision). Seeds 1000-1029, never used for tuning. The machine was shared with "
+        "other sessions (machine_busy); the figures are scores, not times."))
 
 
 if __name__ == "__main__":

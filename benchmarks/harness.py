@@ -161,6 +161,15 @@ def write_results(name: str, figures: dict[str, Any], notes: str = "") -> pathli
     return path
 
 
+def finish(args: argparse.Namespace, figures: dict[str, Any], load: LoadMonitor, notes: str = "") -> dict[str, Any]:
+    """The end of a benchmark's ``main``: record how busy the machine was in ``figures``, write
+    them to ``benchmarks/results/<args.name>.json`` unless ``args.no_write``, say where."""
+    figures["machine_busy"] = load.machine_busy
+    if not args.no_write:
+        print(f"\nwrote {write_results(args.name, figures, notes=notes)}")
+    return figures
+
+
 def update_results(name: str, figures: dict[str, Any], notes: str = "") -> pathlib.Path:
     """Merge ``figures`` (top-level keys replaced) into ``benchmarks/results/<name>.json``.
 

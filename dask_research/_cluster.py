@@ -114,8 +114,9 @@ def embedded_cluster() -> Iterator:
     settings = embedded_dask_config()
     spawn: dict[str, str | None] = {}
     if kwargs.get("processes"):
-        settings.update(process_worker_environ())
-        spawn = {k.rsplit(".", 1)[1]: v for k, v in process_worker_environ().items()}
+        environ = process_worker_environ()
+        settings.update(environ)
+        spawn = {k.rsplit(".", 1)[1]: v for k, v in environ.items()}
     else:
         tune_malloc()       # the workers are threads of this process: see dask_research.malloc
     with dask.config.set(settings):
