@@ -38,6 +38,10 @@ from dask_research.html_report import FRAME_WIDTH, LEGEND_CHARS  # noqa: E402
 TITLE_PX_PER_CHAR = 8
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("demo")
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     where = tmp_path_factory.mktemp("demo")

@@ -141,6 +141,10 @@ def test_the_blocks_are_found():
 SCHEDULER_BLOCKS = [b for b in BLOCKS if "DASK_SCHEDULER_ADDRESS" in b.values[0]]
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("readme_snippets")
+
+
 @pytest.fixture(scope="module")
 def real_scheduler(tmp_path_factory):
     """``dask scheduler`` and two ``dask worker`` processes, in a directory of their own."""

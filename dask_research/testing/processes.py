@@ -57,12 +57,13 @@ def free_ports(n: int = 1) -> list[int]:
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
-    """Stop ``procs`` gracefully, last started first: SIGTERM to each, then wait ``timeout``
-    seconds for each and kill the ones still running."""
+    """Stop ``procs`` gracefully, last started first, one after another: SIGTERM, then wait
+    up to ``timeout`` seconds and kill it if it still runs. One after another, so that a worker
+    closes while its scheduler still answers (signalled together, workers on a busy machine
+    spent their whole ``timeout`` trying to say goodbye to a scheduler that had gone)."""
     for p in reversed(procs):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-    for p in reversed(procs):
         try:
             p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -83,6 +83,10 @@ def test_importing_the_gpu_package_needs_no_cupy_and_a_gpu_call_says_why_it_cann
     assert out.stdout.startswith("ResearchError") and "cupy-cuda12x" in out.stdout
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("gpu_kernel")
+
+
 @pytest.fixture(scope="module")
 def cpu_kernel(tmp_path_factory):
     cxx = shutil.which("g++") or shutil.which("clang++")

@@ -23,6 +23,10 @@ from dask_research.testing import corruption
 SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("checkpoint_fuzz")
+
+
 @pytest.fixture(scope="module")
 def pristine():
     root = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-ckpt-"))

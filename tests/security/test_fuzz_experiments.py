@@ -17,6 +17,10 @@ CASES = {"count": 0}
 RUNNER = make_deterministic_runner({"a": 0.9, "b": 0.4, "c": 0.1}, delay_ms=0)
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("fuzz_experiments")
+
+
 @pytest.fixture(scope="module")
 def pristine():
     root = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-exp-"))

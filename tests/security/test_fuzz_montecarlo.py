@@ -59,6 +59,10 @@ def _fix_volatile_fields(run: pathlib.Path) -> None:
         path.write_text(json.dumps(doc, separators=(",", ":")))
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("fuzz_montecarlo")
+
+
 @pytest.fixture(scope="module")
 def pristine():
     """A complete, valid store written through the public store API (no cluster needed), the

@@ -18,6 +18,10 @@ SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float
 CASES = {"count": 0}
 
 
+# Its tests share a module-scoped fixture: under -n they run on one worker, which builds it once.
+pytestmark = pytest.mark.xdist_group("fuzz_replay")
+
+
 @pytest.fixture(scope="module")
 def pristine():
     root = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-replay-"))
