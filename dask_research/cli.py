@@ -267,6 +267,52 @@ class _PowerOfTwo(click.ParamType):
         return n
 
 
+class _Memory(click.ParamType):
+    """A memory size per batch job (``4GB``, ``1.5GiB``, ``512MB``): checked before any job is
+    submitted, so a typo is a usage error, not a job the batch system refuses minutes later.
+
+    >>> _Memory().convert("4GB", None, None)
+    '4GB'
+    """
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from dask.utils import parse_bytes
+
+        try:
+            n = parse_bytes(str(value))
+        except (TypeError, ValueError):
+            n = None
+        if n is None or n <= 0:
+            self.fail(f"{value!r} is not a memory size; expected a positive size such as 4GB, 1.5GiB "
+                      "or 512MB", param, ctx)
+        return value
+
+
+class _Walltime(click.ParamType):
+    """A batch job's time limit in the forms SLURM and PBS accept (``MM``, ``MM:SS``,
+    ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``), longer than zero.
+
+    >>> _Walltime().convert("01:30:00", None, None), _Walltime().convert("2-12", None, None)
+    ('01:30:00', '2-12')
+    """
+
+    name = "TIME"
+    _FORMS = (r"(\d+)", r"(\d+):(\d+)", r"(\d+):(\d+):(\d+)",
+              r"(\d+)-(\d+)", r"(\d+)-(\d+):(\d+)", r"(\d+)-(\d+):(\d+):(\d+)")
+
+    def convert(self, value, param, ctx):
+        import re
+
+        text = str(value).strip()
+        parts = next((m.groups() for form in self._FORMS if (m := re.fullmatch(form, text))), None)
+        if parts is None or not any(int(p) for p in parts):
+            self.fail(f"{value!r} is not a time limit; expected HH:MM:SS (e.g. 01:00:00), minutes (90), "
+                      "or D-HH:MM:SS (1-12:00:00), longer than zero", param, ctx)
+        return text
+
+
 def _scheduler_options(f):
     """``--scheduler`` and the dask-jobqueue options (``--cluster NAME --jobs N ...``)."""
     from .hpc import JOBQUEUE_CLUSTERS
@@ -281,8 +327,8 @@ def _scheduler_options(f):
         click.option("--queue", help="With --cluster: the queue or partition."),
         click.option("--account", help="With --cluster: the account to charge."),
         click.option("--cores", type=click.IntRange(min=1), help="With --cluster: cores per job."),
-        click.option("--memory", help="With --cluster: memory per job, e.g. 4GB."),
-        click.option("--walltime", help="With --cluster: the job's time limit, e.g. 01:00:00."),
+        click.option("--memory", type=_Memory(), help="With --cluster: memory per job, e.g. 4GB."),
+        click.option("--walltime", type=_Walltime(), help="With --cluster: the job's time limit, e.g. 01:00:00."),
     ]
     for opt in reversed(opts):
         f = opt(f)

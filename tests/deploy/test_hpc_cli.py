@@ -73,6 +73,11 @@ def test_sbatch_errors_are_reported_with_its_own_words(tmp_path):
     (["--queue", "short"], 2, "--queue applies only with --cluster NAME"),
     (["--cluster", "slurm", "--scheduler", "tcp://127.0.0.1:8786"], 2, "give --scheduler or --cluster, not both"),
     (["--cluster", "slurm", "--jobs", "0"], 2, "Invalid value for '--jobs'"),
+    # checked before any job is submitted (a typo was a job sbatch refused, or one that never ran)
+    (["--cluster", "slurm", "--memory", "4QB"], 2, "'4QB' is not a memory size; expected a positive size"),
+    (["--cluster", "slurm", "--memory", "0GB"], 2, "'0GB' is not a memory size"),
+    (["--cluster", "slurm", "--walltime", "1h"], 2, "'1h' is not a time limit; expected HH:MM:SS"),
+    (["--cluster", "slurm", "--walltime", "0:00:00"], 2, "'0:00:00' is not a time limit"),
 ])
 @pytest.mark.timeout(120, method="thread")
 def test_cluster_options_are_checked(args, code, message):
