@@ -591,7 +591,8 @@ def _check_demo_paths(out: str, store: str | None) -> tuple[str, str | None]:
 
 @main.command("demo")
 @click.option("--out", default="dask-research-report.html", show_default=True, help="Where to write the HTML report.")
-@click.option("--quick", is_flag=True, help="A smaller run (a few seconds).")
+@click.option("--quick", is_flag=True, help="A smaller run: 64 Monte-Carlo shards (not 320), 60 experiments "
+              "(not 180), 300 learner steps (not 1,500).")
 @click.option("--store", metavar="PATH", default=None,
               help="Where to keep the demo's run store (default: dask-research-demo-store/ next to the report).")
 @click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_callback,

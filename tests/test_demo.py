@@ -8,6 +8,7 @@ import contextlib
 import html as html_module
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -273,3 +274,27 @@ def test_the_histogram_shows_the_data_not_the_frozen_range_margin():
     fig = montecarlo_figure(fake).children[0]
     start, end = fig.x_range.start, fig.x_range.end
     assert 0.30 <= start < 0.33 and 0.82 < end <= 0.85, (start, end)
+
+
+def test_the_ucb_score_plot_draws_each_branch_from_its_first_result_as_steps(demo):
+    """Each line starts when its branch has a result (a score before then is a bonus over no
+    data, drawn as a vertical line from 0), and holds until the next selection (steps, not a
+    straight line across the start-up)."""
+    from bokeh.models import Step
+
+    _, res, _ = demo
+    report = res.experiments
+    first_result = {}
+    for e in report.events:
+        if e.kind == "result" and e.branch is not None:
+            first_result.setdefault(e.branch, e.t)
+    scores = demo_module._experiments_figures(report).children[1]
+    lines = [r for r in scores.renderers if hasattr(r, "glyph")]
+    assert len(lines) == 6 and all(isinstance(r.glyph, Step) and r.glyph.mode == "after" for r in lines)
+    for r in lines:
+        branch = r.name or next(item.label["value"] for item in scores.legend[0].items
+                                if r in item.renderers).split(" (")[0]
+        x, y = list(r.data_source.data["x"]), list(r.data_source.data["y"])
+        assert x and len(x) == len(y), branch
+        assert x == sorted(x) and min(x) >= first_result[branch], (branch, x[:3], first_result[branch])
+        assert all(math.isfinite(v) and v > 0 for v in y), (branch, y[:5])

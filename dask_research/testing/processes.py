@@ -25,10 +25,12 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["wait_for", "free_ports", "stop_processes", "dask_processes", "subprocess_env", "run_python", "LineProcess", "line_processes"]
+__all__ = ["wait_for", "free_ports", "stop_processes", "process_cluster", "ProcessCluster", "WorkerSpec",
+           "dask_processes", "subprocess_env", "run_python", "LineProcess", "line_processes"]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
@@ -71,36 +73,89 @@ def stop_processes(procs: list[subprocess.Popen], timeout: float = 15.0) -> None
             p.wait(timeout=5)
 
 
-@contextlib.contextmanager
-def dask_processes(where: pathlib.Path, n_workers: int = 2, nanny: bool = False,
-                   timeout: float = 60.0) -> Iterator[tuple[Any, list[subprocess.Popen]]]:
-    """A real ``dask scheduler`` and ``n_workers`` one-thread ``dask worker`` processes.
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One ``dask worker`` process of :func:`process_cluster`: variables added to its
+    environment, a command it runs under (``["ip", "netns", "exec", NS]``), the address it
+    listens on (default: the cluster's host), the scheduler address it connects to (default:
+    the scheduler's own, from its file; a proxy's, say) and more ``dask worker`` arguments."""
 
-    Yields ``(client, worker_processes)``. Without a nanny a killed worker stays dead (what a
-    fault test wants). The processes inherit this environment (``PYTHONPATH`` included), the
-    scheduler logs to ``where/scheduler.log``, and every process is killed on the way out.
+    env: Mapping[str, str] = field(default_factory=dict)
+    prefix: Sequence[str] = ()
+    host: str | None = None
+    scheduler: str | None = None
+    args: Sequence[str] = ()
+
+
+@dataclass
+class ProcessCluster:
+    """What :func:`process_cluster` yields: a client and the real processes behind it."""
+
+    client: Any
+    scheduler: subprocess.Popen
+    workers: list[subprocess.Popen]
+
+
+@contextlib.contextmanager
+def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2, *, nthreads: int = 1,
+                    nanny: bool = False, host: str = "127.0.0.1", scheduler_port: int = 0,
+                    timeout: float = 60.0) -> Iterator[ProcessCluster]:
+    """A real ``dask scheduler`` and one ``dask worker`` per entry of ``workers`` (or that many
+    plain ones), each with ``nthreads`` threads, the one cluster of real processes every fault
+    test starts.
+
+    Without a nanny a killed worker stays dead (what a fault test wants). The processes run with
+    this environment and the checkout first on ``PYTHONPATH`` (:func:`subprocess_env`), log to
+    ``where/scheduler.log`` and ``where/worker<i>.log``, and are killed on the way out (a frozen
+    one is continued first: a stopped process cannot die of SIGKILL until it runs).
     """
     from distributed import Client
 
+    specs = [WorkerSpec() for _ in range(workers)] if isinstance(workers, int) else list(workers)
+    env = subprocess_env()
     sfile = where / "scheduler.json"
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
-                              stdout=subprocess.DEVNULL, stderr=open(where / "scheduler.log", "w"))]
+    sfile.unlink(missing_ok=True)
+    logs = [open(where / "scheduler.log", "wb")]
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host,
+                                  "--port", str(scheduler_port), "--no-dashboard", "--scheduler-file", str(sfile)],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=logs[0])
+    procs: list[subprocess.Popen] = []
+    client = None
     try:
-        wait_for(sfile.exists, timeout, "the scheduler file")
-        for i in range(n_workers):
+        wait_for(lambda: sfile.exists() and sfile.stat().st_size > 0, timeout, "the scheduler file")
+        for i, spec in enumerate(specs):
+            logs.append(open(where / f"worker{i}.log", "wb"))
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
-                 "--nthreads", "1", "--no-dashboard", "--name", f"w{i}"] + ([] if nanny else ["--no-nanny"]),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        with Client(scheduler_file=str(sfile), set_as_default=False, timeout=timeout) as client:
-            client.wait_for_workers(n_workers, timeout=timeout)
-            yield client, procs[1:]
+                [*spec.prefix, sys.executable, "-m", "distributed.cli.dask_worker",
+                 *([spec.scheduler] if spec.scheduler else ["--scheduler-file", str(sfile)]),
+                 *([] if "--listen-address" in spec.args else ["--host", spec.host or host]),
+                 "--nthreads", str(nthreads), "--no-dashboard", "--name", f"w{i}", *spec.args]
+                + ([] if nanny else ["--no-nanny"]),
+                env={**env, **spec.env}, stdout=subprocess.DEVNULL, stderr=logs[-1]))
+        client = Client(scheduler_file=str(sfile), set_as_default=False, timeout=timeout)
+        client.wait_for_workers(len(specs), timeout=timeout)
+        yield ProcessCluster(client, scheduler, procs)
     finally:
-        for p in procs:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close(timeout=5)
+        for p in [*procs, scheduler]:
             if p.poll() is None:
-                p.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
             p.wait(timeout=10)
+        for log in logs:
+            log.close()
+
+
+@contextlib.contextmanager
+def dask_processes(where: pathlib.Path, n_workers: int = 2, nanny: bool = False,
+                   timeout: float = 60.0) -> Iterator[tuple[Any, list[subprocess.Popen]]]:
+    """:func:`process_cluster` with ``n_workers`` one-thread workers; yields
+    ``(client, worker_processes)``."""
+    with process_cluster(where, n_workers, nanny=nanny, timeout=timeout) as cluster:
+        yield cluster.client, cluster.workers
 
 
 def subprocess_env() -> dict[str, str]:

@@ -11,8 +11,6 @@ import json
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import dask
@@ -24,7 +22,7 @@ from dask_research._cluster import workers_info
 from dask_research.exceptions import PipelineError, ResearchError
 from dask_research.testing import faults
 from dask_research.testing.pipelines import slow_tanh
-from dask_research.testing.processes import wait_for
+from dask_research.testing.processes import WorkerSpec, process_cluster, wait_for
 from dask_research.testing.threads import in_thread
 
 TOPIC = "research.montecarlo"
@@ -32,40 +30,10 @@ TOPIC = "research.montecarlo"
 
 @contextlib.contextmanager
 def real_cluster(tmp_path: pathlib.Path, worker_envs: list[dict], nthreads: int = 1):
-    """A `dask scheduler` and one `dask worker` (no nanny) per entry of ``worker_envs``.
-
-    Yields ``(client, scheduler_proc, worker_procs)``; each worker's environment is this
-    process's (PYTHONPATH included) plus its entry.
-    """
-    sfile = tmp_path / "scheduler.json"
-    if sfile.exists():
-        sfile.unlink()
-    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                              "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
-                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "w"))
-    workers: list[subprocess.Popen] = []
-    client = None
-    try:
-        wait_for(sfile.exists, 60, "the scheduler file")
-        for i, extra in enumerate(worker_envs):
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sfile),
-                 "--nthreads", str(nthreads), "--no-nanny", "--no-dashboard", "--name", f"w{i}"],
-                env={**os.environ, **extra}, stdout=subprocess.DEVNULL,
-                stderr=open(tmp_path / f"worker{i}.log", "w")))
-        client = Client(scheduler_file=str(sfile), set_as_default=False)
-        client.wait_for_workers(len(worker_envs), timeout=60)
-        yield client, sched, workers
-    finally:
-        for p in [*workers, sched]:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.send_signal(signal.SIGCONT)   # a stopped process cannot die of SIGKILL until continued
-                    p.kill()
-            p.wait(timeout=10)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close(timeout=5)
+    """A `dask scheduler` and one `dask worker` (no nanny) per entry of ``worker_envs`` (added to
+    its environment); yields ``(client, scheduler_proc, worker_procs)``."""
+    with process_cluster(tmp_path, [WorkerSpec(env=e) for e in worker_envs], nthreads=nthreads) as cluster:
+        yield cluster.client, cluster.scheduler, cluster.workers
 
 
 def _stored(store: pathlib.Path, job) -> int:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import uuid
 
@@ -23,7 +21,7 @@ from distributed import Client, LocalCluster
 
 from dask_research import montecarlo as mc
 from dask_research.testing.pipelines import slow_tanh
-from dask_research.testing.processes import subprocess_env, wait_for
+from dask_research.testing.processes import WorkerSpec, process_cluster, wait_for
 from dask_research.testing.threads import in_thread
 
 HOST, PEER = "10.28.0.1", "10.28.0.2"
@@ -64,31 +62,9 @@ def namespace():
 @contextlib.contextmanager
 def partitioned_cluster(tmp_path, ns: str):
     """A `dask scheduler` and a worker on HOST, and a worker inside ``ns`` on PEER."""
-    env = subprocess_env()
-    sfile = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", HOST, "--port", "0",
-                               "--no-dashboard", "--scheduler-file", str(sfile)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "w"))]
-    client = None
-    try:
-        wait_for(sfile.exists, 60, "the scheduler file")
-        for i, (prefix, host) in enumerate([([], HOST), (["ip", "netns", "exec", ns], PEER)]):
-            procs.append(subprocess.Popen(prefix + [sys.executable, "-m", "distributed.cli.dask_worker",
-                                                    "--scheduler-file", str(sfile), "--host", host, "--nthreads", "1",
-                                                    "--no-nanny", "--no-dashboard", "--name", f"w{i}"],
-                                          env=env, stdout=subprocess.DEVNULL,
-                                          stderr=open(tmp_path / f"worker{i}.log", "w")))
-        client = Client(scheduler_file=str(sfile), set_as_default=False, timeout=60)
-        client.wait_for_workers(2, timeout=60)
-        yield client
-    finally:
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close(timeout=5)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            p.wait(timeout=10)
+    with process_cluster(tmp_path, [WorkerSpec(), WorkerSpec(prefix=["ip", "netns", "exec", ns], host=PEER)],
+                         host=HOST) as cluster:
+        yield cluster.client
 
 
 def _stored(store, job) -> int:
