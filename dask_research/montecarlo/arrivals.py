@@ -12,7 +12,11 @@ A worker frozen (SIGSTOP) after it finished a task holds the result without answ
 are gathered with a bound, then one holding worker at a time (Dask merges concurrent gathers,
 so a frozen holder would hold everyone's results with its own), and what cannot be fetched
 stays pending; it is tried again later with twice the bound (a large state on a slow network
-is fetched in the end).
+is fetched in the end), never more than :func:`bound_cap`: half of Dask's connect timeout.
+A longer wait lets Dask's own gather give up on the frozen holder first, and Dask then reports
+the key lost ("Couldn't gather ... rescheduling") and the scheduler recomputes it wherever it
+likes, on the frozen worker as likely as not; the run then waited for that worker (a grouped
+run under heavy load, where the bounds had doubled past 30 s).
 
 >>> from distributed import Client, LocalCluster
 >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
@@ -36,7 +40,22 @@ from typing import Any
 
 from .._compat import FutureCancelledError, FuturesCancelledError, scheduler_call
 
-__all__ = ["Arrivals"]
+__all__ = ["Arrivals", "bound_cap"]
+
+
+def bound_cap() -> float:
+    """The longest a gather may wait: half of ``distributed.comm.timeouts.connect``, so the run's
+    own bound, not Dask's connect timeout, ends a gather from a frozen worker.
+
+    >>> import dask
+    >>> with dask.config.set({"distributed.comm.timeouts.connect": "30s"}):
+    ...     bound_cap()
+    15.0
+    """
+    import dask
+    from dask.utils import parse_timedelta
+
+    return 0.5 * float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), default="s"))
 
 
 class Arrivals:
@@ -174,7 +193,8 @@ class Arrivals:
                 self._ended.pop(f, None)
         if not finished:
             return list(done), {}
-        bound = self.bound()
+        cap = bound_cap()
+        bound = min(self.bound(), cap)
         try:
             values = await asyncio.wait_for(self.client.gather(finished, asynchronous=True), bound)
             for f in finished:
@@ -187,7 +207,7 @@ class Arrivals:
             # Cancelled while it was fetched (from outside the run, or the scheduler is gone):
             # the caller reads the cancellation from the futures' status and says by whom.
             return list(done), {}
-        bounds = [2 * self.unfetched[f.key][1] if f.key in self.unfetched else bound for f in finished]
+        bounds = [min(2 * self.unfetched[f.key][1], cap) if f.key in self.unfetched else bound for f in finished]
         values_by = await self._by_holder(finished, dict(zip(finished, bounds)))
         now = time.monotonic()
         for f, b in zip(finished, bounds):

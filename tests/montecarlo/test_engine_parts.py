@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -219,6 +220,43 @@ def test_a_result_cancelled_while_it_is_fetched_is_handed_back_as_ended():
     arrivals._ended[f] = None                   # as_completed handed it out
     assert asyncio.run(arrivals.collect({f: 0}, 0.01)) == ([f], {}) and f.status == "cancelled"
     assert arrivals.unfetched == {}
+
+
+def test_a_result_a_frozen_worker_holds_is_retried_with_doubling_bounds_below_dasks_connect_timeout(monkeypatch):
+    """A gather that waits longer than Dask's connect timeout lets Dask give up on the frozen
+    holder first: it reports the key lost and the scheduler recomputes it wherever it likes (on
+    the frozen worker, in a stress run of the suite, which then waited for it). The bounds double
+    from retry to retry and stop at half the connect timeout."""
+    import dask
+
+    from dask_research.montecarlo import arrivals as arrivals_module
+
+    waited: list[float] = []
+
+    async def wait_for(aw, timeout):           # every gather of the frozen holder times out
+        waited.append(timeout)
+        aw.close()
+        raise asyncio.TimeoutError
+
+    async def who_has(client, op, keys):
+        return {k: ["tcp://frozen"] for k in keys}
+
+    monkeypatch.setattr(arrivals_module.asyncio, "wait_for", wait_for)
+    monkeypatch.setattr(arrivals_module, "scheduler_call", who_has)
+
+    async def never(futures, asynchronous=True):
+        await asyncio.sleep(3600)
+
+    f = Fut("mc-group-t-0-4", "finished")
+    arrivals = Arrivals(SimpleNamespace(gather=never), bound=lambda: 6.0)
+    with dask.config.set({"distributed.comm.timeouts.connect": "30s"}):
+        for _ in range(5):
+            arrivals._ended[f] = None
+            if f.key in arrivals.unfetched:    # its bound has passed: it is tried again now
+                arrivals.unfetched[f.key] = (time.monotonic() - 1e4, arrivals.unfetched[f.key][1])
+            assert asyncio.run(arrivals.collect({f: 0}, 0.01)) == ([], {})
+    assert max(waited) == 15.0 and 6.0 in waited and 12.0 in waited, waited    # 6, 12, 15, 15, ...
+    assert arrivals.unfetched[f.key][1] == 15.0
 
 
 # -- failures ----------------------------------------------------------------------------------------
