@@ -107,7 +107,19 @@ class FileProblem(ResearchError):
         super().__init__(path, problem)
 
     def __str__(self) -> str:
-        return f"{self.prefix}{self.path}: {self.problem}"
+        # A store may be a URL with credentials in it (s3://key:secret@bucket): never shown.
+        return redact(f"{self.prefix}{self.path}: {self.problem}")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked.
+
+    >>> redact("s3://key:secret@bucket/runs: cannot be opened (gcs://u:pw@b)")
+    's3://***@bucket/runs: cannot be opened (gcs://***@b)'
+    """
+    import re
+
+    return re.sub(r"//[^/@\s]*@", "//***@", str(text))
 
 
 class StoreError(FileProblem):

@@ -18,7 +18,8 @@ from test_readme_snippets import _as_script, _rst_blocks
 from dask_research.testing.processes import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = ("experiments", "search-loops", "replay", "replay-cluster", "integrations", "montecarlo")
+PAGES = ("experiments", "search-loops", "replay", "replay-cluster", "integrations", "montecarlo", "configuration",
+         "deployment", "events", "gpu", "power")
 MARK = re.compile(r"^# Fragment: assumes (.+)$")
 NEEDS = {"ray.rllib": "ray"}          # a block that imports it is skipped without it
 #: What a block's run must also show, after it ran as written (appended to its script). The

@@ -54,6 +54,26 @@ def plan_blocks(job: Job, shard_seconds: float, threads: int, settings: RunSetti
                         client_block_seconds=s.client_block_seconds)
 
 
+def check_device(job: Job) -> None:
+    """Refuse a device job (``device="gpu"`` or ``"any"``) before anything runs.
+
+    The engine's blocks, checks and replays draw with the ordinary (``cpu``) path only; a device
+    job's address records the portable algorithm and its tolerance class, so its store would
+    claim draws it does not hold. Until the engine dispatches on the device, such a job is
+    refused in one line, and its blocks run with :mod:`dask_research.montecarlo.gpu`'s own
+    functions (docs/gpu.rst).
+
+    >>> from dask_research.montecarlo import Job, Normal
+    >>> check_device(Job(lambda a: a, {"a": Normal(0, 1)}, shards=2, samples_per_shard=8, seed=1, range=(-8, 8)))
+    """
+    device = getattr(job, "device", "cpu")
+    if device != "cpu":
+        raise InputError("device", device, "'cpu': mc.run does not run device jobs yet (their blocks would "
+                         "be drawn with the ordinary path while the job's address records the portable one); "
+                         "run their blocks with montecarlo.gpu.compute_block_portable, see docs/gpu.rst",
+                         where=f"run of {job.name}")
+
+
 def _progress_bar(total: int, enabled: bool, desc: str):
     """A bar that updates in a terminal and in a notebook (:mod:`dask_research.progress`)."""
     from ..progress import make_bar
@@ -115,6 +135,7 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
                       stacklevel=2)
         client = args[0]
     s = RunSettings.from_keywords(settings)
+    check_device(job)
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing

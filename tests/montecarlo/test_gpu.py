@@ -248,3 +248,15 @@ def test_a_job_rebuilt_from_its_description_keeps_its_address():
         job = gpu_job(device=device)
         again = job.replace(device=device_of_description(job.describe()))
         assert again.id == job.id
+
+
+@pytest.mark.parametrize("device", ["gpu", "any"])
+def test_mc_run_refuses_a_device_job_in_one_line_before_anything_runs(device, tmp_path):
+    """The run engine draws with the ordinary path only: a device job ran quietly on the CPU with
+    numpy's ziggurat draws while its address (and its store) recorded the portable algorithm."""
+    job = gpu_job(device=device)
+    with pytest.raises(InputError) as e:
+        mc.run(job, client=None, store=str(tmp_path / "store"), progress=False)
+    text = str(e.value)
+    assert "\n" not in text and f"device={device!r} is invalid" in text and "docs/gpu.rst" in text
+    assert not (tmp_path / "store").exists()          # nothing half-written

@@ -3,8 +3,8 @@ is cut for about twice the block timeout, then healed.
 
 The namespace, its veth pair and every process are made and torn down by the test (even on
 failure); where a namespace cannot be made the test skips, saying why. The link is cut with
-``ip link set ... down`` (this machine has no nft/iptables, and its kernel no ``sch_netem`` for
-``tc netem``, so the 200 ms latency / 5 % loss run of issue 28 is not here).
+``ip link set ... down`` (this machine has no nft/iptables). The 200 ms latency / 5 % loss run
+is ``test_latency.py`` (a proxy: the kernel here has no ``sch_netem`` for ``tc netem``).
 """
 from __future__ import annotations
 

@@ -191,6 +191,16 @@ def test_store_url_credentials_are_redacted():
     assert "SECRET" not in repr(mc.RunStore("memory://user:SECRET@x/y"))
 
 
+@pytest.mark.parametrize("args", [["mc", "show", "--store", "s3://KEY:SECRET@bucket"],
+                                  ["mc", "show", "0123abcd", "--store", "gcs://user:SECRET@bucket/runs"]])
+def test_a_store_that_cannot_be_opened_is_named_without_its_credentials(args):
+    """The error line of a store URL (s3fs/gcsfs not installed here, or a bad bucket) printed
+    the key and secret the user typed."""
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code != 0 and "cannot be opened as a store" in out.output, out.output
+    assert "SECRET" not in out.output and "//***@bucket" in out.output, out.output
+
+
 def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker):
     """In this process the job is found among what it ran and imported; a planted origin is not imported.
 

@@ -32,6 +32,7 @@ import json
 import re
 from typing import Any
 
+from ...exceptions import redact
 from ..address import canonical_json
 
 __all__ = ["RUNS_DIR", "MANIFEST_FILE", "SHARDS_DIR", "QUARANTINE_DIR", "RESULT_FILE", "LEASE_FILE",
@@ -64,11 +65,6 @@ _INDEX = re.compile(r"[0-9]+")
 
 class StoreWarning(UserWarning):
     """Something in a store that is not ours and was left alone (a foreign file in shards/)."""
-
-
-def redact(url: str) -> str:
-    """``url`` without credentials (``s3://key:secret@bucket`` -> ``s3://***@bucket``)."""
-    return re.sub(r"//[^/@]*@", "//***@", str(url))
 
 
 def checksum(obj: Any) -> str:
