@@ -112,7 +112,10 @@ def test_helpers_in_the_file_and_sibling_modules_travel_by_value(dask_processes,
     local = cli(["mc", "run", ref, "--no-progress", "--json"], tmp_path)
     assert local.returncode == 0, local.stderr[-3000:]
     remote_summary, local_summary = json.loads(remote.stdout), json.loads(local.stdout)
-    assert len(remote_summary["workers"]) == 2
+    # Every shard was computed by the worker processes, which cannot import the job's modules
+    # (how the scheduler spread 12 shards over the two is not the point, and on a busy machine
+    # one worker may take them all).
+    assert sum(remote_summary["workers"].values()) == 12 and remote_summary["workers"], remote_summary["workers"]
     assert _state(remote_summary) == _state(local_summary)
     # The content address is the one the file has when imported the ordinary way.
     imported = subprocess.run([sys.executable, "-c", f"import job_with_helpers as m; print(m.{name}.id)"],
