@@ -72,7 +72,9 @@ POLL = 0.25
 
 # Leases held by this process, by file: a second lease on the same file is refused at once.
 _HELD: dict[str, weakref.ref] = {}
-_HELD_GUARD = threading.Lock()
+# Reentrant: a collected writer's finalizer (``weakref.finalize(..., release)``) can run in this
+# thread at any allocation, also while the guard is held by a registration.
+_HELD_GUARD = threading.RLock()
 
 
 def pid_alive(pid: int) -> bool:
@@ -305,13 +307,14 @@ class Lease:
                 files.remove(aside)
 
     def _register(self) -> None:
+        key = self._key                    # outside the guard: realpath allocates
         with _HELD_GUARD:
-            ref = _HELD.get(self._key)
+            ref = _HELD.get(key)
             other = ref() if ref is not None else None
             if other is not None and other is not self and other.held and self.wait == 0:
                 raise self.files.fail(self.path, f"{self.label} is already held by another writer in this process "
                                       f"({describe_holder(other.holder())}); {self.hint or 'one writer at a time'}")
-            _HELD[self._key] = weakref.ref(self)
+            _HELD[key] = weakref.ref(self)
 
     def acquire(self) -> Lease:
         """Take the lease (waiting, taking over a stale one); raise the capability's error if refused."""
@@ -447,10 +450,11 @@ class Lease:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.interval + 5.0)
+        key = self._key
         with _HELD_GUARD:
-            ref = _HELD.get(self._key)
+            ref = _HELD.get(key)
             if ref is not None and ref() is self:
-                del _HELD[self._key]
+                del _HELD[key]
         with self._mutex:
             if not self.held:
                 return

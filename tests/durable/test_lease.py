@@ -268,3 +268,40 @@ def test_a_heartbeat_never_brings_back_a_directory_its_user_removed(tmp_path):
     finally:
         lease.release()
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_release_run_by_a_finalizer_during_registration_does_not_deadlock(tmp_path, monkeypatch):
+    """CI hung here: a collected scheduler's ``weakref.finalize(..., release)`` ran inside the
+    registration guard of the next lease (Python runs finalizers at any allocation), and the
+    guard was not reentrant. Here the finalizer is made to run at exactly that point."""
+    import threading
+
+    from dask_research.durable import lease as lease_module
+
+    old = _lease(_files(tmp_path), "old.json").acquire()
+    new = _lease(_files(tmp_path), "new.json")
+
+    finalizer = [old.release]                  # runs once, as a finalizer does
+
+    class FinalizerInside(dict):
+        def get(self, key, default=None):       # what a garbage collection at this point would do
+            if finalizer:
+                finalizer.pop()()
+            return super().get(key, default)
+
+    monkeypatch.setattr(lease_module, "_HELD", FinalizerInside(lease_module._HELD))
+    done = threading.Event()
+
+    def register():
+        try:
+            new.acquire()
+        finally:
+            done.set()
+
+    threading.Thread(target=register, daemon=True).start()
+    assert done.wait(BOUND), "acquiring a lease deadlocked on a release run inside its registration"
+    try:
+        assert new.held and not old.held
+        assert not (tmp_path / "old.json").exists() and (tmp_path / "new.json").exists()
+    finally:
+        new.release()
