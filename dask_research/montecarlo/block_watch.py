@@ -98,7 +98,7 @@ class BlockWatch:
             # A group late after one of its blocks finished: the blocks answer one by one.
             per_shard = self.limits.expected_shard_seconds()
             block = self.stragglers.durations.median() or (per_shard * self.limits.block if per_shard else 1.0)
-            for collector in groups.overdue(now, 1.0 + (groups.size + 2) * block):
+            for collector in groups.overdue(now, 1.0 + (groups.size + 2) * block, self.arrivals.unfetched):
                 self.window.open_group(collector)
         pending, attempts = self.window.pending, self.window.attempts
         processing = self.stragglers.watch(now, pending, ending=ending)

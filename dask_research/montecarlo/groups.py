@@ -19,7 +19,10 @@ and its collector cancelled) whenever the fast path would hide something the eng
   the time ``size + 2`` blocks take): a block that hangs, or a worker frozen while holding a
   block's result (the collector's worker holds copies of the group's results too), would
   otherwise hold the group's place in the window; the driver's own bounded gathers and its
-  hung-block and straggler rules take over;
+  hung-block and straggler rules take over. The same holds for a collector that finished on
+  a worker frozen before its result was fetched: Dask keeps it "finished" there until the
+  worker is declared dead (minutes), so a collector whose fetch timed out counts as not
+  answered;
 - a slow block's speculative copy won (:mod:`.stragglers`): the slow original is cancelled,
   which cancels its group's collector, and the group's other blocks answer one by one. A block
   that finished and waits for its group's message counts as returned: it is neither copied
@@ -39,7 +42,7 @@ and folded exactly as before; only the message that carries it differs.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 __all__ = ["Groups", "chunks", "collect_group"]
@@ -60,8 +63,8 @@ class Groups:
     """The groups in flight: each collector future and its blocks' futures, in order.
 
     >>> class Future:
-    ...     def __init__(self, status):
-    ...         self.status = status
+    ...     def __init__(self, status, key="k"):
+    ...         self.status, self.key = status, key
     ...     def done(self):
     ...         return self.status != "pending"
     ...     def cancel(self):
@@ -75,6 +78,17 @@ class Groups:
     True
     >>> groups.open(collector) == blocks, collector.status, groups.opened
     (True, 'cancelled', 1)
+
+    A collector that finished where its result cannot be fetched (a worker frozen since) is late too:
+
+    >>> held = Future("finished", key="mc-group-t-0-4")
+    >>> groups.add(held, [Future("finished"), Future("finished")])
+    >>> groups.overdue(now=20.0, bound=5.0, unfetched={"mc-group-t-0-4"})
+    []
+    >>> groups.overdue(now=26.0, bound=5.0, unfetched={"mc-group-t-0-4"}) == [held]
+    True
+    >>> groups.overdue(now=26.0, bound=5.0)                 # fetched meanwhile: the next turn takes it
+    []
     """
 
     def __init__(self, size: int):
@@ -105,17 +119,20 @@ class Groups:
         collector.cancel()
         return members
 
-    def overdue(self, now: float, bound: float) -> list:
+    def overdue(self, now: float, bound: float, unfetched: Container[str] = ()) -> list:
         """Collectors that have not answered ``bound`` seconds after one of their blocks finished.
 
         A finished block waiting for its group holds its place in the window; a group stuck
         behind a block that hangs, or behind a worker frozen while it holds a block's result,
-        would hold the whole window. Called at most about once a second (each call looks at
-        the groups in flight); the caller opens what this returns.
+        would hold the whole window. So would a collector that finished on a worker frozen
+        since: its result cannot be fetched (its key is in ``unfetched``), and Dask keeps it
+        "finished" on that worker until the worker is declared dead, minutes later. Called at
+        most about once a second (each call looks at the groups in flight); the caller opens
+        what this returns.
         """
         late = []
         for collector, members in self.live.items():
-            if collector.done():
+            if collector.done() and collector.key not in unfetched:
                 continue                       # answered or failed: the next turn takes it
             since = self._finished_since.get(collector)
             if since is None:

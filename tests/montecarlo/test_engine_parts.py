@@ -87,6 +87,9 @@ class Fut:
     def done(self):
         return self.status != "pending"
 
+    def cancel(self):
+        self.status = "cancelled"
+
 
 def test_a_block_past_the_block_timeout_fails_the_run_naming_it():
     limits = Limits(block=4)
@@ -121,6 +124,41 @@ def test_a_straggler_is_copied_once_and_a_slow_copy_stops_speculation():
     assert copies == [(2, "tcp://slow")] and not s.stopped
     s.speculate_copies(15.0, {}, True, done, late, copy)         # the copy is as slow: stop for the run
     assert s.stopped and events == [("speculate-stopped", {"start": 2, "stop": 3, "seconds": 2.5})]
+
+
+def test_a_group_that_finished_on_a_worker_frozen_since_is_opened():
+    """Issue 26's stress gate: a group's collector finished on a worker that froze before the
+    client fetched it. Dask keeps the future 'finished' there (the worker is not dead yet), so
+    the group was never timed as late, its blocks were never asked one by one, and the run
+    waited for the frozen worker. Its blocks must be waited on one by one instead."""
+    from dask_research.montecarlo.block_watch import BlockWatch
+    from dask_research.montecarlo.groups import Groups
+
+    opened = []
+    groups = Groups(2)
+    collector, members = Fut("mc-group-t-0-2", "finished"), [Fut("mc-block-t-0-1", "finished"),
+                                                             Fut("mc-block-t-1-2", "finished")]
+    groups.add(collector, members)
+    window = SimpleNamespace(groups=groups, pending={m: i for i, m in enumerate(members)}, attempts={},
+                             bounds=[(0, 1), (1, 2)], open_group=lambda c: opened.append(groups.open(c)))
+    limits = Limits(block=1)
+    limits.block_timeout = None
+    arrivals = Arrivals(None, bound=lambda: 1.0)
+    watch = BlockWatch(None, window, limits, arrivals, speculate=0.0, attempts=2, emit=lambda *a, **k: None)
+    watch.accepted(["mc-block-t-9-10"], seconds=0.5, computed=1)     # blocks take 0.5 s
+    clock = iter([100.0, 102.0, 104.0, 106.0])
+    real = time.monotonic
+    time.monotonic = lambda: next(clock)
+    try:
+        watch.after_turn(ending=False, finished={})      # it finished: fetched by the next turn, as a rule
+        arrivals.unfetched[collector.key] = (102.0, 1.0)  # ... but its fetch timed out: its holder froze
+        watch.after_turn(ending=False, finished={})
+        watch.after_turn(ending=False, finished={})
+        assert opened == []                               # within 1 + (2 + 2) x 0.5 s of being seen unfetched
+        watch.after_turn(ending=False, finished={})
+    finally:
+        time.monotonic = real
+    assert opened == [members] and collector.status == "cancelled" and collector not in groups
 
 
 # -- checks' judgement -------------------------------------------------------------------------------
