@@ -52,24 +52,14 @@ def _job(shards: int):
 
 @contextlib.contextmanager
 def _cluster(kind: str, where: pathlib.Path):
-    from dask_research.testing.latency import latency_proxy
-    from dask_research.testing.processes import WorkerSpec, free_ports, process_cluster
+    from dask_research.testing.latency import slow_link_cluster
+    from dask_research.testing.processes import process_cluster
 
-    if kind == "one worker":
-        with process_cluster(where, 1) as c:
+    if kind == "slow link":
+        with slow_link_cluster(where, ONE_WAY, LOSS) as (c, _):
             yield c.client
         return
-    if kind == "clean":
-        with process_cluster(where, 2) as c:
-            yield c.client
-        return
-    sched, sched_proxy, listen, listen_proxy = free_ports(4)
-    slow = WorkerSpec(scheduler=f"tcp://127.0.0.1:{sched_proxy}",
-                      args=["--listen-address", f"tcp://127.0.0.1:{listen}",
-                            "--contact-address", f"tcp://127.0.0.1:{listen_proxy}"])
-    with latency_proxy(sched_proxy, f"127.0.0.1:{sched}", ONE_WAY, LOSS, seed=1), \
-            latency_proxy(listen_proxy, f"127.0.0.1:{listen}", ONE_WAY, LOSS, seed=2), \
-            process_cluster(where, [WorkerSpec(), slow], scheduler_port=sched) as c:
+    with process_cluster(where, 1 if kind == "one worker" else 2) as c:
         yield c.client
 
 

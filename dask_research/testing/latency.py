@@ -35,8 +35,9 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-__all__ = ["release_times", "retransmission_timeout", "latency_proxy", "main"]
+__all__ = ["release_times", "retransmission_timeout", "latency_proxy", "slow_link_cluster", "main"]
 
 CHUNK = 65536
 
@@ -150,6 +151,24 @@ def latency_proxy(listen: int, to: str, one_way: float, loss: float = 0.0, seed:
         proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@contextlib.contextmanager
+def slow_link_cluster(where: Any, one_way: float, loss: float = 0.0) -> Iterator[tuple[Any, str]]:
+    """A real scheduler and two workers, the second behind a latency proxy on both its addresses
+    (the scheduler's, which it dials, and its own, which everyone else dials); yields the
+    :class:`~dask_research.testing.processes.ProcessCluster` and the slow worker's address.
+    ``where``: the folder for the processes' logs."""
+    from .processes import WorkerSpec, free_ports, process_cluster
+
+    sched, sched_proxy, listen, listen_proxy = free_ports(4)
+    slow = WorkerSpec(scheduler=f"tcp://127.0.0.1:{sched_proxy}",
+                      args=["--listen-address", f"tcp://127.0.0.1:{listen}",
+                            "--contact-address", f"tcp://127.0.0.1:{listen_proxy}"])
+    with latency_proxy(sched_proxy, f"127.0.0.1:{sched}", one_way, loss, seed=1), \
+            latency_proxy(listen_proxy, f"127.0.0.1:{listen}", one_way, loss, seed=2), \
+            process_cluster(where, [WorkerSpec(), slow], scheduler_port=sched) as cluster:
+        yield cluster, f"tcp://127.0.0.1:{listen_proxy}"
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ class ProcessCluster:
 @contextlib.contextmanager
 def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2, *, nthreads: int = 1,
                     nanny: bool = False, host: str = "127.0.0.1", scheduler_port: int = 0,
-                    timeout: float = 60.0) -> Iterator[ProcessCluster]:
+                    timeout: float = 60.0, cwd: pathlib.Path | None = None) -> Iterator[ProcessCluster]:
     """A real ``dask scheduler`` and one ``dask worker`` per entry of ``workers`` (or that many
     plain ones), each with ``nthreads`` threads, the one cluster of real processes every fault
     test starts.
@@ -107,7 +107,8 @@ def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2
     Without a nanny a killed worker stays dead (what a fault test wants). The processes run with
     this environment and the checkout first on ``PYTHONPATH`` (:func:`subprocess_env`), log to
     ``where/scheduler.log`` and ``where/worker<i>.log``, and are killed on the way out (a frozen
-    one is continued first: a stopped process cannot die of SIGKILL until it runs).
+    one is continued first: a stopped process cannot die of SIGKILL until it runs). ``cwd``:
+    the processes' working directory (default: this process's).
     """
     from distributed import Client
 
@@ -118,7 +119,7 @@ def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2
     logs = [open(where / "scheduler.log", "wb")]
     scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host,
                                   "--port", str(scheduler_port), "--no-dashboard", "--scheduler-file", str(sfile)],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=logs[0])
+                                 env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[0])
     procs: list[subprocess.Popen] = []
     client = None
     try:
@@ -131,7 +132,7 @@ def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2
                  *([] if "--listen-address" in spec.args else ["--host", spec.host or host]),
                  "--nthreads", str(nthreads), "--no-dashboard", "--name", f"w{i}", *spec.args]
                 + ([] if nanny else ["--no-nanny"]),
-                env={**env, **spec.env}, stdout=subprocess.DEVNULL, stderr=logs[-1]))
+                env={**env, **spec.env}, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[-1]))
         client = Client(scheduler_file=str(sfile), set_as_default=False, timeout=timeout)
         client.wait_for_workers(len(specs), timeout=timeout)
         yield ProcessCluster(client, scheduler, procs)

@@ -13,9 +13,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dask_research import montecarlo as mc
-from dask_research.testing.latency import latency_proxy
+from dask_research.testing.latency import slow_link_cluster
 from dask_research.testing.pipelines import slow_tanh
-from dask_research.testing.processes import WorkerSpec, free_ports, process_cluster
 
 ONE_WAY, LOSS = 0.1, 0.05
 
@@ -27,22 +26,16 @@ def test_a_worker_with_200_ms_round_trips_and_5_percent_loss_changes_no_bit(tmp_
 
     job = mc.Job(functools.partial(slow_tanh, delay=0.002), {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)},
                  shards=512, samples_per_shard=256, seed=31, bins=32, range=(0.0, 1.0))
-    sched, sched_proxy, listen, listen_proxy = free_ports(4)
-    slow = WorkerSpec(scheduler=f"tcp://127.0.0.1:{sched_proxy}",
-                      args=["--listen-address", f"tcp://127.0.0.1:{listen}",
-                            "--contact-address", f"tcp://127.0.0.1:{listen_proxy}"])
     store = tmp_path / "store"
-    with latency_proxy(sched_proxy, f"127.0.0.1:{sched}", ONE_WAY, LOSS, seed=1), \
-            latency_proxy(listen_proxy, f"127.0.0.1:{listen}", ONE_WAY, LOSS, seed=2), \
-            process_cluster(tmp_path, [WorkerSpec(), slow], scheduler_port=sched) as cluster:
-        assert f"tcp://127.0.0.1:{listen_proxy}" in cluster.client.scheduler_info()["workers"]
+    with slow_link_cluster(tmp_path, ONE_WAY, LOSS) as (cluster, slow):
+        assert slow in cluster.client.scheduler_info()["workers"]
         result = mc.run(job, client=cluster.client, store=str(store), verify=4, progress=False)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cl, \
             Client(cl, set_as_default=False) as c:
         clean = mc.run(job, client=c, verify=0, progress=False)
     assert result.state == clean.state
     assert result.verification["mismatches"] == []
-    assert result.workers.get(f"tcp://127.0.0.1:{listen_proxy}", 0) > 0, result.workers
+    assert result.workers.get(slow, 0) > 0, result.workers
     assert sorted(mc.RunStore(str(store)).read_shards(job.id)) == list(range(512))
     leftovers = [p for p in store.rglob("*") if p.is_file() and (p.name.startswith(".") or p.suffix == ".tmp")
                  and p.name not in (".reason.json",)]

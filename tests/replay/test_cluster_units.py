@@ -121,3 +121,14 @@ def test_plugin_sizes_from_memory_and_explains_a_missing_shard():
         local_shard("m", W)
     with pytest.raises(InputError):
         ShardPlugin("m", CARTPOLE, capacity_per_worker=0)
+
+
+def test_a_cluster_plane_without_any_client_says_so_in_one_line():
+    from distributed import default_client
+
+    with pytest.raises(ValueError):
+        default_client()          # none in this process: the plane has nothing to attach to
+    with pytest.raises(InputError) as err:
+        replay.ClusterPlane(CARTPOLE)
+    msg = str(err.value)
+    assert msg.startswith("ClusterPlane: client=None is invalid") and "client=Client(" in msg and "\n" not in msg

@@ -139,7 +139,12 @@ class ClusterPlane:
         if client is None:
             from distributed import default_client
 
-            client = default_client()
+            try:
+                client = default_client()
+            except ValueError:      # Dask's several lines: "No clients found ..."
+                raise InputError("client", None, "a distributed.Client connected to the cluster the shards "
+                                 "live on: ClusterPlane(spec, client=Client(...)), or a default client "
+                                 "(one made without set_as_default=False)", where="ClusterPlane") from None
         if getattr(client, "asynchronous", False):
             raise InputError("client", client, "a synchronous distributed.Client (the plane "
                              "runs its delivery in a background thread)", where="ClusterPlane")
