@@ -4,7 +4,10 @@ The pipeline is described by its *source text* and qualified name (``dask.tokeni
 importable functions by reference, so an edited function body would keep its token), plus the
 values of the module-level constants and the source of the plain functions it refers to. A
 one-character change to the pipeline gives a new id; the same job gives the same id in any
-process, on any day.
+process, on any day. A function with no source text (typed into a console, ``python -c``) is
+described by its code instead (bytecode, names, constants; nested code by its own digest), so
+it too has one id in every process of the same Python version; it is not the id the same text
+gets from a file (the console cannot show its source).
 
 Examples
 --------
@@ -46,9 +49,33 @@ def _source(fn: Callable) -> tuple[str, str]:
     try:
         return "source", textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
-        code = fn.__code__
-        digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
-        return "bytecode", digest.hexdigest()
+        return "bytecode", _code_digest(fn.__code__)
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """sha256 of what a code object computes: its bytecode, names and constants, with nested code
+    objects (a comprehension, a lambda, an inner function) by their own digest and sets in a fixed
+    order, never by a ``repr`` that holds a memory address or depends on string hashing (the same
+    function typed into two consoles once got two addresses).
+
+    >>> f = eval("lambda xs: [x * 2 for x in xs if x in {'a', 'b'}]")
+    >>> g = eval("lambda xs: [x * 2 for x in xs if x in {'b', 'a'}]")
+    >>> _code_digest(f.__code__) == _code_digest(g.__code__) != _code_digest((lambda xs: xs).__code__)
+    True
+    """
+    def const(c: Any) -> str:
+        if isinstance(c, types.CodeType):
+            return "code:" + _code_digest(c)
+        if isinstance(c, (tuple, frozenset)):
+            parts = [const(x) for x in c]
+            return f"{type(c).__name__}({','.join(sorted(parts) if isinstance(c, frozenset) else parts)})"
+        return f"{type(c).__name__}:{c!r}"
+
+    h = hashlib.sha256(code.co_code)
+    for part in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        h.update(repr(part).encode())
+    h.update(const(code.co_consts).encode())
+    return h.hexdigest()
 
 
 def _value_fingerprint(value: Any) -> Any:

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import textwrap
@@ -145,3 +146,26 @@ def test_result_repr_is_one_short_line():
     assert str(r).count("\n") > 2                        # the summary is unchanged
     user = Result("cd" * 32, {"x": 1.0}, name="u")
     assert repr(user) == "Result(u, run_id=cdcdcdcdcdcd, value={'x': 1.0})"
+
+
+def test_a_pipeline_typed_into_a_console_gets_the_same_address_in_every_process():
+    """Without source text (``python -c``, a console) the pipeline is hashed by its code. Its
+    nested code objects (a comprehension, a lambda) went in by ``repr``, which holds a memory
+    address, and a set constant's order follows string hashing: two consoles, two addresses, and
+    the run could never be resumed or replayed. Two processes with different hash seeds here."""
+    code = textwrap.dedent("""
+        from dask_research import montecarlo as mc
+        def pipe(a, b):
+            keep = [k for k in ("x", "y") if k in {"x", "y", "z"}]
+            return a * len(keep) + (lambda v: v * 2)(b)
+        job = mc.Job(pipe, {"a": mc.Normal(0, 1), "b": mc.Uniform(0, 1)}, shards=4, samples_per_shard=64,
+                     seed=3, range=(-10, 10))
+        print(job.id)
+    """)
+    ids = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        ids.append(out.stdout.strip())
+    assert ids[0] == ids[1] and len(ids[0]) == 64, ids
