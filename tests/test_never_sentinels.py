@@ -153,7 +153,7 @@ def test_overdue_groups_are_looked_for_on_the_first_turn_on_a_machine_up_half_a_
         status, key = "finished", "mc-block-x-0-4"
 
     ex.window.groups.add(Collector(), [Member()])
-    monkeypatch.setattr(ex.window.groups, "overdue", lambda now, bound: looked.append(now) or [])
+    monkeypatch.setattr(ex.window.groups, "overdue", lambda now, bound, *rest: looked.append(now) or [])
     monkeypatch.setattr(block_watch, "time", Clock(0.5))
     ex.watch.after_turn(ending=True, finished={})
     assert looked == [0.5]

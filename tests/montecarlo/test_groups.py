@@ -31,8 +31,12 @@ def cluster(loop):
 # ------------------------------------------------------------------------------ the parts
 
 class _Fut:
+    count = 0
+
     def __init__(self, status="pending"):
         self.status, self.cancelled = status, False
+        _Fut.count += 1
+        self.key = f"mc-fake-{_Fut.count}"
 
     def done(self):
         return self.status in ("finished", "error", "cancelled")
