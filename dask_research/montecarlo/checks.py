@@ -174,11 +174,12 @@ class Checks:
         others = [w for w in alive if w != producer] or alive
         target = others[len(self.checks) % len(others)]
         attempts = self.attempts.setdefault(s, [])
-        # allow_other_workers: if the target dies the check still runs (the worker that
-        # really ran it is recorded, and a same-worker check is marked as such).
+        # A strict restriction: Dask's work stealing moves a loosely restricted task to any idle
+        # worker, the producer included (on a busy machine it did, and the check proved nothing).
+        # If the target leaves, gather() moves the check to another worker.
         fut = self.client.submit(verify_shard, self.job, self.reducer, s, pure=False,
                                  key=verify_key(self.tag, s, attempt=len(attempts)),
-                                 workers=[target], allow_other_workers=True)
+                                 workers=[target], allow_other_workers=False)
         self.arrivals.track([fut])
         attempts.append((fut, target, time.monotonic()))
         if s in self.checks:
@@ -217,6 +218,7 @@ class Checks:
                         self.client.cancel(stale)
             now = time.monotonic()
             limit = self.limits.check_limit()
+            alive: set[str] | None = None          # read once a turn, where a check waits
             for s in open_:
                 if s in results:
                     continue
@@ -224,11 +226,18 @@ class Checks:
                 fut, target, submitted = attempts[-1]
                 errored = [g for g, _, _ in attempts if g.status == "error"]
                 late = limit is not None and now - max(submitted, began) > limit
+                gone = False
                 if not late and len(errored) < len(attempts):
-                    continue
+                    if alive is None:
+                        alive = set(alive_workers(self.client))
+                    waiting = [t for g, t, _ in attempts if g.status == "pending"]
+                    gone = bool(waiting) and all(t not in alive for t in waiting)
+                    if not gone:
+                        continue
                 tried = {t for _, t, _ in attempts}
                 record = self.checks[s][0]
-                reason = "failed" if errored and len(errored) == len(attempts) else f"late ({now - max(submitted, began):.1f} s)"
+                reason = ("failed" if errored and len(errored) == len(attempts) else
+                          "its worker left" if gone else f"late ({now - max(submitted, began):.1f} s)")
                 self.emit("check-moved", shard=s, worker=target, reason=reason)
                 if not self.submit(s, record["producer"], exclude=tried):
                     # Every worker was tried: the client recomputes the shard itself.

@@ -161,6 +161,41 @@ def test_a_group_that_finished_on_a_worker_frozen_since_is_opened():
     assert opened == [members] and collector.status == "cancelled" and collector not in groups
 
 
+@pytest.mark.timeout(120, method="thread")
+def test_a_check_whose_worker_leaves_moves_to_a_live_one(loop):
+    """Checks are pinned to their verifier (Dask's work stealing moved a loosely pinned check to
+    its producer on a busy machine, and it proved nothing); so one whose verifier leaves while
+    it runs must be moved by the run itself, not wait for a worker that will never come."""
+    import functools
+
+    from dask_research.testing.pipelines import slow_tanh
+
+    job = mc.Job(functools.partial(slow_tanh, delay=3.0), {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)},
+                 shards=2, samples_per_shard=64, seed=5, range=(-1.0, 1.0))
+    reducer = job.make_reducer(job.range)
+    events = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                      loop=loop) as cluster, Client(cluster, set_as_default=False) as client:
+        producer, verifier = sorted(client.scheduler_info()["workers"])
+        limits = Limits(block=1)
+        limits.block_timeout = None             # no lateness rule: only the worker's leaving moves it
+        checks = Checks(client, job, reducer, run_id=job.id, tag="t", poll=0.1, limits=limits,
+                        emit=lambda kind, **d: events.append((kind, d)))
+        assert checks.submit(0, producer)
+        record, fut = checks.checks[0]
+        assert record["verifier"] == verifier
+        deadline = time.monotonic() + 60
+        while not client.processing().get(verifier) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        name = next(n for n, w in cluster.workers.items() if w.address == verifier)
+        client.sync(cluster.workers[name].close)             # the verifier leaves mid-check
+        gathered = checks.gather()
+    state, where = gathered[0]
+    assert where == producer and record["moved_from"] == [verifier]
+    assert ("check-moved", {"shard": 0, "worker": verifier, "reason": "its worker left"}) in events
+    assert state.n == job.samples_per_shard
+
+
 # -- checks' judgement -------------------------------------------------------------------------------
 
 def _checks_with(job, reducer, answers):
