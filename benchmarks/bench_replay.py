@@ -43,7 +43,7 @@ SPEC = {"obs": ((4,), "float32"), "action": ((), "int64"), "reward": ((), "float
 BATCH = 256
 CHUNK = 1024
 ALPHA, BETA = 0.6, 0.4
-SECTIONS = ("uniform", "add", "prioritized-order", "memory")
+SECTIONS = ("uniform", "add", "prioritized-order", "memory", "ingest")
 MEMORY_SIZES = (10**4, 10**6, 10**7)
 MEMORY_BUFFERS = ("ours", "ours-tiered", "sb3", "torchrl")
 # One buffer of `n` transitions, filled to `n` in chunks, in a fresh process: prints the bytes of
@@ -378,6 +378,13 @@ def run_sections(sections: list[str], N: int, quick: bool) -> dict[str, Any]:
         print(f"{a['peer']} / ours plane.add: {a['ratio_peer_over_ours_add']:.2f}x")
     if "memory" in sections:
         out["memory"] = memory_side_by_side()
+    if "ingest" in sections:             # the full run measures it first, with the sampling rows
+        ing, buffers = ingest_side_by_side(N, 1 if quick else 3, 50 if quick else 200, make_chunks(16),
+                                           torchrl_status())
+        for b in buffers.values():
+            if isinstance(b, replay.ExperiencePlane):
+                b.close()
+        out["ingest"] = ing
     if "prioritized-order" in sections:
         out["prioritized_order"] = q = prioritized_order(N, reps, 300 if quick else 1000)
         print(f"prioritized sample(256): draw order / sorted by slot = "
@@ -537,6 +544,36 @@ def exposed_latency(plane: replay.ExperiencePlane, batches: int, to: str) -> dic
     return out
 
 
+def ingest_side_by_side(N: int, reps: int, extra: int, chunks: list, trl: dict[str, Any]) -> tuple[dict, dict]:
+    """Fill 0 -> ``N`` and ``extra`` chunks into the full ring, for ours, the numpy ring and
+    TorchRL (where it runs); the figures and the filled buffers (for the sampling rows)."""
+    ing: dict[str, dict[str, float]] = {}
+    buffers: dict[str, Any] = {}
+    cases = {
+        "ours uniform": (lambda: replay.ExperiencePlane(SPEC, N, seed=0),
+                         lambda b, c: b.ingest(c), chunks),
+        "ours prioritized": (lambda: replay.ExperiencePlane(
+            SPEC, N, seed=0, sampler=replay.PrioritizedSampler(ALPHA, BETA)),
+            lambda b, c: b.ingest(c), chunks),
+        "numpy ring": (lambda: NumpyRing(N), lambda b, c: b.extend(c), chunks),
+        "numpy ring prioritized": (lambda: NumpyRing(N, True), lambda b, c: b.extend(c), chunks),
+    }
+    if trl["uniform"]:
+        tchunks = torchrl_chunks(chunks)
+        cases["torchrl"] = (lambda: torchrl_buffer(N, False), lambda b, c: b.extend(c), tchunks)
+        if trl["prioritized"]:
+            cases["torchrl prioritized"] = (lambda: torchrl_buffer(N, True),
+                                            lambda b, c: b.extend(c), tchunks)
+    for name, (make, add, ch) in cases.items():
+        r = fill_time(make, add, ch, N, extra, reps)
+        buffers[name] = r.pop("_buffer")
+        ing[name] = r
+        print(f"ingest {name:<24} construct {r['construct_s']:.3f} s, "
+              f"fill {rate(r['fill_s_per_transition'])}, "
+              f"full ring {rate(r['full_s_per_transition'])}", flush=True)
+    return ing, buffers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="100k stored, fewer reps (smoke run)")
@@ -565,29 +602,7 @@ def main() -> None:
 
     with LoadMonitor() as load:
         # ---- ingest -------------------------------------------------------------------------
-        ing: dict[str, dict[str, float]] = {}
-        cases = {
-            "ours uniform": (lambda: replay.ExperiencePlane(SPEC, N, seed=0),
-                             lambda b, c: b.ingest(c), chunks),
-            "ours prioritized": (lambda: replay.ExperiencePlane(
-                SPEC, N, seed=0, sampler=replay.PrioritizedSampler(ALPHA, BETA)),
-                lambda b, c: b.ingest(c), chunks),
-            "numpy ring": (lambda: NumpyRing(N), lambda b, c: b.extend(c), chunks),
-            "numpy ring prioritized": (lambda: NumpyRing(N, True), lambda b, c: b.extend(c), chunks),
-        }
-        if trl["uniform"]:
-            tchunks = torchrl_chunks(chunks)
-            cases["torchrl"] = (lambda: torchrl_buffer(N, False), lambda b, c: b.extend(c), tchunks)
-            if trl["prioritized"]:
-                cases["torchrl prioritized"] = (lambda: torchrl_buffer(N, True),
-                                                lambda b, c: b.extend(c), tchunks)
-        for name, (make, add, ch) in cases.items():
-            r = fill_time(make, add, ch, N, extra, reps)
-            buffers[name] = r.pop("_buffer")
-            ing[name] = r
-            print(f"ingest {name:<24} construct {r['construct_s']:.3f} s, "
-                  f"fill {rate(r['fill_s_per_transition'])}, "
-                  f"full ring {rate(r['full_s_per_transition'])}", flush=True)
+        ing, buffers = ingest_side_by_side(N, reps, extra, chunks, trl)
         figures["ingest"] = ing
 
         # ---- uniform and prioritized sampling -------------------------------------------------
@@ -639,7 +654,7 @@ def main() -> None:
                 b.close()
         buffers.clear()
         gc.collect()
-        figures.update(run_sections(list(SECTIONS), N, args.quick))
+        figures.update(run_sections([k for k in SECTIONS if k != "ingest"], N, args.quick))
     figures["machine_busy"] = load.machine_busy
     figures["own_busy"] = load.own_busy
 
