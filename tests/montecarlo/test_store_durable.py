@@ -421,7 +421,8 @@ _json_values = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(states=st.dictionaries(st.integers(0, 200), _json_values, min_size=1, max_size=12))
 def test_a_shard_file_is_signed_with_the_checksum_its_readers_recompute(tmp_path_factory, states):
     """The writer signs its own canonical entries (one encoding per state, not two): the

@@ -52,7 +52,7 @@ def _pickle_npz(path):
     path.write_bytes(buf.getvalue())
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(["meta.json", "data.npz", "CURRENT"]),
        st.sampled_from(["truncate", "bitflip", "replace", "retype", "pickle", "delete"]),
        st.randoms(use_true_random=False), corruption.json_values())

@@ -46,7 +46,7 @@ FILES = {"broken_job.py": "import numpy as np\n\ndef pipeline(a:\n    return a\n
          "tiny_job.py": TINY_JOB}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(COMMANDS), st.lists(token, max_size=6))
 def test_cli_arguments(tmp_path, command, args):
     if command == ["demo"]:
@@ -110,7 +110,7 @@ def command_line(draw):
 
 
 @pytest.mark.timeout(600, method="thread")
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(command_line())
 def test_cli_bad_input_paths(tmp_path, args):
     runner = CliRunner()

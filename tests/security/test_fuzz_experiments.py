@@ -61,7 +61,7 @@ def _mutate(raw: bytes, how: str, rnd: random.Random, value) -> bytes:
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(["truncate", "bitflip", "replace-line", "retype", "pickle", "duplicate-line"]),
        st.randoms(use_true_random=False), json_values)
 def test_fuzzed_journal(pristine, how, rnd, value):

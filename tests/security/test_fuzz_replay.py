@@ -49,7 +49,7 @@ def _pickle_npz(path: pathlib.Path) -> None:
 json_values = corruption.json_values()
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(["meta.json", "data.npz"]),
        st.sampled_from(["truncate", "bitflip", "replace", "retype", "pickle", "delete"]),
        st.randoms(use_true_random=False), json_values)
