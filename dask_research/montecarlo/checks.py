@@ -154,6 +154,7 @@ class Checks:
         self.run_id, self.tag, self.emit, self.limits, self.poll = run_id, tag, emit, limits, poll
         self.arrivals = Arrivals(client, bound=limits.gather_bound)
         self.checks: dict[int, tuple[dict, Any]] = {}     # shard -> (its record, its current future)
+        self._alive_read: tuple[float, set[str]] | None = None   # (when, the workers then) for gather()
         self.attempts: dict[int, list] = {}               # shard -> [(future, target, submitted)]
 
     def futures(self) -> list:
@@ -218,7 +219,6 @@ class Checks:
                         self.client.cancel(stale)
             now = time.monotonic()
             limit = self.limits.check_limit()
-            alive: set[str] | None = None          # read once a turn, where a check waits
             for s in open_:
                 if s in results:
                     continue
@@ -228,9 +228,8 @@ class Checks:
                 late = limit is not None and now - max(submitted, began) > limit
                 gone = False
                 if not late and len(errored) < len(attempts):
-                    if alive is None:
-                        alive = set(alive_workers(self.client))
                     waiting = [t for g, t, _ in attempts if g.status == "pending"]
+                    alive = self._alive(now) if waiting else set()
                     gone = bool(waiting) and all(t not in alive for t in waiting)
                     if not gone:
                         continue
@@ -245,6 +244,13 @@ class Checks:
                     results[s] = (compute_shard(self.job, s, reducer=self.reducer), "client")
                     self.checks[s][0]["verifier"] = "client"
                     self.client.cancel([g for g, _, _ in attempts])
+
+    def _alive(self, now: float) -> set[str]:
+        """The workers the scheduler lists, asked at most once a second (a scheduler round trip
+        whose answer grows with the cluster; the gather loop turns every ``poll``)."""
+        if self._alive_read is None or now - self._alive_read[0] >= 1.0:
+            self._alive_read = (now, set(alive_workers(self.client)))
+        return self._alive_read[1]
 
     def verify(self, kept: Mapping[int, Any], producers: Producers, first_of_worker: Mapping[str, int],
                reused_picks: list[int], k: int, reused: set[int]) -> tuple[dict, set[str], set[int]]:
