@@ -8,6 +8,7 @@ SLURM (found by the ``SLURM_CONF`` in its environment) has ended.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,11 +101,18 @@ def test_stopping_pytest_mid_test_stops_every_slurm_process(tmp_path, how):
         wait_for(lambda: mark.exists() or inner.poll() is not None, 240, "the inner SLURM test to hold a job")
         assert mark.exists(), (tmp_path / "inner.log").read_text()
         info = json.loads(mark.read_text())
+
+        def commands() -> str:
+            return " | ".join(cmd for _, cmd in _processes_of(info["conf"]).values())
+
+        # RUNNING in squeue comes before slurmstepd has started the job's own process: wait for it.
+        with contextlib.suppress(AssertionError):           # the assertion below says what ran
+            wait_for(lambda: "sleep 600" in commands(), 60, "the job's process to start")
         before = _processes_of(info["conf"])
-        commands = " | ".join(cmd for _, cmd in before.values())
+        seen = " | ".join(cmd for _, cmd in before.values())
         for name, pid in info["daemons"].items():
-            assert pid in before, (name, commands)          # the daemons carry the SLURM's conf
-        assert "sleep 600" in commands, commands            # and so does the job's process
+            assert pid in before, (name, seen)              # the daemons carry the SLURM's conf
+        assert "sleep 600" in seen, seen                    # and so does the job's process
         if how == "SIGINT":          # Ctrl-C: the terminal signals the foreground process group
             os.killpg(inner.pid, signal.SIGINT)
         else:
