@@ -100,7 +100,7 @@ class ShardCells:
         if kind == "accepted":
             a, b = self._range(msg)
             self._add(a, b)
-        elif kind in ("speculate", "retry"):
+        elif kind in ("speculate", "rescue", "retry"):
             a, b = self._range(msg)
             self.rerun[a // self.group:(b - 1) // self.group + 1] = True
         elif kind == "check":

@@ -92,7 +92,8 @@ class Acceptance:
         failed = []
         for f in done:
             if f in groups:            # no result (a block failed, was cancelled...): open it
-                self.window.open_group(f)
+                a, b = self.window.open_group(f)
+                self.emit("group-opened", start=a, stop=b, reason=f.status)
             elif f in pending and f.status == "error":
                 failed.append((pending.pop(f), f))
         return failed

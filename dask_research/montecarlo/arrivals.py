@@ -13,6 +13,10 @@ are gathered with a bound, then one holding worker at a time (Dask merges concur
 so a frozen holder would hold everyone's results with its own), and what cannot be fetched
 stays pending; it is tried again later with twice the bound (a large state on a slow network
 is fetched in the end), never more than :func:`bound_cap`: half of Dask's connect timeout.
+Fetches run beside the driver's turns, not in them (:meth:`Arrivals.collect`): a holder that
+does not answer delays its own results, never the driver's look at everything else (it went
+still for the gather's bound twice over in a turn, and a worker behind a partition for twice
+the block timeout then had its running blocks rescued in no turn at all).
 A longer wait lets Dask's own gather give up on the frozen holder first, and Dask then reports
 the key lost ("Couldn't gather ... rescheduling") and the scheduler recomputes it wherever it
 likes, on the frozen worker as likely as not; the run then waited for that worker (a grouped
@@ -38,7 +42,7 @@ import time
 from collections.abc import Callable, Container
 from typing import Any
 
-from .._compat import FutureCancelledError, FuturesCancelledError, scheduler_call
+from .._compat import scheduler_call
 
 __all__ = ["Arrivals", "bound_cap"]
 
@@ -80,6 +84,8 @@ class Arrivals:
         self.holders: dict[str, list] = {}  # key -> the workers that held it when it could not be fetched
         self._completed: Any = None    # a distributed.as_completed, made on the first track()
         self._ended: dict[Any, None] = {}   # futures that ended and were not consumed yet, in order
+        self._fetching: dict[asyncio.Future, list] = {}   # fetches in flight -> the futures each fetches
+        self._in_fetch: set = set()         # the futures being fetched
 
     def track(self, futures: list) -> None:
         """Wake :meth:`collect` when any of ``futures`` ends (each once)."""
@@ -112,7 +118,7 @@ class Arrivals:
         for f in list(self._ended):
             if f not in wanted:
                 del self._ended[f]             # accepted elsewhere (a twin), or no longer the caller's
-            elif f.done():
+            elif f.done() and f not in self._in_fetch:
                 ready.append(f)
         return self.waitable(ready)
 
@@ -122,6 +128,18 @@ class Arrivals:
         ready = self._ready(wanted)
         if ready or self._completed is None:
             return ready
+        if self._fetching:                     # a fetch that ends wakes the wait too
+            nxt = asyncio.ensure_future(anext(self._completed))
+            woke, _ = await asyncio.wait([nxt, *self._fetching], timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if nxt not in woke:
+                nxt.cancel()
+            elif nxt.exception() is None:
+                self._ended[nxt.result()] = None
+            else:                              # every tracked future already ended once: wait on the fetches
+                await asyncio.wait(list(self._fetching), timeout=timeout)
+            self._take_ended()
+            return self._ready(wanted)
         try:                                   # nothing runs on this loop between the check and the wait
             self._ended[await asyncio.wait_for(anext(self._completed), timeout)] = None
         except asyncio.TimeoutError:
@@ -177,36 +195,80 @@ class Arrivals:
         return common or set.union(*sets)
 
     async def collect(self, wanted: Container, timeout: float) -> tuple[list, dict]:
-        """Wait for the first tracked future in ``wanted`` to end, then gather every finished one: one hop.
+        """Wait for the first tracked future in ``wanted`` to end, then fetch every finished one.
 
         ``wanted``: the futures the caller waits for (a mapping or set: only membership is
         asked). Returns the ended ones (finished, errored, cancelled; less those whose result
-        could not be fetched) and the fetched results by future. What is returned is consumed:
-        the caller acts on it now.
+        was not fetched) and the fetched results by future. What is returned is consumed: the
+        caller acts on it now.
+
+        A fetch runs beside the driver, not in its turn: this waits up to ``timeout`` for the
+        one it starts (a few milliseconds, normally) and returns without it if it takes longer,
+        so a holder that does not answer (frozen, or behind a partition) holds its own results
+        for their bound, never the driver's turns: the run goes on timing, copying and
+        accepting everything else. A later call takes what the fetch brought.
         """
-        done = await self._first_done(wanted, timeout)
-        if not done:
-            return [], {}
-        finished = [f for f in done if f.status == "finished"]
+        ended, values = self._harvest(wanted)
+        if ended:
+            self._take_ended()
+            done = self._ready(wanted)
+        else:
+            done = await self._first_done(wanted, timeout)
         for f in done:
             if f.status != "finished":
                 self._ended.pop(f, None)
-        if not finished:
-            return list(done), {}
+        new = [f for f in done if f.status == "finished"]
+        done = [f for f in done if f.status != "finished"]
+        if new:
+            task = asyncio.ensure_future(self._fetch(new))
+            self._fetching[task] = new
+            self._in_fetch.update(new)
+            await asyncio.wait([task], timeout=timeout)
+        more, got = self._harvest(wanted)
+        values.update(got)
+        return ended + done + more, values
+
+    def _harvest(self, wanted: Container) -> tuple[list, dict]:
+        """What the fetches that ended brought: the futures now consumed, and their results."""
+        ended: list = []
+        values: dict = {}
+        for task in [t for t in self._fetching if t.done()]:
+            futs = self._fetching.pop(task)
+            self._in_fetch.difference_update(futs)
+            got = task.result() if not task.cancelled() else {}
+            for f in futs:
+                if f in got:
+                    self._ended.pop(f, None)
+                    if f in wanted:
+                        ended.append(f)
+                        values[f] = got[f]
+                elif f.status != "finished":    # cancelled or lost while it was fetched: say so now
+                    self._ended.pop(f, None)
+                    if f in wanted:
+                        ended.append(f)
+        return ended, values
+
+    async def _fetch(self, finished: list) -> dict:
+        """The results of ``finished`` that could be fetched within their bounds, by future.
+
+        One gather first (the common case: every holder answers); if it times out, one holding
+        worker at a time (:meth:`_by_holder`), each result with twice the bound it last failed
+        with. What cannot be fetched is recorded in :attr:`unfetched` and tried again after its
+        bound. Never raises: a cancelled or lost future is read from its status.
+        """
         cap = bound_cap()
         bound = min(self.bound(), cap)
         try:
             values = await asyncio.wait_for(self.client.gather(finished, asynchronous=True), bound)
             for f in finished:
                 self.unfetched.pop(f.key, None)
-                self._ended.pop(f, None)
-            return list(done), dict(zip(finished, values))   # done also holds errored and lost futures
+            return dict(zip(finished, values))
+        except asyncio.CancelledError:
+            raise
         except asyncio.TimeoutError:
             pass
-        except (FutureCancelledError, FuturesCancelledError):
-            # Cancelled while it was fetched (from outside the run, or the scheduler is gone):
-            # the caller reads the cancellation from the futures' status and says by whom.
-            return list(done), {}
+        except Exception:  # noqa: BLE001 - cancelled meanwhile (from outside the run, or the scheduler is gone)
+            return {}
         bounds = [min(2 * self.unfetched[f.key][1], cap) if f.key in self.unfetched else bound for f in finished]
         values_by = await self._by_holder(finished, dict(zip(finished, bounds)))
         now = time.monotonic()
@@ -214,9 +276,22 @@ class Arrivals:
             if f in values_by:
                 self.unfetched.pop(f.key, None)
                 self.holders.pop(f.key, None)
-                self._ended.pop(f, None)
             elif f.status == "finished":
                 self.unfetched[f.key] = (now, b)
                 if self.on_unfetched is not None:
                     self.on_unfetched(f.key, now)
-        return [f for f in done if f in values_by or f.status != "finished"], values_by
+        return values_by
+
+    @property
+    def fetching(self) -> int:
+        """How many fetches are in flight."""
+        return len(self._fetching)
+
+    async def close(self) -> None:
+        """Stop the fetches in flight (the run ended: nothing waits for them)."""
+        tasks = list(self._fetching)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fetching.clear()
+        self._in_fetch.clear()

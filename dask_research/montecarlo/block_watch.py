@@ -99,7 +99,8 @@ class BlockWatch:
             per_shard = self.limits.expected_shard_seconds()
             block = self.stragglers.durations.median() or (per_shard * self.limits.block if per_shard else 1.0)
             for collector in groups.overdue(now, 1.0 + (groups.size + 2) * block, self.arrivals.unfetched):
-                self.window.open_group(collector)
+                a, b = self.window.open_group(collector)
+                self.emit("group-opened", start=a, stop=b, reason="late")
         pending, attempts = self.window.pending, self.window.attempts
         processing = self.stragglers.watch(now, pending, ending=ending)
         if processing is not None:       # what runs where was read now: time the blocks in flight

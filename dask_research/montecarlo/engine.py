@@ -40,6 +40,7 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -148,7 +149,16 @@ class Execution:
         except BaseException as exc:
             self._fail(exc)
             raise
+        finally:
+            self._stop_fetches()
         return root, self.outcome           # its events are queued; the caller adds done and flushes
+
+    def _stop_fetches(self) -> None:
+        """Stop the fetches still in flight (from a holder that never answered): nothing waits for them."""
+        for arrivals in (self.arrivals, self.verification.checks.arrivals):
+            if arrivals.fetching:
+                with contextlib.suppress(Exception):   # a client or loop already closed has none left
+                    self.client.sync(arrivals.close, callback_timeout=5)
 
     def _fail(self, exc: BaseException) -> None:
         """The run fails with ``exc``: cancel what is in flight, log why; raise the lost scheduler's error."""

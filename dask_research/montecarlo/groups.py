@@ -94,6 +94,7 @@ class Groups:
     def __init__(self, size: int):
         self.size = max(1, int(size))
         self.live: dict[Any, list] = {}          # collector future -> block futures, in order
+        self.shards: dict[Any, tuple[int, int]] = {}   # collector future -> its blocks' shards [start, stop)
         self._finished_since: dict[Any, float] = {}
         self.formed = self.opened = 0
 
@@ -103,13 +104,15 @@ class Groups:
     def __len__(self) -> int:
         return len(self.live)
 
-    def add(self, collector: Any, members: list) -> None:
+    def add(self, collector: Any, members: list, shards: tuple[int, int] = (0, 0)) -> None:
         self.live[collector] = list(members)
+        self.shards[collector] = shards
         self.formed += 1
 
     def take(self, collector: Any) -> list:
         """Forget ``collector`` (it answered); its block futures."""
         self._finished_since.pop(collector, None)
+        self.shards.pop(collector, None)
         return self.live.pop(collector, [])
 
     def open(self, collector: Any) -> list:

@@ -3,7 +3,8 @@
 Every run says what happens to its shards: ``start`` (with the client's id, so a page can tell
 a run whose client left), ``accepted`` (a block of shards, with a running estimate), ``check``
 (a verification), ``check-moved`` (a late or failed check submitted elsewhere),
-``quarantine``, ``speculate``, ``speculate-stopped``, ``retry`` (a block that failed on one
+``quarantine``, ``speculate``, ``speculate-stopped``, ``rescue`` (a stuck block copied),
+``group-opened`` (a group answered block by block), ``retry`` (a block that failed on one
 worker, submitted on another), ``done``, or ``failed`` (with its reason, one line). The
 events go to the scheduler's event log in the envelope of :mod:`dask_research.events`, one log
 entry each, so the dashboard's Shards page and any subscriber

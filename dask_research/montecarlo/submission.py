@@ -163,12 +163,16 @@ class Window:
         # Ahead of any block not started yet: a group's results leave as soon as its last block ends.
         collectors = submit_many(self.client, collect_group, [(p,) for p in parts], keys, priority=1)
         for collector, part in zip(collectors, parts):
-            self.groups.add(collector, part)
+            self.groups.add(collector, part, (self.bounds[self.pending[part[0]]][0],
+                                              self.bounds[self.pending[part[-1]]][1]))
         return collectors
 
-    def open_group(self, collector: Any) -> None:
-        """Wait on ``collector``'s blocks one by one from now on (see :mod:`.groups`)."""
+    def open_group(self, collector: Any) -> tuple[int, int]:
+        """Wait on ``collector``'s blocks one by one from now on (see :mod:`.groups`); the
+        group's shard range ``(start, stop)``."""
+        shards = self.groups.shards.get(collector, (0, 0))
         self.track([m for m in self.groups.open(collector) if m in self.pending])
+        return shards
 
     def settle(self, idx: int, winner: Any) -> list:
         """Block ``idx`` was accepted from ``winner``: forget its attempts, cancel the others; all of them."""
@@ -192,4 +196,5 @@ class Window:
         futs = list(self.pending) + list(self.groups.live)
         self.pending.clear()
         self.groups.live.clear()
+        self.groups.shards.clear()
         return futs

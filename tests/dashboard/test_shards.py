@@ -46,6 +46,10 @@ def test_states_from_events():
     start, states = shard_states(ev, running=[(2, 4)])
     assert start["run"] == "r"
     assert [STATE_NAMES[s] for s in states] == ["quarantined", "verified", "running", "running", "re-run", "re-run"]
+    # A block rescued from a worker that went silent shows as re-run too; an opened group changes nothing.
+    _, states = shard_states(ev[:3] + [(3, {"event": "rescue", "run": "r", "start": 2, "stop": 4}),
+                                       (4, {"event": "group-opened", "run": "r", "start": 0, "stop": 4})])
+    assert [STATE_NAMES[s] for s in states] == ["accepted", "accepted", "re-run", "re-run", "queued", "queued"]
 
 
 def test_many_shards_are_grouped_into_cells(cluster):

@@ -140,11 +140,13 @@ def test_a_group_that_finished_on_a_worker_frozen_since_is_opened():
                                                              Fut("mc-block-t-1-2", "finished")]
     groups.add(collector, members)
     window = SimpleNamespace(groups=groups, pending={m: i for i, m in enumerate(members)}, attempts={},
-                             bounds=[(0, 1), (1, 2)], open_group=lambda c: opened.append(groups.open(c)))
+                             bounds=[(0, 1), (1, 2)], open_group=lambda c: (opened.append(groups.open(c)), (0, 2))[1])
     limits = Limits(block=1)
     limits.block_timeout = None
     arrivals = Arrivals(None, bound=lambda: 1.0)
-    watch = BlockWatch(None, window, limits, arrivals, speculate=0.0, attempts=2, emit=lambda *a, **k: None)
+    events: list = []
+    watch = BlockWatch(None, window, limits, arrivals, speculate=0.0, attempts=2,
+                       emit=lambda kind, **data: events.append((kind, data)))
     watch.accepted(["mc-block-t-9-10"], seconds=0.5, computed=1)     # blocks take 0.5 s
     clock = iter([100.0, 102.0, 104.0, 106.0])
     real = time.monotonic
@@ -159,6 +161,44 @@ def test_a_group_that_finished_on_a_worker_frozen_since_is_opened():
     finally:
         time.monotonic = real
     assert opened == [members] and collector.status == "cancelled" and collector not in groups
+    assert events == [("group-opened", {"start": 0, "stop": 2, "reason": "late"})]     # and it is traced
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_holder_that_does_not_answer_holds_its_own_results_not_the_drivers_turns():
+    """A result held by a worker that does not answer (behind a partition, frozen) is fetched
+    beside the driver's turns: a turn returns while that fetch is in flight, the next turn
+    brings another worker's result, and the fetch is stopped when the run ends. (The turn
+    used to wait for the gather's bound twice over, and a worker cut off for twice the block
+    timeout had its running blocks rescued in no turn at all.)"""
+    stuck, good = Fut("mc-block-t-0-1", "finished"), Fut("mc-block-t-1-2", "finished")
+
+    class Client:
+        async def _gather(self, futs):
+            if stuck in futs:
+                await asyncio.Event().wait()            # never answers
+            return [f.key for f in futs]
+
+        def gather(self, futs, asynchronous=True):
+            return self._gather(futs)
+
+    arrivals = Arrivals(Client(), bound=lambda: 600.0)
+    wanted = {stuck, good}
+
+    async def turns():
+        arrivals._ended[stuck] = None                   # it finished on the worker that went silent
+        first = await arrivals.collect(wanted, 0.05)
+        in_flight = arrivals.fetching
+        arrivals._ended[good] = None                    # then one finished on a worker that answers
+        second = await arrivals.collect(wanted, 0.05)
+        still = arrivals.fetching
+        await arrivals.close()
+        return first, in_flight, second, still, arrivals.fetching
+
+    first, in_flight, second, still, after = asyncio.run(turns())
+    assert first == ([], {}) and in_flight == 1        # the turn came back; the fetch goes on
+    assert second == ([good], {good: "mc-block-t-1-2"}) and still == 1
+    assert after == 0 and stuck.key not in arrivals.unfetched    # stopped, not recorded as a timeout
 
 
 @pytest.mark.timeout(120, method="thread")
