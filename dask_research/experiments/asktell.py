@@ -65,6 +65,7 @@ class AskTellSession:
         if self.retry:                      # pending at the crash: asked again first, once
             h = self.retry.popleft()
             emit("dispatch", h.branch, h.id, None, requeued=True)
+            run.recorder.commit()
             self.pending[h.id] = h
             return h
         while True:
@@ -84,6 +85,7 @@ class AskTellSession:
                 continue
             h = picked
             emit("dispatch", h.branch, h.id, None)
+            run.recorder.commit()           # the decision is journaled whole before it is handed out
             self.pending[h.id] = h
             self.dispatched += 1
             return h
@@ -121,6 +123,7 @@ class AskTellSession:
         del self.pending[h.id]
         self.told.add(h.id)
         run.apply(h, None, res)
+        run.recorder.commit()               # the outcome with its gates' decisions, as one step
         return res
 
     # -- papers and report ----------------------------------------------------------------

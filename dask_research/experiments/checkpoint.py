@@ -28,8 +28,14 @@ Every file operation goes through :class:`dask_research.durable.Files` (the jour
   before it is written. The journal never holds a line its readers would refuse.
 - **A new journal is created whole**: its header is written to a temporary file, synced, and
   linked into place (the folder synced too), so it is absent or has its header.
-- **Appends are whole lines**: one ``write`` of a whole line, so a crash can at worst leave a
-  torn *last* line; every earlier record is untouched. ``close()`` fsyncs.
+- **Appends are whole steps**: the records of one step of the loop (a decision and its
+  dispatch; an outcome with its prune, paper trigger and expansion) are staged as they are
+  made and committed together, in one ``write``, before the loop acts on them (before the
+  experiment starts, before ``ask`` or ``tell`` returns). Every line of a step but its last
+  carries ``"more": true``; a reader keeps a step only when its last line is there, so a crash
+  in the middle of a step leaves the journal at the step before, never half a decision (a
+  ``select`` without its ``dispatch`` resumed into a second pick of the same experiment, and a
+  result without its expansion resumed without the follow-ups). ``close()`` commits and fsyncs.
 
 Every line ends with ``"crc": "xxxxxxxx"``, the CRC-32 of the line's JSON without that key,
 so reading tells a whole record from a damaged one:
@@ -60,7 +66,8 @@ in it is executed.
 
 File format: a header ``{"format": "dask-research.experiments.journal", "version": 3,
 "settings": {...}, "crc": ...}``, then records ``{"kind": "hyps", "hyps": [...]}``, ``{"kind": "event",
-"e": {...}}`` and ``{"kind": "output", "branch": ..., "output": ...}``.
+"e": {...}}`` and ``{"kind": "output", "branch": ..., "output": ...}``, each but the last of its
+step with ``"more": true`` (a journal written before steps has none: each record is a step).
 
 Examples
 --------
@@ -256,6 +263,7 @@ class Journal:
         self._size = 0                            # bytes of the open journal
         self._lock: JournalLock | None = None     # once acquire() was called
         self._seen: int | None = None             # bytes of the file as this driver knows it
+        self._staged: list[dict[str, Any]] = []   # the records of the step being made (see commit)
 
     # -- one driver per journal -----------------------------------------------------------
     def acquire(self) -> None:
@@ -355,8 +363,10 @@ class Journal:
 
     def _scan(self, data: bytes, box: dict[str, int]) -> Any:  # noqa: C901
         """Yield the header's settings, then each record; ``box["good"]`` counts the bytes of
-        whole lines read so far. Yields nothing if the header itself is torn."""
+        whole steps read so far. Yields nothing if the header itself is torn."""
         legacy = False
+        step: list[dict[str, Any]] = []          # the records of the step being read
+        step_bytes = 0
         for n, (raw, terminated) in enumerate(_lines(data), start=1):
             torn_ok = not terminated            # only an unterminated last line may be torn
             if len(raw) + terminated > self.max_line:
@@ -418,8 +428,19 @@ class Journal:
             if rec.get("kind") not in RECORD_KINDS:
                 raise CheckpointError(self.url, f"line {n} is not a journal record: "
                                                 f"{line[:60]!r}")
-            box["good"] += len(raw) + terminated
-            yield rec
+            more = rec.pop("more", False)
+            if more is not True and more is not False:
+                raise CheckpointError(self.url, f"line {n} holds more={more!r}; a journal record "
+                                                "carries more=true or nothing")
+            step.append(rec)
+            step_bytes += len(raw) + terminated
+            if more:
+                continue                         # the step goes on
+            box["good"] += step_bytes
+            yield from step
+            step, step_bytes = [], 0
+        # A step without its last line (the crash came in the middle of it) is ignored; the
+        # next append cuts it off with any torn line.
 
     # -- writing ------------------------------------------------------------------------
     def _line(self, rec: dict[str, Any]) -> bytes:
@@ -487,36 +508,52 @@ class Journal:
     def _flush_remote(self) -> None:
         self.files.write_bytes(self.path, b"".join(self._lines or []), cap=self.max_bytes, replace=True)
 
-    def _write(self, rec: dict[str, Any]) -> None:
-        line = self._line(rec)
+    def _write(self, lines: list[bytes]) -> None:
+        """Append ``lines`` (one step) in one write; on an object store, one ``put`` of the whole journal."""
+        data = b"".join(lines)
         self._guard()                             # still ours (a paused driver stops here)
-        if self._size + len(line) > self.max_bytes:
-            raise CheckpointError(self.url, f"not written: the journal would grow to {self._size + len(line):,} "
+        if self._size + len(data) > self.max_bytes:
+            raise CheckpointError(self.url, f"not written: the journal would grow to {self._size + len(data):,} "
                                             f"bytes, more than the {self.max_bytes:,} its readers accept "
                                             "(research.experiments.journal-max-bytes); raise it and resume "
                                             "to go on")
         if self._lines is not None:
-            self._lines.append(line)
+            self._lines.extend(lines)
             try:
                 self._flush_remote()
             except BaseException:
-                self._lines.pop()
+                del self._lines[len(self._lines) - len(lines):]
                 raise
-            self._size += len(line)
+            self._size += len(data)
         else:
             assert self._fh is not None
-            self._size = self._fh.write(line)     # one write of the whole line
+            self._size = self._fh.write(data)     # one write of the whole step
         self._seen = self._size
 
-    def append(self, rec: dict[str, Any]) -> None:
-        """Append one record (opening the journal if needed)."""
+    def stage(self, rec: dict[str, Any]) -> None:
+        """Add ``rec`` to the step being made: checked now (a record its readers would refuse
+        is refused here, where it is made), written by the next :meth:`commit`."""
+        self._line(rec)
+        self._staged.append(rec)
+
+    def commit(self) -> None:
+        """Write the staged records as one step (opening the journal if needed); nothing staged: nothing."""
+        if not self._staged:
+            return
+        recs, self._staged = self._staged, []
         if self._fh is None and self._lines is None:
             self.open()
-        self._write(rec)
+        self._write([self._line({**rec, "more": True}) for rec in recs[:-1]] + [self._line(recs[-1])])
+
+    def append(self, rec: dict[str, Any]) -> None:
+        """Append one record as a step of its own, with whatever was staged before it."""
+        self.stage(rec)
+        self.commit()
 
     def close(self) -> None:
-        """Flush to disk (``fsync``), close, and release the lease."""
+        """Commit what is staged, flush to disk (``fsync``), close, and release the lease."""
         try:
+            self.commit()
             fh, self._fh = self._fh, None
             self._lines = None
             if fh is not None:

@@ -102,6 +102,7 @@ class LoopDriver:
         trip, not decision time."""
         slot = heapq.heappop(self.free)
         self.run.recorder.emit("dispatch", h.branch, h.id, slot, **data)
+        self.run.recorder.commit()        # the decision is journaled whole before it is carried out
         try:
             token = self.backend.submit(h)
         except Exception as exc:
@@ -125,6 +126,7 @@ class LoopDriver:
             if outcome is not CANCELLED:
                 self.run.apply(h, slot, outcome)
             self.fill()
+            self.run.recorder.commit()    # the outcome's step, when no experiment started after it
             return
         if outcome is not CANCELLED:
             self.run.recorder.emit("finish", h.branch, h.id, slot)
@@ -135,6 +137,7 @@ class LoopDriver:
             if oo is not CANCELLED:       # a cancelled one is skipped, not waited for
                 self.run.apply(hh, ss, oo)
             self.fill()
+        self.run.recorder.commit()
 
     def on_finish(self, token: Any, outcome: Any) -> None:
         """Completion hook of the local backend: runs inside the finished experiment's own
@@ -160,12 +163,14 @@ class LoopDriver:
                     run.recorder.write({"kind": "output", "branch": branch,
                                         "output": _jsonable(out)})
                 run.recorder.emit("paper.done", branch=branch)
+                run.recorder.commit()
             except asyncio.CancelledError:   # the run's deadline: written again on resume
                 run.books.paper(branch, "<cancelled: still writing at the run's deadline>")
             except Exception as exc:  # noqa: BLE001 - a failed paper never stops the loop
                 error = f"{type(exc).__name__}: {exc}"
                 run.books.paper_failed(branch, error)
                 run.recorder.emit("paper.failed", branch=branch, error=error)
+                run.recorder.commit()
 
         self.side.append(asyncio.ensure_future(watch()))
 

@@ -210,6 +210,7 @@ class IterationScheduler:
                         f"{h.branch!r} here; the checkpoint belongs to another run")
             batch = fresh
         self._queue(batch)
+        self._recorder.commit()
 
     def _queue(self, batch: list[Hypothesis], encoded: list[dict] | None = None,
                checked: bool = False) -> list[Hypothesis]:

@@ -100,11 +100,19 @@ class Recorder:
             self.write({"kind": "event", "e": rec})
 
     def write(self, rec: dict[str, Any]) -> None:
-        """Append ``rec`` to the journal (opened with the settings header on first use)."""
+        """Stage ``rec`` in the journal's current step (the journal is opened with the settings
+        header on first use); :meth:`commit` writes the step."""
         journal = self.journal
         assert journal is not None
         journal.open(self._header())
-        journal.append(rec)
+        journal.stage(rec)
+
+    def commit(self) -> None:
+        """End the current step: its journal records are written together, or not at all
+        (see :mod:`.checkpoint`). Called before the loop acts on a decision: before an
+        experiment starts, before ``ask``, ``tell`` or ``add`` returns, when a run ends."""
+        if self.journal is not None:
+            self.journal.commit()
 
 
 def log_records(trace: Trace, start: int, run_id: str) -> list[dict]:

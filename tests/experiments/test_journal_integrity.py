@@ -206,3 +206,32 @@ def test_a_resigned_header_setting_is_refused_naming_it(tmp_path, key, value, pr
         IterationScheduler.resume(path, Runner(), progress=False)
     if key == "slots":                                # the caller's own value replaces the bad one
         assert IterationScheduler.resume(path, Runner(), progress=False, slots=2).slots == 2
+
+
+def test_a_step_is_kept_whole_or_not_at_all(tmp_path):
+    """The records of one step are committed together: every line but the step's last carries
+    ``"more": true``; a step whose last line is missing is ignored and cut off before the next
+    append; ``more`` of any other value is refused with its line."""
+    path = tmp_path / "loop.jsonl"
+    j = Journal(path)
+    j.open({"slots": 1})
+    j.append({"kind": "output", "branch": "a", "output": 1})            # a step of one record
+    j.stage({"kind": "output", "branch": "b", "output": 2})
+    j.stage({"kind": "output", "branch": "c", "output": 3})
+    assert len(path.read_bytes().splitlines()) == 2                     # staged: not written yet
+    j.commit()
+    j.close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert [json.loads(ln).get("more") for ln in lines[1:]] == [None, True, None]
+    assert [r["branch"] for r in Journal(path).load().records] == ["a", "b", "c"]
+    path.write_bytes(b"".join(lines[:3]))                               # the crash came inside the step
+    assert [r["branch"] for r in Journal(path).load().records] == ["a"]
+    j = Journal(path)
+    j.append({"kind": "output", "branch": "d", "output": 4})
+    j.close()
+    assert [r["branch"] for r in Journal(path).load().records] == ["a", "d"]
+    assert b'"branch": "b"' not in path.read_bytes()                    # cut off, not left inside
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(lines[0] + (_encode({"kind": "output", "branch": "e", "output": 5, "more": 1}) + "\n").encode())
+    with pytest.raises(CheckpointError, match=r"line 2 holds more=1; a journal record carries more=true or nothing"):
+        Journal(bad).load()
