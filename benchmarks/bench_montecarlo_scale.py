@@ -112,6 +112,12 @@ def cluster(workers: int = 1, threads: int = 2, pin: bool = False):
                 p.kill()
 
 
+#: The run's checks off (``--defaults`` leaves them as a user gets them: verification of k shards,
+#: speculation near the end, the merger's property check).
+CHECKS_OFF = {"verify": 0, "check_merger": False, "speculate": 0.0}
+CHECKS: dict = dict(CHECKS_OFF)
+
+
 def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, writes: str, seed: int,
             groups: int = 16, window: int | None = None) -> dict:
     import dask
@@ -125,8 +131,8 @@ def one_run(client, sched_pid: int, shards: int, spt: int, store: str | None, wr
     sched = psutil.Process(sched_pid)
     with dask.config.set({"research.montecarlo.store-writes": writes, "research.montecarlo.group-blocks": groups}):
         s0, c0, w0 = sum(sched.cpu_times()[:2]), time.process_time(), time.perf_counter()
-        res = mc.run(job, client=client, store=store, verify=0, shards_per_task=spt, progress=False,
-                     check_merger=False, pilot=p, speculate=0.0, window=window)
+        res = mc.run(job, client=client, store=store, shards_per_task=spt, progress=False, pilot=p,
+                     window=window, **CHECKS)
         c1, w1, s1 = time.process_time(), time.perf_counter(), sum(sched.cpu_times()[:2])
     mode = None
     if store is not None:
@@ -314,7 +320,11 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=None, help="blocks in flight (default: 8 per thread, 16 here)")
     ap.add_argument("--writes", default="none,client,auto", help="store cases: none (no store), client, auto")
     ap.add_argument("--pin", action="store_true", help="the client on one CPU, scheduler and worker on the other")
+    ap.add_argument("--defaults", action="store_true", help="verification, speculation and the merger check as a "
+                    "user gets them (default: off, the client's bare cost)")
     args = ap.parse_args()
+    if args.defaults:
+        CHECKS.clear()
     if args.wake:
         wake_main(args.quick)
         return
@@ -373,7 +383,7 @@ def main() -> None:
         prev = {}
     label = args.label or "latest"
     prev[label] = {"blocks": figures, "model_256": models, "quick": args.quick, "idle": dict(IDLE), "pin": args.pin,
-                   "window": args.window}
+                   "window": args.window, "checks": "defaults" if args.defaults else CHECKS_OFF}
     write_results(name, prev, notes="client CPU per shard is the marginal cost between N and 2N shards; net: less the "
                   "idle client's CPU over the extra wall time; workers and scheduler are subprocesses; model: "
                   "cores = (1 - idle share) x B x 7.5 ms / net client CPU per block")
