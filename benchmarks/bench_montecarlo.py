@@ -211,8 +211,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="64 shards, 1 rep: a smoke run")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=5, help="interleaved (a), (b) pairs on the embedded default")
+    ap.add_argument("--shards", type=int, default=None, help="shards of 65,536 draws (default 640; 64 with --quick)")
     args = ap.parse_args(argv)
     shards, n = (64, 65_536) if args.quick else (640, 65_536)
+    if args.shards is not None:
+        shards = args.shards
     reps = 1 if args.quick else args.reps
     total = shards * n
     cores = os.cpu_count() or 1
@@ -334,7 +337,8 @@ def main(argv=None):
               f"{w['main_process_cpu_s_per_run']:.2f} s per run of {w['tasks_per_run']} tasks")
     print(f"verification overhead at k=4                             = {figures['verification']['overhead_pct']:+.1f} %  (goal < 2 %)")
     print(f"resume after a kill at 50 %: recomputed                  = {100 * kill['resumed_fraction']:.1f} %  (goal <= 52 %)")
-    path = write_results("bench_montecarlo", figures,
+    name = "bench_montecarlo" if shards in (64, 640) else f"bench_montecarlo_{shards}"
+    path = write_results(name, figures,
                          notes="(a) one process with OPENBLAS_NUM_THREADS=1; (b)/(c) on the same cluster (the embedded "
                                "default is the cluster mc.run starts, research.cluster.* settings); "
                                "median of reps after one cold run; machine_busy is the whole machine's CPU share")
