@@ -158,13 +158,12 @@ class Window:
         """One collector task per part (one graph for all of them); the collectors' futures."""
         if not parts:
             return []
-        keys = [group_key(self.tag, self.bounds[self.pending[p[0]]][0], self.bounds[self.pending[p[-1]]][1])
-                for p in parts]
+        spans = [(self.bounds[self.pending[p[0]]][0], self.bounds[self.pending[p[-1]]][1]) for p in parts]
+        keys = [group_key(self.tag, a, b) for a, b in spans]
         # Ahead of any block not started yet: a group's results leave as soon as its last block ends.
         collectors = submit_many(self.client, collect_group, [(p,) for p in parts], keys, priority=1)
-        for collector, part in zip(collectors, parts):
-            self.groups.add(collector, part, (self.bounds[self.pending[part[0]]][0],
-                                              self.bounds[self.pending[part[-1]]][1]))
+        for collector, part, span in zip(collectors, parts, spans):
+            self.groups.add(collector, part, span)
         return collectors
 
     def open_group(self, collector: Any) -> tuple[int, int]:
