@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Container
 from typing import Any
 
-from .._compat import scheduler_call
+from .._compat import FutureCancelledError, FuturesCancelledError, scheduler_call
 
 __all__ = ["Arrivals", "bound_cap"]
 
@@ -254,7 +254,9 @@ class Arrivals:
         One gather first (the common case: every holder answers); if it times out, one holding
         worker at a time (:meth:`_by_holder`), each result with twice the bound it last failed
         with. What cannot be fetched is recorded in :attr:`unfetched` and tried again after its
-        bound. Never raises: a cancelled or lost future is read from its status.
+        bound. A future cancelled meanwhile is read from its status; any other error of the
+        gather (a result that cannot be deserialized, say) is raised to the driver by the turn
+        that takes this fetch.
         """
         cap = bound_cap()
         bound = min(self.bound(), cap)
@@ -263,11 +265,11 @@ class Arrivals:
             for f in finished:
                 self.unfetched.pop(f.key, None)
             return dict(zip(finished, values))
-        except asyncio.CancelledError:
-            raise
         except asyncio.TimeoutError:
             pass
-        except Exception:  # noqa: BLE001 - cancelled meanwhile (from outside the run, or the scheduler is gone)
+        except (FutureCancelledError, FuturesCancelledError):
+            # Cancelled while it was fetched (from outside the run, or the scheduler is gone):
+            # the caller reads the cancellation from the futures' status and says by whom.
             return {}
         bounds = [min(2 * self.unfetched[f.key][1], cap) if f.key in self.unfetched else bound for f in finished]
         values_by = await self._by_holder(finished, dict(zip(finished, bounds)))
