@@ -263,7 +263,7 @@ class Journal:
         self._size = 0                            # bytes of the open journal
         self._lock: JournalLock | None = None     # once acquire() was called
         self._seen: int | None = None             # bytes of the file as this driver knows it
-        self._staged: list[dict[str, Any]] = []   # the records of the step being made (see commit)
+        self._staged: list[tuple[dict[str, Any], bytes]] = []   # the step being made: (record, its line)
 
     # -- one driver per journal -----------------------------------------------------------
     def acquire(self) -> None:
@@ -533,17 +533,20 @@ class Journal:
     def stage(self, rec: dict[str, Any]) -> None:
         """Add ``rec`` to the step being made: checked now (a record its readers would refuse
         is refused here, where it is made), written by the next :meth:`commit`."""
-        self._line(rec)
-        self._staged.append(rec)
+        self._staged.append((rec, self._line(rec)))
 
     def commit(self) -> None:
-        """Write the staged records as one step (opening the journal if needed); nothing staged: nothing."""
+        """Write the staged records as one step (opening the journal if needed); nothing staged: nothing.
+
+        The step's last line is the one :meth:`stage` checked; the others are written again
+        with ``"more": true``.
+        """
         if not self._staged:
             return
-        recs, self._staged = self._staged, []
+        staged, self._staged = self._staged, []
         if self._fh is None and self._lines is None:
             self.open()
-        self._write([self._line({**rec, "more": True}) for rec in recs[:-1]] + [self._line(recs[-1])])
+        self._write([self._line({**rec, "more": True}) for rec, _ in staged[:-1]] + [staged[-1][1]])
 
     def append(self, rec: dict[str, Any]) -> None:
         """Append one record as a step of its own, with whatever was staged before it."""
