@@ -73,7 +73,7 @@ def _exec_job_file(path: str):
     them and Dask falls back to cloudpickle, which pickles code of unimported modules by value;
     ``cloudpickle.register_pickle_by_value`` alone is not enough, because Dask consults it only
     for the outermost object it pickles). The content address is unaffected: it hashes the
-    source text, not the module name.
+    code, not the module name.
     """
     directory = os.path.dirname(os.path.abspath(path))
     mod_name = f"_dask_research_user_{uuid.uuid4().hex[:8]}"

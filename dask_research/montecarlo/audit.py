@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import InputError, PipelineError, ResearchError, StoreError
-from .address import pipeline_fingerprint
+from .address import BYTECODE, SCHEME, pipeline_fingerprint, scheme_of
 from .distributions import from_spec
 from .job import Job
 from .job_registry import JOBS, remember_job
@@ -79,7 +79,7 @@ def _walk(obj: Any, qualname: str) -> Any:
     return obj
 
 
-def _built_pipelines(recorded: Any) -> list:
+def _built_pipelines(recorded: Any, scheme: int = SCHEME) -> list:
     """The pipelines of jobs built in this process whose description is the recorded one.
 
     Only a pipeline some :class:`Job` of this process was built on is a candidate (see
@@ -90,7 +90,7 @@ def _built_pipelines(recorded: Any) -> list:
     out = []
     for fn in JOBS.pipelines():
         try:
-            if pipeline_fingerprint(fn) == recorded:
+            if pipeline_fingerprint(fn, scheme=scheme) == recorded:
                 out.append(fn)
         except Exception:     # no content address: it cannot be the recorded pipeline
             continue
@@ -126,7 +126,7 @@ def _import_origin(origin: dict, where: str) -> Any:
     return obj
 
 
-def _load_pipelines(manifest: dict, where: str, trust_origin: bool) -> list:
+def _load_pipelines(manifest: dict, where: str, trust_origin: bool, scheme: int = SCHEME) -> list:
     """The pipeline candidates for a manifest: those of jobs built here; never imports unless ``trust_origin``.
 
     A store may have been written by someone else: it must not choose what code runs here. The
@@ -135,7 +135,7 @@ def _load_pipelines(manifest: dict, where: str, trust_origin: bool) -> list:
     the run's content address.
     """
     origin = manifest.get("origin") or {}
-    found = _built_pipelines(manifest["job"]["pipeline"])
+    found = _built_pipelines(manifest["job"]["pipeline"], scheme)
     if found or trust_origin:
         return found
     raise StoreError(where, f"records its pipeline as {_recorded(origin)}, which is not the pipeline of any job "
@@ -164,7 +164,9 @@ def _existing_store(store: Any, where: str) -> RunStore:
 
 def load_job(run_id: str, store: Any, job: Job | None = None,
              trust_origin: bool | None = None) -> tuple[Job, dict]:
-    """The run's job and its manifest; the job's content address must be the run id.
+    """The run's job and its manifest; the job's content address must be the run id (under the
+    address scheme the run was written with: a store written before scheme 2 is checked against
+    the job's scheme-1 address, :meth:`Job.address`).
 
     Parameters
     ----------
@@ -191,24 +193,36 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
     run_id = rs.resolve(run_id)
     manifest = rs.read_manifest(run_id)
     where = rs.display(rs.path(run_id, MANIFEST_FILE))
+    scheme = scheme_of(manifest["job"], where)    # 1: a store written before scheme 2, checked as it was
     if job is None:
-        job = JOBS.get(run_id)
+        job = JOBS.get(run_id, scheme)
     if job is None:
-        job = _rebuild_matching(manifest, run_id, where, bool(trust_origin))
-    if job.id != run_id:
+        job = _rebuild_matching(manifest, run_id, where, bool(trust_origin), scheme)
+    if job.address(scheme) != run_id:
         d: dict = manifest["job"] if isinstance(manifest.get("job"), dict) else {}
         part: dict = d["partitioning"] if isinstance(d.get("partitioning"), dict) else {}
-        raise StoreError(where, f"the job given or found ({job.id[:12]}) is not the one that ran ({run_id[:12]}): "
+        raise StoreError(where, f"the job given or found ({job.address(scheme)[:12]}) is not the one that ran ({run_id[:12]}): "
                          f"the run recorded pipeline {_recorded(manifest.get('origin') or {})}, "
                          f"{part.get('shards')} shards of {part.get('samples_per_shard')} samples, seed "
-                         f"{d.get('seed')}; a different job, or its pipeline, inputs or engine changed since")
+                         f"{d.get('seed')}; a different job, or its pipeline, inputs or engine changed since"
+                         + _python_changed(d))
     remember_job(job)
     return job, manifest
 
 
-def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: bool) -> Job:
+def _python_changed(described: dict) -> str:
+    """A clause for a run whose pipeline was described by another Python's bytecode ('' if not)."""
+    header = described.get("address")
+    ran = header.get("bytecode") if isinstance(header, dict) else None
+    if not isinstance(ran, str) or ran == BYTECODE:
+        return ""
+    return (f" (it was addressed by {ran}'s bytecode, this is {BYTECODE}: a pipeline's address belongs to one "
+            "Python minor version; replay it there)")
+
+
+def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: bool, scheme: int = SCHEME) -> Job:
     origin = manifest.get("origin") or {}
-    candidates = _load_pipelines(manifest, where, trust_origin)
+    candidates = _load_pipelines(manifest, where, trust_origin, scheme)
     job: Job | None = None
     for pipeline in candidates + ([None] if trust_origin else []):
         if pipeline is None:   # trusted, and nothing in this process matched: import what is recorded
@@ -219,7 +233,7 @@ def _rebuild_matching(manifest: dict, run_id: str, where: str, trust_origin: boo
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, InputError) as e:
             raise StoreError(where, f"cannot rebuild the job from it ({type(e).__name__}: {e})") from None
-        if job.id == run_id:
+        if job.address(scheme) == run_id:
             return job
     assert job is not None   # _load_pipelines found a candidate, or the origin is trusted (one import)
     return job  # the caller reports that it is not the one that ran
@@ -250,12 +264,12 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
     """
     rs = _existing_store(store, "replay")
     job, manifest = load_job(run_id, rs, job, trust_origin)
-    return _replay_loaded(rs, job, manifest, rs.read_shards(job.id), shard)
+    return _replay_loaded(rs, job, manifest, rs.read_shards(manifest["run_id"]), shard)
 
 
 def _replay_loaded(rs: RunStore, job: Job, manifest: dict, stored: dict, shard: int) -> ReplayReport:
     """:func:`replay` of ``shard`` with the job, manifest and stored shards already read."""
-    run_id = job.id                    # the whole id, if a prefix was given
+    run_id = manifest["run_id"]        # the whole id, if a prefix was given (job.id for a scheme-1 run is not)
     if not isinstance(shard, int) or not 0 <= shard < job.shards:
         raise InputError("shard", shard, f"an index in [0, {job.shards})", where=f"run {run_id[:12]}")
     if shard not in stored:
@@ -288,8 +302,9 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
     """
     rs = _existing_store(store, "replay")
     job, manifest = load_job(run_id, rs, job, trust_origin)
-    picks = shards if shards is not None else hash_order(job.id, job.shards, k)
-    stored = rs.read_shards(job.id)
+    run = manifest["run_id"]          # the whole id (a scheme-1 run's is not the job's current id)
+    picks = shards if shards is not None else hash_order(run, job.shards, k)
+    stored = rs.read_shards(run)
     return [_replay_loaded(rs, job, manifest, stored, s) for s in picks]
 
 

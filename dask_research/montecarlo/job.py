@@ -31,7 +31,7 @@ from .._version import __version__
 from ..exceptions import InputError
 from . import philox
 from .accumulators import MomentsReducer, Reducer
-from .address import pipeline_fingerprint, sha256_hex
+from .address import SCHEME, address_header, pipeline_fingerprint, sha256_hex
 from .distributions import Distribution
 from .gpu import device_choice as gpu_placement
 from .gpu import draws as gpu_draws
@@ -76,7 +76,8 @@ def is_job_factory(obj: Any) -> bool:
     """Whether ``obj`` was marked with :func:`job_factory`."""
     return callable(obj) and getattr(obj, _FACTORY_MARK, False) is True
 
-#: What the content address pins besides the job itself.
+#: What the content address pins besides the job itself (and, in scheme 2, the Python bytecode
+#: its pipeline is described by: ``describe()["address"]``).
 ENGINE = {"dask_research": __version__, "numpy": np.__version__, "bit_generator": philox.ALGORITHM}
 
 #: Pilot rule recorded in the address of a job whose histogram range is not given.
@@ -250,19 +251,34 @@ class Job:
         """Whether the histogram range is fixed (or not needed, with a user reducer)."""
         return self.range is not None or self.reducer is not None
 
-    def describe(self) -> dict[str, Any]:
-        """Everything in the content address, as a JSON-able dict."""
+    def describe(self, scheme: int = SCHEME) -> dict[str, Any]:
+        """Everything in the content address, as a JSON-able dict.
+
+        ``scheme`` is the content-address scheme (:mod:`~dask_research.montecarlo.address`):
+        2, the default, describes the pipeline by its code and records the Python bytecode it
+        depends on under ``"address"``; 1 is the description stores written before recorded
+        (the pipeline's source text), kept to check a job against such a store.
+
+        >>> from dask_research.montecarlo import Job, Normal
+        >>> def g(a):
+        ...     return a + 1
+        >>> job = Job(g, {"a": Normal(0.0, 1.0)}, shards=2, samples_per_shard=8, seed=1)
+        >>> job.describe()["address"]["scheme"], "address" in job.describe(scheme=1)
+        (2, False)
+        >>> job.describe(scheme=1)["pipeline"]["source"]
+        'def g(a):\\n    return a + 1\\n'
+        """
         inputs = []
         for key, dist in self.inputs.items():
             inputs.append({"names": list(key) if isinstance(key, tuple) else [key], **dist.spec()})
         if self.reducer is not None:
-            accumulate: dict[str, Any] = {"reducer": pipeline_fingerprint(self.reducer)}
+            accumulate: dict[str, Any] = {"reducer": pipeline_fingerprint(self.reducer, scheme=scheme)}
         elif self.range is not None:
             accumulate = {"bins": self.bins, "range": list(self.range)}
         else:
             accumulate = {"bins": self.bins, "range": {"rule": PILOT_RULE, "margin": self.range_margin}}
         out = {
-            "pipeline": pipeline_fingerprint(self.pipeline),
+            "pipeline": pipeline_fingerprint(self.pipeline, scheme=scheme),
             "inputs": inputs,
             "partitioning": {"scheme": "by_seed", "shards": self.shards,
                              "samples_per_shard": self.samples_per_shard,
@@ -274,6 +290,8 @@ class Job:
         }
         if getattr(self, "device", "cpu") != "cpu":  # issue 19: the draw algorithm changes results, "gpu"/"any" do not
             out["draws"] = {"algorithm": gpu_draws.ALGORITHM, "tolerance": gpu_tolerance.GPU_TOLERANCE}
+        if scheme >= 2:
+            out["address"] = address_header()
         return out
 
     @property
@@ -282,6 +300,11 @@ class Job:
         if self._id is None:
             self._id = sha256_hex(self.describe())
         return self._id
+
+    def address(self, scheme: int = SCHEME) -> str:
+        """The content address under ``scheme``: :attr:`id` for the current one; 1 gives the id
+        this job had in stores written before scheme 2 (to replay or verify their runs)."""
+        return self.id if scheme == SCHEME else sha256_hex(self.describe(scheme))
 
     def replace(self, **changes: Any) -> Job:
         """A copy with some constructor arguments changed."""

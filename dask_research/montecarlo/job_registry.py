@@ -55,13 +55,14 @@ class JobRegistry:
             with contextlib.suppress(TypeError):     # a builtin or bound method: kept through its job
                 self._pipelines.add(job.pipeline)
 
-    def get(self, run_id: str) -> _Job | None:
-        """A live job built here whose content address is ``run_id``."""
+    def get(self, run_id: str, scheme: int | None = None) -> _Job | None:
+        """A live job built here whose content address (under ``scheme``; default: the current
+        one) is ``run_id``."""
         with self._guard:
             jobs = list(self._jobs)
         for job in jobs:
             try:
-                if job.id == run_id:
+                if (job.id if scheme is None else job.address(scheme)) == run_id:
                     return job
             except Exception:     # a pipeline without a content address: never a match
                 continue

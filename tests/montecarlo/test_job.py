@@ -78,7 +78,9 @@ def test_name_is_not_part_of_the_address():
 
 def test_describe_is_human_readable_and_has_the_engine():
     d = _job().describe()
-    assert "def saturating" in d["pipeline"]["source"]
+    assert d["pipeline"]["qualname"] == "saturating" and len(d["pipeline"]["code"]) == 64   # its code's digest
+    assert d["address"] == {"scheme": 2, "bytecode": sys.implementation.cache_tag}
+    assert "def saturating" in _job().describe(scheme=1)["pipeline"]["source"]    # how old stores described it
     assert d["partitioning"] == {"scheme": "by_seed", "shards": 64, "samples_per_shard": 4096,
                                  "counter": "shard << 64", "pilot_counter": "1 << 128"}
     assert d["engine"]["bit_generator"] == "Philox4x64-10"

@@ -203,7 +203,9 @@ def test_merges_are_folded_by_the_driver_and_checked_blocks_go_first(one_worker)
     holding = {s // 4 for s in checked}          # blocks of 4 aligned shards
     started = [int(k.rsplit("-", 2)[1]) // 4 for k in keys if k.startswith("mc-block")]
     assert set(started[:len(holding)]) == holding, (checked, started)
-    assert [c["shard"] for c in res.verification["checked"]] == checked
+    # the hashed shards, each once; recorded in the order their blocks were submitted (by block),
+    # which is the hash order only for some run ids
+    assert sorted(c["shard"] for c in res.verification["checked"]) == sorted(checked)
 
 
 def test_events_arrive_in_order_before_run_returns(one_worker):

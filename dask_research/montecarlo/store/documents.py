@@ -84,6 +84,10 @@ _JOB = Obj({
     "partitioning": Obj({"shards": Int(1, MAX_SHARDS - 1), "samples_per_shard": Int(1, 2**31)}, extra=Any_()),
     "seed": Int(0, 2**128 - 1),
     "accumulate": _ACCUMULATE,
+}, optional={
+    # content-address scheme 2 on (absent: scheme 1, a store written before); scheme_of refuses
+    # a scheme this version does not know in one line
+    "address": Obj({"scheme": Int(2), "bytecode": Str(max_len=200)}, extra=Any_()),
 }, extra=Any_())
 
 #: ``manifest.json`` (``dask-research-run/1``).

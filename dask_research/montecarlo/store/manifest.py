@@ -4,7 +4,9 @@
 the frozen histogram range, the versions that computed it and where the pipeline was defined
 (so :func:`~dask_research.montecarlo.load_job` can look it up again; never to import it
 unasked). The store signs it (:meth:`~.runstore.RunStore.write_manifest`); a run resumed from it
-must be the same job, computed by the same engine.
+must be the same job, computed by the same engine. A manifest written before content-address
+scheme 2 (no ``"address"`` in its job) is compared with the job's scheme-1 description
+(:meth:`~dask_research.montecarlo.Job.describe`), so old stores are still checked, not refused.
 
 Examples
 --------
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..._version import __version__
 from ...exceptions import StoreError
+from ..address import scheme_of
 from ..job import ENGINE
 
 if TYPE_CHECKING:
@@ -82,7 +85,8 @@ def check_manifest(manifest: dict, job: Job, where: str) -> None:
     if manifest["engine"] != ENGINE:
         raise StoreError(where, f"was written by engine {manifest['engine']}; this is {ENGINE}: "
                          "results of different engines are never mixed (use another store)")
-    if manifest["job"] != job.describe():
+    scheme = scheme_of(manifest["job"], where)     # a store written before scheme 2: its own description
+    if manifest["job"] != job.describe(scheme):
         raise StoreError(where, "describes a different job than the one with this id (edited or corrupt)")
     rng = manifest["range"]
     if rng is not None and not (isinstance(rng, list) and len(rng) == 2
