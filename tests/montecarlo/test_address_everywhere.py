@@ -172,6 +172,32 @@ def test_one_pipeline_has_one_address_in_a_script_a_console_a_notebook_and_a_mod
     assert same_cell == from_script and other_cells == from_script
 
 
+RUN = """\
+job = mc.Job(ratio, {{"a": mc.Normal(1.0, 0.1), "b": mc.LogNormal(0.7, 0.15), "c": mc.Uniform(0.4, 0.6)}},
+             shards=8, samples_per_shard=4096, seed=2026)
+result = mc.run(job, store={store!r}, progress=False)
+print("RUN", result.run_id, result.reused_shards, result.computed_shards, result.mean.hex())
+print("REPLAY", mc.replay(result.run_id, 5, {store!r}).match)
+"""
+
+
+@pytest.mark.timeout(600, method="thread")
+def test_a_run_typed_into_a_console_is_resumed_by_the_script(tmp_path):
+    """The user's path: a run computed in ``python -i`` is found whole by the script (nothing
+    computed again), and replays there; scheme 1 computed it all again under another id."""
+    run = RUN.format(store=str(tmp_path / "runs"))
+
+    def ran(output: str) -> tuple[list[str], str]:
+        fields = [line.split() for line in output.splitlines() if line.lstrip(">. ").startswith(("RUN", "REPLAY"))]
+        return [f[1:] for f in fields if "RUN" in f[0]][0], [f[1] for f in fields if "REPLAY" in f[0]][0]
+
+    (typed, typed_replay) = ran(_run([sys.executable, "-i", "-q"], tmp_path, 11, stdin=SOURCE + run))
+    (tmp_path / "resume.py").write_text(SOURCE + run)
+    (again, again_replay) = ran(_run([sys.executable, "resume.py"], tmp_path, 12))
+    assert typed[1:3] == ["0", "8"] and typed_replay == "True"
+    assert again[0] == typed[0] and again[1:3] == ["8", "0"] and again[3] == typed[3] and again_replay == "True"
+
+
 @pytest.mark.timeout(600, method="thread")
 def test_an_edit_that_changes_what_it_computes_changes_the_address_and_no_other(tmp_path):
     base = script(tmp_path)
