@@ -119,6 +119,23 @@ def scheduler_identity(client: Any) -> dict:
         return dict(client.sync(client.scheduler.identity))
 
 
+def cluster_threads(client: Any) -> int | None:
+    """Threads of the cluster's workers as the client last heard (``None``: not known yet).
+
+    Reads the identity the client refreshes on its own (``distributed.client.scheduler-info-
+    interval``), so asking costs no round trip; ``client.scheduler_info()`` would ask the
+    scheduler from a synchronous client, and cannot be called on the client's loop.
+    """
+    try:
+        info = vars(client)["_scheduler_identity"]
+    except (KeyError, TypeError) as e:
+        raise _moved("Client._scheduler_identity (the cached scheduler identity)", e) from None
+    threads = info.get("total_threads") if isinstance(info, dict) else None
+    if threads is None and isinstance(info, dict) and info.get("workers"):
+        threads = sum(int(w.get("nthreads", 0)) for w in info["workers"].values())
+    return None if threads is None else int(threads)
+
+
 async def scheduler_call(client: Any, op: str, **kwargs: Any) -> Any:
     """Call the scheduler's comm handler ``op`` from a coroutine on the client's loop.
 

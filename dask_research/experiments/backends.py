@@ -2,7 +2,10 @@
 
 Both backends offer the same small surface to the driver (:mod:`.loop`):
 
-- ``submit(hypothesis) -> token``: start one experiment;
+- ``submit(hypothesis, queued=False) -> token``: start one experiment (``queued``: it is
+  decided ahead and waits behind a running one, see :mod:`.ahead`);
+- ``queues_in_cluster`` and ``can_queue(slots)``: whether a queued experiment waits in the
+  cluster (Dask) or in the driver (local), and whether queueing ahead is possible now;
 - ``await wait(timeout) -> [(token, Result | BaseException), ...]``: everything that has
   finished, blocking until at least one has (or ``timeout`` passes);
 - ``side(fn, *args) -> awaitable``: run a side job (the paper writer) in parallel;
@@ -41,10 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._compat import cluster_threads
 from ..events import Outbox
+from ..events import topic as event_topic
 from .execute import _run_coroutine, execute_async, execute_sync, is_async_callable
 from .timeouts import AbandonablePool
 from .types import Hypothesis, Result
@@ -124,8 +130,65 @@ def _call_side_sync(fn: Callable[..., Any], args: tuple) -> Any:
     return out
 
 
+def execute_noticed(runner: Callable[[Hypothesis], Any], h: Hypothesis, bounded: bool,
+                    objectives: tuple[str, ...] | None, notice: tuple[str, str]) -> Result:
+    """:func:`~.execute.execute_sync` that first says, on the scheduler's event log under
+    ``notice = (topic, run)``, that it started (a ``start`` event with the task's key): the
+    driver counts a queued experiment's timeout from then. Best effort: the event travels on
+    the worker's own batched stream and never fails the experiment."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        Outbox(worker, "experiments", run=notice[1], topic=notice[0]).emit(
+            "start", hypothesis=h.id, key=worker.get_current_task())
+    except Exception:  # noqa: BLE001 - the notice is informational for the driver's clock
+        pass
+    return execute_sync(runner, h, bounded, objectives)
+
+
+class _StartNotices:
+    """One subscription per client to the ``start`` events of queued experiments, handed to
+    the backend of their run (several runs may share a client; ``Client.subscribe_topic``
+    keeps one handler per topic)."""
+
+    def __init__(self, client: Any, topic: str) -> None:
+        self.client, self.topic = client, topic
+        self.runs: dict[str, Callable[[str], None]] = {}
+        client.subscribe_topic(topic, self._event)
+
+    def _event(self, event: tuple[float, Any]) -> None:
+        msg = event[1] if isinstance(event, tuple) and len(event) == 2 else None
+        if isinstance(msg, dict):
+            hook = self.runs.get(str(msg.get("run")))
+            if hook is not None and msg.get("key") is not None:
+                hook(str(msg["key"]))
+
+    def add(self, run: str, hook: Callable[[str], None]) -> None:
+        self.runs[run] = hook
+
+    def remove(self, run: str) -> None:
+        self.runs.pop(run, None)
+        if not self.runs:
+            _NOTICES.pop(self.client, None)
+            try:
+                self.client.unsubscribe_topic(self.topic)
+            except Exception:  # noqa: BLE001 - a closing client
+                pass
+
+
+_NOTICES: weakref.WeakKeyDictionary[Any, _StartNotices] = weakref.WeakKeyDictionary()
+
+
 class LocalBackend:
-    """Experiments as asyncio tasks (sync runners in a pool of ``slots`` threads)."""
+    """Experiments as asyncio tasks (sync runners in a pool of ``slots`` threads).
+
+    A queued experiment waits in the driver (:mod:`.ahead`): a slot is refilled inside the
+    finished task, so there is no round trip to hide, and ``"auto"`` never queues here.
+    """
+
+    queues_in_cluster = False
+    notify_starts = False
 
     def __init__(self, runner: Callable[[Hypothesis], Any], slots: int, bounded: bool,
                  objectives: tuple[str, ...] | None = None):
@@ -137,7 +200,13 @@ class LocalBackend:
         self._tasks: set[asyncio.Task] = set()
         self.on_finish: Callable[[asyncio.Task, Result], None] | None = None
 
-    def submit(self, h: Hypothesis) -> asyncio.Task:
+    def can_queue(self, slots: int) -> bool:
+        return True
+
+    def poke(self) -> None:
+        """Nothing to wake: a local slot starts its queued experiment in the finished task."""
+
+    def submit(self, h: Hypothesis, queued: bool = False) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(self._run(h))
         self._tasks.add(task)
         return task
@@ -187,10 +256,20 @@ class DaskBackend:
     "experiments", "event": "batch", "run": run_id, "time": ..., "events": [record, ...]}``;
     each record is shaped like the other capabilities' events (``{"event": kind, "run":
     run_id, ...}``).
+
+    A queued experiment (:mod:`.ahead`) is submitted at once and waits in the cluster, so it
+    starts the moment a thread frees (``fifo_timeout=0``: experiments start in the order they
+    were decided; Dask's default ranks tasks submitted within 100 ms of each other by key); that keeps at most ``slots`` experiments running only
+    while the cluster has no more threads than slots, which :meth:`can_queue` checks (from the
+    identity the client refreshes on its own). With a ``timeout`` a queued experiment says
+    when it starts (:func:`execute_noticed`); ``on_start(token)`` hears it.
     """
 
+    queues_in_cluster = True
+
     def __init__(self, client: Any, runner: Callable[[Hypothesis], Any], bounded: bool,
-                 topic: str | None, run_id: str, objectives: tuple[str, ...] | None = None):
+                 topic: str | None, run_id: str, objectives: tuple[str, ...] | None = None,
+                 notify_starts: bool = False):
         from distributed import as_completed
 
         self.client = client
@@ -209,20 +288,66 @@ class DaskBackend:
         # unpickles them once. Not a dependency task: Dask would then send every experiment
         # to the worker that holds it.
         self._runner: PickledRunner | None = None
+        self.on_start: Callable[[Any], None] | None = None
+        self._notice: tuple[str, str] | None = None
+        self._keys: dict[str, Any] = {}           # key -> future of queued experiments (notices)
+        self._wake: asyncio.Future | None = None
+        if notify_starts:
+            self._notice = (f"{event_topic('experiments')}.started", run_id)
 
-    def submit(self, h: Hypothesis) -> Any:
+    @property
+    def notify_starts(self) -> bool:
+        """Whether queued experiments report their start (with a timeout)."""
+        return self._notice is not None
+
+    def poke(self) -> None:
+        """Wake :meth:`wait` (a new deadline to honour)."""
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def can_queue(self, slots: int) -> bool:
+        """Whether an experiment submitted now would wait for a running one to end (the
+        cluster has at most ``slots`` threads) rather than start on a spare thread."""
+        threads = cluster_threads(self.client)
+        return threads is not None and 0 < threads <= slots
+
+    def submit(self, h: Hypothesis, queued: bool = False) -> Any:
         if self._runner is None:
             self._runner = PickledRunner(self.runner)
-        fut = self.client.submit(execute_sync, self._runner, h, self.bounded, self.objectives,
-                                 pure=False,
-                                 key=f"experiment-{h.id}-{uuid.uuid4().hex[:8]}")
+        # one task group and prefix, "experiment", for every experiment: with the id first, an
+        # id such as "hang" made a group of its own, so Dask queued some experiments on the
+        # scheduler and sent others to a worker at once, out of the order they were decided
+        key = f"experiment-{uuid.uuid4().hex[:8]}-{h.id}"
+        if queued and self._notice is not None:
+            self._subscribe()
+            fut = self.client.submit(execute_noticed, self._runner, h, self.bounded,
+                                     self.objectives, self._notice, pure=False, key=key,
+                                     fifo_timeout=0)
+            self._keys[key] = fut
+        else:
+            fut = self.client.submit(execute_sync, self._runner, h, self.bounded,
+                                     self.objectives, pure=False, key=key, fifo_timeout=0)
         self._futures.add(fut)
         self._ac.add(fut)
         return fut
 
+    def _subscribe(self) -> None:
+        assert self._notice is not None
+        hub = _NOTICES.get(self.client)
+        if hub is None:
+            hub = _NOTICES[self.client] = _StartNotices(self.client, self._notice[0])
+        if self._notice[1] not in hub.runs:
+            hub.add(self._notice[1], self._started)
+
+    def _started(self, key: str) -> None:
+        fut = self._keys.pop(key, None)
+        if fut is not None and self.on_start is not None:
+            self.on_start(fut)
+
     def _unpack(self, item: tuple) -> Outcome:
         fut, value = item
         self._futures.discard(fut)
+        self._keys.pop(fut.key, None)
         if fut.status == "error":
             exc = value[1] if isinstance(value, tuple) and len(value) == 3 else value
             if not isinstance(exc, BaseException):
@@ -235,8 +360,14 @@ class DaskBackend:
     async def wait(self, timeout: float | None) -> list[Outcome]:
         if self._next is None:
             self._next = asyncio.ensure_future(self._ac.__anext__())
-        done, _ = await asyncio.wait({self._next}, timeout=timeout)
-        if not done:
+        self._wake = wake = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait({self._next, wake}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._wake = None
+            wake.cancel()
+        if not self._next.done():
             return []
         first, self._next = self._next.result(), None
         out = [self._unpack(first)]
@@ -247,6 +378,7 @@ class DaskBackend:
     async def cancel(self, token: Any) -> None:
         """Cancel one experiment's future on the cluster (``Client.cancel``)."""
         self._futures.discard(token)
+        self._keys.pop(token.key, None)
         try:
             await self.client.cancel([token], asynchronous=True,
                                      reason="dask-research: experiment timeout or run deadline")
@@ -270,5 +402,10 @@ class DaskBackend:
     async def close(self) -> None:
         if self._next is not None and not self._next.done():
             self._next.cancel()
+        if self._notice is not None:
+            hub = _NOTICES.get(self.client)
+            if hub is not None:
+                hub.remove(self._notice[1])
+        self._keys.clear()
         self._futures.clear()       # dropping the futures releases them on the cluster
         await self._outbox.drain()      # best effort: a failed shipment is logged, not raised

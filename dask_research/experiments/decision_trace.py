@@ -6,7 +6,9 @@ Kinds (``Event.kind``):
 ``add``        hypotheses were queued (``data``: ``ids``)
 ``select``     a branch was chosen (``data``: ``score``; the branch scores at that
                moment: the best ``trace_scores`` of them, see below)
-``dispatch``   a hypothesis started in ``slot``
+``dispatch``   a hypothesis started in ``slot`` (``data["ahead"]``: it was decided ahead and
+               queued behind the experiment running in ``slot``; it starts when that
+               one ends, see :mod:`.ahead`)
 ``result``     an experiment finished (``data``: ``reward``, ``duration``, ``mean``)
 ``failure``    an experiment raised or returned something unusable (``data``: ``error``)
 ``prune``      a branch was excluded (``data``: ``reason``, ``mean``, ``dropped`` ids)
@@ -33,7 +35,8 @@ kept 0.8 GB of scores. :meth:`Trace.scores` reads either form.
 
 ``Event.t`` is seconds since the run started (``time.perf_counter``); ``Trace.started_at`` is
 the wall-clock (epoch) time of ``t = 0``. Slot occupancy is derived from ``dispatch`` and
-``result``/``failure`` pairs (:meth:`Trace.intervals`: :class:`SlotInterval` records, also
+``result``/``failure`` pairs, an experiment queued ahead counted from the end of the one
+before it in its slot (:meth:`Trace.intervals`: :class:`SlotInterval` records, also
 importable as ``Interval``, their name before they were renamed apart from
 ``dask_research.montecarlo.Interval``; :meth:`Trace.occupancy`).
 
@@ -241,17 +244,67 @@ class Trace(Sequence[Event]):
             raise ValueError(f"event {event.seq} ({event.kind}) carries no scores")
         return dict(zip(self.branches, event.scores.tolist()))
 
-    def intervals(self) -> list[SlotInterval]:
-        """Each experiment's (slot, dispatch time, end time); unfinished ones are left out."""
+    def _runs(self) -> Iterator[tuple[Event, str, Event, float]]:
+        """``(event, what, dispatch, t)`` for every dispatch and end event in order: ``what``
+        is ``"start"`` (at ``t``), ``"end"`` (of a started experiment) or ``"wait"`` (an
+        ahead dispatch, queued behind its slot's experiment); an ahead experiment starts when
+        the one before it in its slot ends (a second ``"start"`` at that end event)."""
         open_: dict[str, Event] = {}
-        out = []
+        running: dict[int, str] = {}                      # slot -> hypothesis running there
+        lanes: dict[int, list[str]] = {}                  # slot -> ahead hypotheses, in order
         for ev in self._events:
             if ev.kind == "dispatch":
-                open_[str(ev.hypothesis)] = ev
+                hid = str(ev.hypothesis)
+                old = open_.get(hid)                      # a re-dispatch after a crash: the
+                if old is not None:                       # first one left its slot then
+                    was = int(old.slot or 0)
+                    if running.get(was) == hid:
+                        del running[was]
+                    if hid in lanes.get(was, ()):
+                        lanes[was].remove(hid)
+                open_[hid] = ev
+                slot = int(ev.slot or 0)
+                if ev.data.get("ahead") and slot in running:
+                    lanes.setdefault(slot, []).append(hid)
+                    yield ev, "wait", ev, ev.t
+                else:
+                    running[slot] = hid
+                    yield ev, "start", ev, ev.t
             elif ev.kind in _ENDS and ev.hypothesis in open_:
-                d = open_.pop(str(ev.hypothesis))
-                out.append(SlotInterval(int(d.slot or 0), d.t, ev.t, str(d.hypothesis),
-                                    str(d.branch)))
+                hid = str(ev.hypothesis)
+                d = open_.pop(hid)
+                slot = int(d.slot or 0)
+                lane = lanes.get(slot, [])
+                if hid in lane:                           # done before its slot freed: it
+                    lane.remove(hid)                      # found a free thread of its own
+                    yield ev, "end", d, ev.t
+                    continue
+                yield ev, "end", d, ev.t
+                if running.get(slot) == hid:
+                    del running[slot]
+                    if lane:
+                        nxt = lane.pop(0)
+                        running[slot] = nxt
+                        yield ev, "start", open_[nxt], ev.t
+
+    def intervals(self) -> list[SlotInterval]:
+        """Each experiment's (slot, start time, end time); unfinished ones are left out. An
+        experiment starts at its dispatch, or, queued ahead, when the experiment before it in
+        its slot ended (one that finished before that ran on a free thread of its own: from
+        its end less its duration)."""
+        started: dict[str, float] = {}
+        out = []
+        for ev, what, d, t in self._runs():
+            hid = str(d.hypothesis)
+            if what == "start":
+                started[hid] = t
+            elif what == "end":
+                start = started.pop(hid, None)
+                if start is None:                         # never started in its slot
+                    duration = ev.data.get("duration")
+                    start = (max(d.t, t - float(duration)) if isinstance(duration, (int, float))
+                             and math.isfinite(duration) else t)
+                out.append(SlotInterval(int(d.slot or 0), start, t, hid, str(d.branch)))
         return out
 
     def busy_window(self) -> tuple[float, float]:
@@ -282,34 +335,40 @@ class Trace(Sequence[Event]):
 
     def _queued_occupancy(self) -> float:
         queued = 0
-        running: set[str | None] = set()
+        running: set[str] = set()
         last = None
         num = den = 0.0
+        runs = self._runs()
+        pending = next(runs, None)
         for ev in self._events:
             if last is not None and queued > 0:
                 dt = ev.t - last
                 num += min(len(running), self.slots) * dt
                 den += self.slots * dt
             last = ev.t
-            if ev.kind == "dispatch":
-                running.add(ev.hypothesis)
-            elif ev.kind in _ENDS:
-                running.discard(ev.hypothesis)     # restored results never had a slot here
+            while pending is not None and pending[0] is ev:     # this event's starts and ends
+                _, what, d, _t = pending
+                if what == "start":
+                    running.add(str(d.hypothesis))
+                elif what == "end":
+                    running.discard(str(d.hypothesis))   # restored results never had a slot here
+                pending = next(runs, None)
             queued = ev.data.get("queued", queued)
         return num / den if den > 0 else math.nan
 
     def concurrency(self) -> list[tuple[float, int]]:
-        """Step function ``[(t, experiments in flight after t), ...]``."""
+        """Step function ``[(t, experiments running after t), ...]`` (an experiment queued
+        ahead runs from the end of the one before it in its slot)."""
         steps: list[tuple[float, int]] = []
-        running: set[str | None] = set()
-        for ev in self._events:
-            if ev.kind == "dispatch":
-                running.add(ev.hypothesis)      # a re-dispatch after a crash is not a second one
-            elif ev.kind in _ENDS:
-                running.discard(ev.hypothesis)
+        running: set[str] = set()
+        for _, what, d, t in self._runs():
+            if what == "start":
+                running.add(str(d.hypothesis))  # a re-dispatch after a crash is not a second one
+            elif what == "end":
+                running.discard(str(d.hypothesis))
             else:
                 continue
-            steps.append((ev.t, len(running)))
+            steps.append((t, len(running)))
         return steps
 
     def max_concurrency(self) -> int:

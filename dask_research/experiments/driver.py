@@ -4,9 +4,13 @@ experiment finishes, book it and refill its slot at once, repeat.
 :class:`LoopDriver` drives one :class:`~.scheduler_run.Run` on a backend (asyncio tasks, or Dask futures
 with a client). It never blocks behind one experiment: a finished experiment is booked and
 its slot refilled inside its own task (the local backend's completion hook), before the books
-of any other. With ``apply_order="dispatch"`` results are applied in dispatch order and
-decision ``k`` waits for result ``k - slots``. Experiments past their ``timeout`` fail; past
-``max_seconds + cancel_grace`` every experiment still in flight is cancelled and kept in
+of any other. With queue-ahead (:mod:`.ahead`) each slot also holds up to ``depth`` decided
+experiments behind its running one: on a Dask cluster they wait in the cluster and start
+when a thread frees, without the driver; the slot's next one is then decided ahead again.
+With ``apply_order="dispatch"`` results are applied in dispatch order and decision ``k``
+waits for result ``k - slots x (1 + depth)``. Experiments past their ``timeout`` (counted
+from when they start running, not from when they were queued) fail; past ``max_seconds +
+cancel_grace`` every experiment still in flight is cancelled and kept in
 :attr:`LoopDriver.carry` for the next run.
 
 Examples
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import ExperimentError
+from .ahead import AheadRule
 from .backends import DaskBackend, LocalBackend
 from .decision_trace import _jsonable
 from .progress_bar import ProgressBar
@@ -37,6 +44,24 @@ from .types import BranchStats, ExperimentResult, Hypothesis
 __all__ = ["LoopDriver", "CANCELLED"]
 
 CANCELLED = object()   # outcome of an experiment cancelled at the run's deadline: not counted
+
+
+class _Flight:
+    """One experiment in flight: its hypothesis, slot, dispatch sequence number and time;
+    ``waiting`` while it is queued ahead behind its slot's running experiment."""
+
+    __slots__ = ("h", "slot", "seq", "t", "ahead", "waiting")
+
+    def __init__(self, h: Hypothesis, slot: int, seq: int, t: float, ahead: bool) -> None:
+        self.h, self.slot, self.seq, self.t = h, slot, seq, t
+        self.ahead = self.waiting = ahead
+
+
+class _Held:
+    """The token of an experiment queued ahead in the driver (the local backend): it is handed
+    to the backend when its slot frees."""
+
+    __slots__ = ()
 
 
 class LoopDriver:
@@ -55,7 +80,13 @@ class LoopDriver:
         self.retry = run.books.retry
         self.carry: list[Hypothesis] = []       # cancelled at the deadline: the next run's
         self.free = list(range(s.slots))
-        self.inflight: dict[Any, tuple[Hypothesis, int, int]] = {}
+        self.inflight: dict[Any, _Flight] = {}
+        self.lanes: list[deque[Any]] = [deque() for _ in range(s.slots)]   # queued ahead, per slot
+        # "auto" decides by timing, so it stays off where decisions must not depend on it
+        # (apply_order="dispatch") and where no round trip is to be hidden (the local backend)
+        self.ahead = AheadRule(s.queue_ahead, s.queue_ahead_gap,
+                               enabled=backend.queues_in_cluster and s.apply_order != "dispatch")
+        self._refused = False                    # warned that the cluster has spare threads
         self.buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
         self.by_dispatch = s.apply_order == "dispatch"
         self.next_seq = 0                        # dispatch sequence numbers of this run
@@ -73,14 +104,44 @@ class LoopDriver:
             run.on_trigger = self.start_paper
         if isinstance(backend, LocalBackend):
             backend.on_finish = self.on_finish
+        else:
+            backend.on_start = self.on_start
 
     # -- slots ---------------------------------------------------------------------------
+    def depth(self) -> int:
+        """Experiments to keep queued ahead per slot now: the rule's (:mod:`.ahead`), if the
+        backend can queue without running more than ``slots`` experiments at once."""
+        want = self.ahead.depth()
+        if want and not self.backend.can_queue(self.slots):
+            if not self.ahead.auto and not self._refused:
+                self._refused = True
+                warnings.warn(f"queue_ahead={want} is not applied while the cluster has more threads "
+                              f"than slots={self.slots}: a queued experiment would start at once on a "
+                              "spare thread and more than slots experiments would run", stacklevel=2)
+            return 0
+        return want
+
+    def _place(self, depth: int) -> tuple[int, bool] | None:
+        """Where the next decision goes: ``(slot, ahead)``, a free slot first, else the slot
+        with the shortest queue under ``depth``; ``None``: nowhere."""
+        if self.free:
+            return self.free[0], False
+        if depth:
+            slot = min(range(self.slots), key=lambda k: (len(self.lanes[k]), k))
+            if len(self.lanes[slot]) < depth:
+                return slot, True
+        return None
+
     def fill(self) -> None:
-        """Fill every free slot (budgets are checked only when there is work)."""
+        """Fill every free slot, then queue ahead (budgets are checked only when there is work)."""
         run, led, retry = self.run, self.run.ledger, self.retry
-        while self.free and self.stop_reason is None:
-            if self.by_dispatch and self.next_seq - self.applied >= self.slots:
-                return                    # decision k waits for result k - slots
+        while self.stop_reason is None:
+            depth = self.depth()
+            place = self._place(depth)
+            if place is None:
+                return
+            if self.by_dispatch and self.next_seq - self.applied >= self.slots * (1 + depth):
+                return                    # decision k waits for result k - slots x (1 + depth)
             if not retry and not led.has_work() and not run.revive_parked(self.dispatched):
                 return
             reason = run.budget_reason(self.dispatched)
@@ -89,39 +150,90 @@ class LoopDriver:
                 run.recorder.emit("stop", reason=reason, in_flight=len(self.inflight))
                 return
             if retry:                     # in flight at the crash: again, once
-                self.start(retry.popleft(), requeued=True)
+                self.start(retry.popleft(), *place, requeued=True)
                 continue
             h = run.pick()
             if h is not None:             # None: its source is exhausted, decide again
-                self.start(h)
+                self.start(h, *place)
 
-    def start(self, h: Hypothesis, **data: Any) -> None:
-        """Hand ``h`` to the backend on the lowest free slot. The dispatch event is stamped
-        as the hand-off begins: from here the slot is committed, and the hand-off itself
-        (Dask's ``client.submit`` packs and pickles the task) is transport, like the round
-        trip, not decision time."""
-        slot = heapq.heappop(self.free)
+    def start(self, h: Hypothesis, slot: int | None = None, ahead: bool = False, **data: Any) -> None:
+        """Hand ``h`` to the backend on ``slot`` (default: the lowest free one), or, ``ahead``,
+        queue it behind the experiment running there. The dispatch event is stamped as the
+        hand-off begins: from here the slot is committed, and the hand-off itself (Dask's
+        ``client.submit`` packs and pickles the task) is transport, like the round trip, not
+        decision time."""
+        if not ahead:
+            slot = heapq.heappop(self.free)
+        assert slot is not None
+        if ahead:
+            data["ahead"] = True
         self.run.recorder.emit("dispatch", h.branch, h.id, slot, **data)
         self.run.recorder.commit()        # the decision is journaled whole before it is carried out
+        now = self.run.recorder.now()
+        token: Any = _Held() if ahead and not self.backend.queues_in_cluster else self._submit(h, ahead)
+        self.inflight[token] = _Flight(h, slot, self.next_seq, now, ahead)
+        if ahead:
+            self.lanes[slot].append(token)
+        else:
+            self.deadlines.start(token, now)
+        self.next_seq += 1
+        self.dispatched += 1
+
+    def _submit(self, h: Hypothesis, ahead: bool = False) -> Any:
         try:
-            token = self.backend.submit(h)
+            return self.backend.submit(h, ahead)
         except Exception as exc:
             raise ExperimentError(
                 f"could not start hypothesis {h.id!r} on branch {h.branch!r}: "
                 f"{type(exc).__name__}: {exc}" + ("; with a client the runner and every "
                 "payload must pickle" if self.client is not None else ""),
                 id=h.id, branch=h.branch) from exc
-        self.inflight[token] = (h, slot, self.next_seq)
-        self.deadlines.start(token, self.run.recorder.now())
-        self.next_seq += 1
-        self.dispatched += 1
+
+    def _vacate(self, token: Any, f: _Flight) -> None:
+        """``token`` left its slot: the next experiment queued there starts (handed to the
+        local backend now; on a cluster it already waits there), or the slot is free."""
+        if f.waiting:                     # done while queued ahead: it found a thread of its own
+            self.lanes[f.slot].remove(token)
+            return
+        lane = self.lanes[f.slot]
+        if not lane:
+            heapq.heappush(self.free, f.slot)
+            return
+        nxt = lane.popleft()
+        g = self.inflight[nxt]
+        g.waiting = False
+        if isinstance(nxt, _Held):
+            del self.inflight[nxt]
+            nxt = self._submit(g.h)
+            self.inflight[nxt] = g
+            self.deadlines.start(nxt, self.run.recorder.now())
+        # on a cluster it may start later than this (behind another experiment on its worker):
+        # its timeout counts from the start it reports (on_start)
+
+    def on_start(self, token: Any) -> None:
+        """A queued experiment says it started on a worker: its timeout counts from now."""
+        if token in self.inflight and self.deadlines.timeout is not None:
+            self.deadlines.start(token, self.run.recorder.now())
+            self.backend.poke()
+
+    def _observe(self, f: _Flight, outcome: Any) -> None:
+        """Feed the queue-ahead rule: the idle gap of an experiment that started on a free
+        slot (dispatch to result, less its own duration) and every experiment's duration."""
+        duration = getattr(outcome, "duration", None)
+        if not isinstance(duration, (int, float)):
+            return
+        gap = None if f.ahead else self.run.recorder.now() - f.t - duration
+        self.ahead.observe(gap, duration)
 
     def settle(self, token: Any, outcome: Any) -> None:
         """Book one finished experiment and refill its slot at once, before the books
         of any other finished experiment (so a slot waits for its own bookkeeping only)."""
-        h, slot, k = self.inflight.pop(token)
+        f = self.inflight.pop(token)
+        h, slot, k = f.h, f.slot, f.seq
         self.deadlines.discard(token)
-        heapq.heappush(self.free, slot)
+        self._vacate(token, f)
+        if outcome is not CANCELLED:
+            self._observe(f, outcome)
         if not self.by_dispatch:
             if outcome is not CANCELLED:
                 self.run.apply(h, slot, outcome)
@@ -246,7 +358,7 @@ class LoopDriver:
         backend, inflight, rec = self.backend, self.inflight, self.run.recorder
         for token in self.deadlines.expired(rec.now()):
             if token in inflight:
-                h = inflight[token][0]
+                h = inflight[token].h
                 await backend.cancel(token)
                 if token not in inflight:       # it finished meanwhile after all
                     continue
@@ -257,15 +369,22 @@ class LoopDriver:
                     "cancelled (research.experiments.timeout)"), timeout))
         if self.hard is not None and inflight and rec.now() >= self.hard:
             s = self.run.settings
-            for token in list(inflight):
-                await backend.cancel(token)
+            # queued ones first (so none of them starts when a running one is cancelled),
+            # each kept for the next run in dispatch order
+            order = sorted(inflight, key=lambda t: (not inflight[t].waiting, inflight[t].seq))
+            kept: list[tuple[int, Hypothesis]] = []
+            for token in order:
+                if token not in inflight:
+                    continue
+                if not isinstance(token, _Held):
+                    await backend.cancel(token)
                 if token not in inflight:       # it finished meanwhile after all
                     continue
-                h, slot, _ = inflight[token]
-                self.cancelled.append(h.id)
-                self.carry.append(h)
-                rec.emit("cancel", h.branch, h.id, slot, reason=(
+                f = inflight[token]
+                self.cancelled.append(f.h.id)
+                kept.append((f.seq, f.h))
+                rec.emit("cancel", f.h.branch, f.h.id, f.slot, reason=(
                     f"still running {s.cancel_grace:g} s after max_seconds="
                     f"{s.max_seconds:g}"))
                 self.settle(token, CANCELLED)
-
+            self.carry.extend(h for _, h in sorted(kept, key=lambda x: x[0]))

@@ -303,7 +303,7 @@ class IterationScheduler:
             else:
                 backend = DaskBackend(self.client, self.runner, s.bounded,
                                       s.topic if s.log_events else None, run.run_id,
-                                      objectives)
+                                      objectives, notify_starts=s.timeout is not None)
             driver = LoopDriver(run, backend, self.paper_writer, self.client)
             bar = (ProgressBar(s.max_experiments, self._books.outcomes, self.ledger.total_queued)
                    if s.progress else None)

@@ -171,6 +171,20 @@ def _seed(name: str, v: Any, _: Mapping[str, Any]) -> int:
     return int(seed_int(v, where=_WHERE) or 0)
 
 
+def _queue_ahead(name: str, v: Any, _: Mapping[str, Any]) -> int | str:
+    if v == "auto":
+        return "auto"
+    return int(_number(name, v, '"auto" or an integer in [0, 64] (decided experiments queued behind each running one)',
+                       lambda x: 0 <= x <= 64 and x == int(x)))
+
+
+def _queue_ahead_json(value: Any) -> str | None:
+    """A journaled ``queue_ahead``: ``"auto"`` or a whole number."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        return None
+    return '"auto" or a whole number'
+
+
 def _checkpoint(name: str, v: Any, _: Mapping[str, Any]) -> Any:
     if v is not None and not isinstance(v, (str, os.PathLike)):
         raise InputError(name, v, "a file path (str or os.PathLike), an fsspec URL, or None", where=_WHERE)
@@ -263,6 +277,18 @@ SETTINGS: tuple[Setting, ...] = (
             "float, optional\n    With ``max_seconds``: experiments still in flight this many seconds after it passed\n"
             "    are cancelled, not counted, and listed in ``Report.cancelled``\n"
             "    (``research.experiments.cancel-grace``).", _NUMBER),
+    Setting("queue_ahead", "queue-ahead", _queue_ahead,
+            'int or "auto", optional\n    Decided experiments kept queued behind each running one, so a slot starts its next\n'
+            "    experiment the moment one ends instead of idling one round trip to the driver\n"
+            '    (``research.experiments.queue-ahead``; ``0``: off). ``"auto"`` (default) queues one ahead on\n'
+            "    a Dask cluster once the measured idle gap per experiment exceeds ``queue_ahead_gap`` of\n"
+            "    the experiments' typical duration; a queued decision is made without the results of\n"
+            "    the experiments running then (:mod:`~dask_research.experiments.ahead`).",
+            schema.Maybe(schema.Where(_queue_ahead_json))),
+    Setting("queue_ahead_gap", "queue-ahead-gap", _real(lambda v: 0 < v <= 1, "a number in (0, 1]"),
+            'float, optional\n    ``queue_ahead="auto"`` queues ahead when the idle gap per experiment exceeds this\n'
+            "    fraction of the typical experiment duration (``research.experiments.queue-ahead-gap``).",
+            _NUMBER),
     Setting("trace_scores", "trace-scores", _trace_scores,
             'int or "all", optional\n    ``select`` events keep the scores of the best this many branches\n'
             '    (``research.experiments.trace-scores``); ``"all"`` keeps every branch\'s score.'),

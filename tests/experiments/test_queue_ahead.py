@@ -1,0 +1,278 @@
+"""Queue-ahead (issue 30): a decided experiment waits behind each running one, so a slot starts
+its next experiment the moment one ends.
+
+The promises, each on what it is about: the ``"auto"`` rule as a unit; a queued decision is one
+more slot of parallelism (the same decisions as ``slots + 1`` in dispatch order); on real
+``dask worker`` processes a queued experiment starts before the driver has even heard that the
+one before it on its worker ended, a worker killed with a queued experiment re-runs it once, and
+nothing ever runs more than ``slots`` at a time; timeouts count from an experiment's start, not
+from when it was queued; a journal cut anywhere, and a real SIGKILL, resume a queue-ahead run
+into the uninterrupted run's decisions. No assertion bounds a wall-clock time from above: the
+orderings come from the experiments' own recorded start and end times.
+"""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import crash_scenario as cs
+import pytest
+from distributed.utils_test import gen_cluster
+from exp_scenarios import HAND_REWARDS, summary
+
+from dask_research.exceptions import InputError
+from dask_research.experiments import Hypothesis, IterationScheduler, Result, make_deterministic_runner
+from dask_research.experiments.ahead import WINDOW, AheadRule, worth_queueing
+from dask_research.experiments.lock import JournalLockWarning
+from dask_research.testing.processes import dask_processes, wait_for
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+# -- the rule ----------------------------------------------------------------------------
+def test_the_auto_rule_queues_ahead_only_where_the_idle_gap_is_worth_hiding():
+    assert not worth_queueing([], [], 0.01) and not worth_queueing([0.01], [], 0.01)
+    assert worth_queueing([0.006], [0.5], 0.01) and not worth_queueing([0.004], [0.5], 0.01)
+    assert not worth_queueing([0.01] * 5, [3600.0] * 5, 0.01)      # hour-long: fully informed
+    rule = AheadRule("auto", 0.01)
+    assert rule.depth() == 0                                         # nothing measured
+    for _ in range(WINDOW):
+        rule.observe(0.005, 0.05)                                    # 10 % of the duration
+    assert rule.depth() == 1
+    for _ in range(WINDOW):                                          # the experiments grow long:
+        rule.observe(None, 10.0)                                     # queued ones measure no gap
+    assert rule.depth() == 0                                         # 5 ms of 10 s: off again
+    rule.observe(-0.001, 0.05)                                       # clock noise counts as 0
+    assert min(rule.gaps) == 0.0
+    assert AheadRule("auto", 0.01, enabled=False).depth() == 0       # local backend, "dispatch"
+    assert AheadRule(2, 0.01).depth() == 2 and AheadRule(0, 0.01).depth() == 0
+
+
+def test_the_setting_is_checked_and_journaled(tmp_path):
+    with pytest.raises(InputError, match=r'queue_ahead=-1 is invalid; expected "auto" or an integer in \[0, 64\]'):
+        IterationScheduler(None, queue_ahead=-1)
+    with pytest.raises(InputError, match=r"queue_ahead_gap=0 is invalid; expected a number in \(0, 1\]"):
+        IterationScheduler(None, queue_ahead_gap=0)
+    assert IterationScheduler(None, progress=False).queue_ahead == "auto"
+    path = str(tmp_path / "loop.jsonl")
+    sched = IterationScheduler(lambda h: 0.5, progress=False, checkpoint=path, queue_ahead=2)
+    sched.add([Hypothesis("h0", "a")])
+    sched.run()
+    sched.close()
+    assert IterationScheduler.resume(path, lambda h: 0.5).queue_ahead == 2
+
+
+# -- decisions -----------------------------------------------------------------------------
+def _hand(slots, **kw):
+    sched = IterationScheduler(make_deterministic_runner(HAND_REWARDS, delay_ms=1), slots=slots,
+                               c=0.5, prune_floor=0.0, paper_threshold=1.0, progress=False, **kw)
+    sched.add([Hypothesis(f"{b}{k}", b) for b in "abc" for k in range(1, 5)])
+    return sched
+
+
+def test_a_queued_decision_is_one_more_slot_of_parallelism():
+    """One slot with one experiment queued ahead decides exactly as two slots whose decision
+    ``k`` waits for result ``k - 2``: without the result of the experiment running then."""
+    ahead = _hand(1, queue_ahead=1).run()
+    two = _hand(2, apply_order="dispatch", queue_ahead=0).run()
+    informed = _hand(1, queue_ahead=0).run()
+    assert ahead.events.picks() == two.events.picks() != informed.events.picks()
+    assert [e.data.get("ahead", False) for e in ahead.events.of("dispatch")] == [False] + [True] * 11
+    assert ahead.events.max_concurrency() == 1          # one slot: one experiment at a time
+    assert ahead.total_runs == 12 and ahead.stop_reason == "queue_empty"
+    spans = sorted(ahead.events.intervals(), key=lambda iv: iv.start)
+    assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))    # one after another
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_on_dask_queued_decisions_equal_the_local_ones(c, s, a):
+    remote = await _hand(1, queue_ahead=1, client=c).run_async()
+    local = _hand(1, queue_ahead=1).run()
+    assert summary(remote) == summary(local)
+    assert remote.events.picks() != _hand(1, queue_ahead=0).run().events.picks()
+
+
+@gen_cluster(client=True, timeout=60)
+async def test_no_queue_ahead_while_the_cluster_has_spare_threads(c, s, a, b):
+    # gen_cluster's workers have 1 + 2 threads: a queued experiment would start at once
+    with pytest.warns(UserWarning, match=r"queue_ahead=1 is not applied while the cluster has more "
+                                         r"threads than slots=1"):
+        report = await _hand(1, queue_ahead=1, client=c).run_async()
+    assert not any(e.data.get("ahead") for e in report.events.of("dispatch"))
+    assert summary(report) == summary(_hand(1, queue_ahead=0).run())
+
+
+# -- real processes ------------------------------------------------------------------------
+def _timed_runner(delay):
+    def runner(h):
+        import os
+        import time
+
+        t0 = time.time()
+        time.sleep(delay)
+        return Result(h, 0.5, {"pid": os.getpid(), "start": t0, "end": time.time()})
+    return runner
+
+
+def test_a_queued_experiment_starts_before_the_driver_hears_the_one_before_it(tmp_path):
+    """On two one-thread ``dask worker`` processes with two slots, every experiment queued
+    ahead starts on its worker before its worker's previous result has reached the driver (no
+    driver round trip between them), and no worker ever runs two at once."""
+    with dask_processes(tmp_path, n_workers=2) as (client, _):
+        sched = IterationScheduler(_timed_runner(0.2), slots=2, client=client, queue_ahead=1,
+                                   prune_floor=0.0, progress=False)
+        sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(12)])
+        report = sched.run()
+    assert report.total_runs == 12 and not report.failed
+    t0 = report.events.started_at
+    heard = {e.hypothesis: t0 + e.t for e in report.events.of("result")}
+    ahead = {e.hypothesis for e in report.events.of("dispatch") if e.data.get("ahead")}
+    assert len(ahead) >= 8                              # (10: all but the first of each slot)
+    by_worker: dict[int, list] = {}
+    for r in report.results:
+        by_worker.setdefault(r.metrics["pid"], []).append(r)
+    assert len(by_worker) == 2
+    checked = 0
+    for runs in by_worker.values():
+        runs.sort(key=lambda r: r.metrics["start"])
+        for before, after in zip(runs, runs[1:]):
+            assert before.metrics["end"] <= after.metrics["start"]       # one at a time
+            if after.hypothesis.id in ahead:
+                assert after.metrics["start"] < heard[before.hypothesis.id]
+                checked += 1
+    assert checked >= 8
+
+
+def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_path):
+    log = tmp_path / "starts.log"
+
+    def runner(h):
+        import os
+        import time
+
+        with open(log, "a") as f:
+            f.write(f"{h.id} {os.getpid()}\n")
+        time.sleep(1.0)
+        return 0.5
+
+    with dask_processes(tmp_path, n_workers=2) as (client, workers):
+        pids = client.run(os.getpid)
+        sched = IterationScheduler(runner, slots=2, client=client, queue_ahead=1, prune_floor=0.0,
+                                   progress=False)
+        sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(8)])
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
+        thread.start()
+
+        def holding_two():
+            """A worker with one experiment running (it logged its start) and one queued."""
+            held = client.run_on_scheduler(lambda dask_scheduler: {
+                ws.address: sorted(ts.key for ts in ws.processing) for ws in dask_scheduler.workers.values()})
+            started = log.read_text().split() if log.exists() else []
+            for address, keys in held.items():
+                ids = [k.split("-", 2)[2] for k in keys if k.startswith("experiment-")]
+                if len(ids) == 2 and sum(i in started for i in ids) == 1:
+                    box["victim"] = (address, [i for i in ids if i not in started][0])
+                    return True
+            return False
+
+        wait_for(holding_two, 60, "a worker holding a running and a queued experiment")
+        address, queued = box["victim"]
+        victim = next(p for p in workers if p.pid == pids[address])
+        before = log.read_text().split()[::2]
+        victim.send_signal(signal.SIGKILL)
+        thread.join(120)
+        assert not thread.is_alive()
+    report = box["report"]
+    starts = log.read_text().split()[::2]
+    assert sorted(r.hypothesis.id for r in report.results) == sorted(f"h{k}" for k in range(8))
+    assert queued not in before and starts.count(queued) == 1        # the queued one: once
+    assert all(starts.count(h) == 1 for h in set(starts) - set(before))   # nothing run twice
+    assert all(starts.count(h) <= 2 for h in before)     # but what ran on the dead worker, again
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_a_timeout_counts_from_the_start_not_from_the_queue(c, s, a):
+    """Three experiments queued behind a running one on a one-thread worker: the last starts
+    about 0.9 s after it was dispatched and runs 0.3 s, inside a 1 s timeout counted from its
+    start (counted from its dispatch it would have been cancelled). A hanging one queued later
+    still times out, one timeout after it started."""
+    def runner(h):
+        time.sleep(2.5 if h.id == "hang" else 0.3)
+        return 0.5
+
+    sched = IterationScheduler(runner, slots=1, client=c, queue_ahead=3, timeout=1.0,
+                               prune_floor=0.0, progress=False)
+    sched.add([Hypothesis(f"n{k}", "a") for k in range(4)] + [Hypothesis("hang", "a"),
+                                                               Hypothesis("n4", "a")])
+    report = await sched.run_async()
+    assert report.timed_out == ["hang"] and report.total_runs == 5
+    ends = {e.hypothesis: e.t for e in report.events.of("result", "failure")}
+    dispatched = {e.hypothesis: e.t for e in report.events.of("dispatch")}
+    assert ends["n3"] - dispatched["n3"] > 1.0          # longer than the timeout since queued
+    # the hang started as n3 ended (before the driver heard it; counted from its dispatch, 0.3 s
+    # in, it would have timed out about 0.1 s after n3's result)
+    assert ends["hang"] - ends["n3"] > 0.9
+
+
+# -- resume ----------------------------------------------------------------------------------
+def test_a_crash_anywhere_in_a_queue_ahead_journal_resumes_into_the_uninterrupted_run(tmp_path):
+    from test_checkpoint_resume import _stats
+
+    path = tmp_path / "whole.jsonl"
+    whole = cs.scheduler(cs.LoggingRunner(None, 0.0), str(path), queue_ahead=1).run()
+    expect = (summary(whole), _stats(whole))
+    assert sum(1 for e in whole.events.of("dispatch") if e.data.get("ahead")) > 10
+    lines = path.read_bytes().splitlines(keepends=True)
+    cuts = [b"".join(lines[:n]) for n in range(1, len(lines))]
+    cuts += [b"".join(lines[:n]) + lines[n][:len(lines[n]) // 2] for n in range(1, len(lines), 7)]
+    for k, data in enumerate(cuts):
+        cut = tmp_path / f"cut{k}.jsonl"
+        cut.write_bytes(data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", JournalLockWarning)
+            again = IterationScheduler.resume(str(cut), cs.LoggingRunner(None, 0.0), expander=cs.EXPANDER,
+                                              progress=False)
+            again.add(cs.hypotheses())
+            report = again.run()
+        assert (summary(report), _stats(report)) == expect, (len(data), data.splitlines()[-1][:120])
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import crash_scenario as cs
+cs.scheduler(cs.LoggingRunner({log!r}, 0.02), {path!r}, queue_ahead=1).run()
+"""
+
+
+def test_sigkill_with_queued_experiments_then_resume_equals_the_uninterrupted_run(tmp_path):
+    from test_checkpoint_resume import _stats
+
+    path, log = str(tmp_path / "loop.jsonl"), str(tmp_path / "done.log")
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(tests=str(HERE), log=log, path=path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: os.path.exists(path) and open(path).read().count('"kind": "result"') >= 12
+                 or proc.poll() is not None, 60, "twelve results in the journal")
+        assert proc.poll() is None, proc.stderr.read()
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
+        sched = IterationScheduler.resume(path, cs.LoggingRunner(log, 0.0), expander=cs.EXPANDER,
+                                          progress=False)
+    assert sched.queue_ahead == 1 and sum(s.pending for s in sched.stats.values()) == 2
+    report = sched.run()
+    whole = cs.scheduler(cs.LoggingRunner(None, 0.0), queue_ahead=1).run()
+    assert summary(report) == summary(whole) and _stats(report) == _stats(whole)
+    done = open(log).read().split()
+    assert sorted(set(done)) == sorted(r.hypothesis.id for r in report.results)
+    twice = {h for h in done if done.count(h) > 1}
+    assert len(twice) <= 1          # only the one running at the kill (the queued one never ran)
