@@ -60,6 +60,90 @@ def _scheduler_callback(ctx, param, value):
     return None if value is None else _check_address(value)
 
 
+def check_worker_arguments(scheduler: str, args: tuple[str, ...] | list[str]) -> None:
+    """Check what ``dask-research worker`` passes to ``dask worker`` before it starts one: the
+    scheduler address, then ``dask worker``'s own options by its own parser, and the values it
+    reads only once running (``--nthreads``, ``--nworkers``, ``--memory-limit``, ``--resources``,
+    ``--death-timeout``, ``--lifetime``, ``--lifetime-stagger``). Each bad value is one usage line
+    (exit 2); before, a mistyped address or ``--memory-limit 4QB`` printed a 50-line traceback of
+    the ``dask worker`` process.
+
+    >>> check_worker_arguments("tcp://10.0.0.5:8786", ["--nthreads", "2", "--memory-limit", "8GiB"])
+    >>> check_worker_arguments("tcp://10.0.0.5:8786", ["--memory-limit", "4QB"])
+    Traceback (most recent call last):
+    ...
+    click.exceptions.BadParameter: '4QB' is not a memory limit; expected auto, a size such as 8GiB or 512MB, ...
+    """
+    try:
+        _check_address(scheduler)
+    except click.BadParameter as e:
+        e.param_hint = "SCHEDULER"
+        raise
+    if "--version" in args:                # dask worker --version: nothing runs, nothing to check
+        return
+    from dask.utils import parse_bytes, parse_timedelta
+    from distributed.cli.dask_worker import main as dask_worker
+
+    try:
+        ctx = dask_worker.make_context("dask worker", [scheduler, *args])
+    except click.UsageError as e:
+        raise click.UsageError(f"dask worker: {e.format_message()}") from None
+    p = ctx.params
+
+    def bad(flag: str, what: str) -> click.BadParameter:
+        return click.BadParameter(f"{p[flag.lstrip('-').replace('-', '_')]!r} {what}", param_hint=flag)
+
+    if p["nthreads"] < 0:
+        raise bad("--nthreads", "is not a thread count; expected a whole number >= 1 (0: the CPUs / --nworkers)")
+    n_workers = p["n_workers"]
+    if n_workers is not None and n_workers != "auto":
+        import os
+
+        cpus = os.cpu_count() or 1
+        try:
+            n = int(n_workers)
+        except ValueError:
+            n = 0
+        if n == 0 or n < 0 and cpus + 1 + n <= 0:
+            raise click.BadParameter(
+                f"{n_workers!r} is not a number of worker processes; expected auto, a whole number >= 1, or -N "
+                f"for all {cpus} CPUs but N-1", param_hint="--nworkers")
+    limit = p["memory_limit"]
+    if limit != "auto":
+        try:
+            size = float(limit)
+        except ValueError:
+            try:
+                size = parse_bytes(limit)
+            except (TypeError, ValueError):
+                size = -1
+        if not (size >= 0 and size != float("inf")):
+            raise bad("--memory-limit", "is not a memory limit; expected auto, a size such as 8GiB or 512MB, a "
+                                        "fraction of the machine's memory (0.5), or 0 for no limit")
+    if p["resources"]:
+        pairs = p["resources"].replace(",", " ").split()
+        for pair in pairs:
+            name, eq, amount = pair.partition("=")
+            try:
+                ok = bool(name and eq) and float(amount) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                which = "" if pair == p["resources"].strip() else f" ({pair!r} is not one)"
+                raise bad("--resources", f"is not a list of resources{which}; expected NAME=AMOUNT pairs such as "
+                                         "'GPU=2 MEMORY=10e9'")
+    for flag in ("--death-timeout", "--lifetime", "--lifetime-stagger"):
+        value = p[flag[2:].replace("-", "_")]
+        if value is None:
+            continue
+        try:
+            seconds = parse_timedelta(value, default="seconds")
+        except (TypeError, ValueError, KeyError):
+            seconds = -1
+        if seconds is None or seconds < 0:
+            raise bad(flag, "is not a duration; expected seconds (60) or a duration such as 90s, 10 minutes or 1h")
+
+
 @contextlib.contextmanager
 def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int | None = None,
             **cluster_options: Any):
@@ -382,6 +466,7 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     from . import montecarlo
 
     job = _apply_overrides(load_job(job_ref), shards, seed)
+    _check_store(store)
     try:
         with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store) as client, \
                 _quiet_reported_task_failures():
@@ -445,6 +530,67 @@ def _redact(url: str) -> str:
     return redact(url)
 
 
+def _check_store(store: str | None) -> None:
+    """``--store``, checked before a scheduler is asked or a batch job submitted, writing nothing:
+    a path or an fsspec URL whose protocol is known and installed (issue 28: an unknown protocol
+    or an empty path was a run failure, exit 1, after ``--scheduler`` had connected or
+    ``--cluster`` had submitted its jobs). Whether it can be created or read is the run's to say.
+
+    >>> _check_store("runs/")
+    >>> _check_store("nosuchproto://bucket/runs")
+    Traceback (most recent call last):
+    ...
+    click.exceptions.BadParameter: 'nosuchproto://bucket/runs' cannot be opened as a store (ValueError: ...
+    """
+    if store is None:
+        return
+    from .exceptions import InputError, StoreError
+    from .montecarlo.run import open_store
+
+    try:
+        open_store(store)
+    except (InputError, StoreError) as e:
+        problem = e.problem if isinstance(e, StoreError) else "is empty"
+        raise click.BadParameter(
+            f"{_redact(store)!r} {problem}; expected a local path or an fsspec URL whose protocol is installed "
+            "(runs/, file:///data/runs, memory://runs, s3://bucket/runs with s3fs)", param_hint="--store") from None
+
+
+class _ShardList(click.ParamType):
+    """Comma-separated shard indices, each a whole number >= 0, each once.
+
+    >>> _ShardList().convert("3,0,17", None, None)
+    [3, 0, 17]
+    """
+
+    name = "I,J,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        items = [x.strip() for x in str(value).split(",")]
+        if not all(x.isdigit() for x in items):
+            self.fail(f"{value!r} is not a comma-separated list of shard indices; expected whole numbers "
+                      ">= 0 separated by commas, e.g. 0,5,17", param, ctx)
+        picks = [int(x) for x in items]
+        if len(set(picks)) < len(picks):
+            self.fail(f"{value!r} names a shard twice; expected each shard index once, e.g. 0,5,17", param, ctx)
+        return picks
+
+
+@contextlib.contextmanager
+def _shard_out_of_range(flag: str):
+    """A shard index past the run's last (known once the store is read) is a usage error too."""
+    from .exceptions import InputError
+
+    try:
+        yield
+    except InputError as e:
+        if e.name != "shard":
+            raise
+        raise click.BadParameter(str(e), param_hint=flag) from None
+
+
 _store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
 _job_opt = click.option("--job", "job_ref", metavar="FILE:JOB or MODULE:JOB",
                         help="The job that ran: the pipeline always comes from you, never from the store.")
@@ -462,8 +608,10 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
 
+    _check_store(store)
     job = load_job(job_ref) if job_ref else None
-    report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
+    with _shard_out_of_range("--shard"):
+        report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
     if not report.match:
         raise SystemExit(1)
@@ -473,7 +621,7 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
 @click.argument("run_id", metavar="RUN")
 @click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
               help="Shards chosen from the hash of the run id.")
-@click.option("--shards", help="Comma-separated shard indices instead of -k.")
+@click.option("--shards", type=_ShardList(), help="Comma-separated shard indices instead of -k.")
 @_store_opt
 @_job_opt
 @_trust_opt
@@ -481,13 +629,11 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
 
-    try:
-        picks = [int(x) for x in shards.split(",")] if shards else None
-    except ValueError:
-        raise click.BadParameter(f"{shards!r} is not a comma-separated list of integers", param_hint="--shards")
+    _check_store(store)
     job = load_job(job_ref) if job_ref else None
-    reports = montecarlo.replay_many(run_id, store, shards=picks, k=k, job=job,
-                                     trust_origin=trust_origin or None)
+    with _shard_out_of_range("--shards"):
+        reports = montecarlo.replay_many(run_id, store, shards=shards, k=k, job=job,
+                                         trust_origin=trust_origin or None)
     for r in reports:
         click.echo(str(r))
     bad = [r for r in reports if not r.match]
@@ -506,6 +652,7 @@ def mc_show(run_id, store, as_json):
 
     from . import montecarlo
 
+    _check_store(store)
     info = montecarlo.show(run_id, store)
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
@@ -553,11 +700,12 @@ def mc_pilot(job_ref, shards, seed, target_stderr, scheduler, cluster, jobs, que
         p = montecarlo.pilot(job)
     except ResearchError as e:
         raise click.ClickException(_describe_failure(e)) from None
+    if target_stderr is not None:                 # a usage error prints nothing else
+        _check_reachable(p.sigma, target_stderr, job)
     click.echo(f"job {job.id}")
     click.echo(f"pilot: mean {p.mean:.6g}, sigma {p.sigma:.6g}, range {p.range}, "
                f"{p.shard_seconds * 1e3:.2f} ms per shard of {job.samples_per_shard:,}")
     if target_stderr is not None:
-        _check_reachable(p.sigma, target_stderr, job)
         with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime) as client:
             click.echo(str(p.plan(target_stderr, client=client)))
 
@@ -606,6 +754,7 @@ def demo(out, quick, store, scheduler):
     except ImportError:
         raise click.ClickException("the demo's report needs bokeh: pip install 'dask-research[dashboard]'") from None
     out, store = _check_demo_paths(out, store)
+    _check_store(store)                                 # a URL: its protocol, before the cluster starts
     with _client(scheduler) as client:
         run_demo(out=out, quick=quick, client=client, store=store)
 
