@@ -56,3 +56,29 @@ def test_every_test_a_promise_page_cites_exists(page):
         elif name and not re.search(rf"^(?:async )?def {name}\(", file.read_text(), re.M):
             missing.append(f"{path}::{name}")
     assert not missing, f"{page} cites tests that do not exist: {missing}"
+
+
+#: Files a page tells the reader to create (not in the repository).
+READER_FILES = {"first_job.py"}
+
+
+def test_every_file_a_page_names_exists():
+    """A module, script or notebook named on a page or in the README is in the repository
+    (replay.rst's module table named ``plane.py`` and ``delivery.py`` after they had become
+    ``experience_plane.py`` and ``local_delivery.py``). A bare name matches a file of that name
+    anywhere in the repository; a path must match the end of one."""
+    import re
+
+    root = DOCS.parent
+    known = {str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in (".py", ".ipynb", ".sh")
+             and ".git" not in p.parts and "_build" not in p.parts}
+    missing = []
+    for page in [root / "README.md", *sorted(DOCS.glob("*.rst"))]:
+        text = page.read_text()
+        for m in re.finditer(r"(?<![\w/.~-])([\w/.-]*\w\.(?:py|ipynb|sh))\b", text):
+            name = m.group(1).removeprefix("./")
+            if name in READER_FILES or "://" in name:
+                continue
+            if not any(f == name or f.endswith("/" + name) for f in known):
+                missing.append(f"{page.name}:{text[:m.start()].count(chr(10)) + 1}: {name}")
+    assert not missing, "pages name files that do not exist:\n" + "\n".join(missing)
