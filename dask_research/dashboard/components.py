@@ -359,7 +359,25 @@ def _num(x: Any) -> float:
 
 
 def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
-    """Per-branch state, score lines and slot occupancy of the latest experiments run."""
+    """Per-branch state, score lines and slot use of the latest experiments run.
+
+    A branch's score line starts at its first result (before it, its score is the bonus over no
+    data: infinite, or a guess) and its points are the selections, drawn as steps. Slot use
+    counts the experiments that hold a slot, and apart from them those queued ahead behind a
+    slot's running experiment (a dispatch with ``ahead``, which starts when that one ends),
+    so three slots never read as six experiments running.
+
+    >>> ev = [(0, {"event": "add", "run": "r"}),
+    ...       (1, {"event": "select", "run": "r", "t": 0.1, "scores": {"a": "inf"}}),
+    ...       (2, {"event": "dispatch", "run": "r", "t": 0.1, "branch": "a", "hypothesis": "a0", "slot": 0}),
+    ...       (3, {"event": "dispatch", "run": "r", "t": 0.2, "branch": "a", "hypothesis": "a1", "slot": 0,
+    ...            "ahead": True}),
+    ...       (4, {"event": "result", "run": "r", "t": 0.3, "branch": "a", "hypothesis": "a0", "mean": 0.5}),
+    ...       (5, {"event": "select", "run": "r", "t": 0.3, "scores": {"a": 1.5}})]
+    >>> view = branch_view(ev)
+    >>> view["scores"], view["occupancy"]
+    ({'a': ([0.3], [1.5])}, ([0.0, 0.1, 0.2, 0.3], [0, 1, 1, 1], [0, 0, 1, 0]))
+    """
     records: list[dict] = []
     run = None
     for _, r in unpack(events):
@@ -374,8 +392,18 @@ def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
     branches: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     scores: dict[str, tuple[list, list]] = {}
-    busy_t, busy_n, running = [0.0], [0], 0
+    measured: set[str] = set()                      # branches with a result so far
+    busy_t, busy_n, ahead_n = [0.0], [0], [0]
+    holder: dict[Any, Any] = {}                     # slot -> the experiment running there
+    lanes: dict[Any, list] = {}                     # slot -> experiments queued ahead behind it
+    slot_of: dict[Any, Any] = {}                    # experiment -> its slot, until it ends
     stop = None
+
+    def occupancy(t: float) -> None:
+        busy_t.append(t)
+        busy_n.append(len(holder))
+        ahead_n.append(sum(map(len, lanes.values())))
+
     for r in records:
         b: Any = r.get("branch")
         kind, t = r.get("event"), _num(r.get("t"))
@@ -384,23 +412,37 @@ def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
             order.append(b)
         if kind == "select":
             for name, v in (r.get("scores") or {}).items():
-                xs, ys = scores.setdefault(name, ([], []))
-                xs.append(t)
-                ys.append(_num(v))
+                if name in measured:
+                    xs, ys = scores.setdefault(name, ([], []))
+                    xs.append(t)
+                    ys.append(_num(v))
         elif kind == "dispatch":
-            branches[b]["pending"] += 1
-            running += 1
-            busy_t.append(t)
-            busy_n.append(running)
-        elif kind in ("result", "failure"):
-            br = branches[b]
-            br["pending"] = max(0, br["pending"] - 1)
-            if kind == "result":
-                br["runs"] += 1
-                br["mean"] = _num(r.get("mean"))
-            running = max(0, running - 1)
-            busy_t.append(t)
-            busy_n.append(running)
+            h = r.get("hypothesis", ("dispatch", r.get("seq"), t))
+            if h in slot_of:                        # a re-dispatch: the first one left its slot
+                _leave(h, holder, lanes, slot_of)
+            else:
+                branches[b]["pending"] += 1
+            slot = r.get("slot", ("own", h))
+            slot_of[h] = slot
+            if r.get("ahead") and slot in holder:
+                lanes.setdefault(slot, []).append(h)
+            else:
+                holder[slot] = h
+            occupancy(t)
+        elif kind in ("result", "failure", "finish", "cancel"):
+            h = r.get("hypothesis")
+            if kind in ("result", "failure") and b in branches:
+                br = branches[b]
+                br["pending"] = max(0, br["pending"] - 1)
+                if kind == "result":
+                    br["runs"] += 1
+                    br["mean"] = _num(r.get("mean"))
+                    measured.add(b)
+            if h in slot_of:
+                _leave(h, holder, lanes, slot_of)
+            elif h is None and holder:              # an old log without hypothesis ids
+                holder.pop(next(iter(holder)))
+            occupancy(t)
         elif kind == "prune":
             branches[b]["pruned"] = True
         elif kind == "paper.trigger":
@@ -409,7 +451,35 @@ def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
             stop = r.get("reason")
     top = sorted(order, key=lambda name: -branches[name]["runs"])[:max_lines]
     return {"run": run, "branches": branches, "order": order, "scores": {k: scores[k] for k in top if k in scores},
-            "occupancy": (busy_t, busy_n), "stop": stop}
+            "occupancy": (busy_t, busy_n, ahead_n), "stop": stop}
+
+
+def _leave(h: Any, holder: dict, lanes: dict, slot_of: dict) -> None:
+    """Experiment ``h`` ended (or was dispatched again): it frees its slot for the first one
+    queued ahead behind it, or leaves the queue it waited in."""
+    slot = slot_of.pop(h)
+    lane = lanes.get(slot, [])
+    if h in lane:
+        lane.remove(h)
+    elif holder.get(slot) == h:
+        del holder[slot]
+        if lane:
+            holder[slot] = lane.pop(0)
+
+
+def _steps(xs: list, ys: list) -> tuple[list, list]:
+    """A line's points as steps: each value holds until the next point.
+
+    >>> _steps([0.0, 1.0, 3.0], [2.0, 1.5, 1.2])
+    ([0.0, 1.0, 1.0, 3.0, 3.0], [2.0, 2.0, 1.5, 1.5, 1.2])
+    """
+    if not xs:
+        return [], []
+    out_x, out_y = [xs[0]], [ys[0]]
+    for x, y in zip(xs[1:], ys[1:]):
+        out_x += [x, x]
+        out_y += [out_y[-1], y]
+    return out_x, out_y
 
 
 class BranchBoard:
@@ -439,16 +509,22 @@ class BranchBoard:
         self.score_fig = figure(title="UCB score at each selection (busiest branches)", height=260,
                                 width=width // 2, tools="", toolbar_location=None, sizing_mode=sizing,
                                 x_axis_label="seconds since start",
-                                y_axis_label="UCB score (mean reward + exploration bonus)")
+                                y_axis_label="UCB score (mean + bonus)")
         glyph = self.score_fig.multi_line("xs", "ys", color="color", source=self.lines, line_width=2,
                                           legend_field="branch")
         self.score_fig.legend.location = "top_left"
         self.score_fig.legend.label_text_font_size = "8pt"
         self.score_fig.add_tools(HoverTool(renderers=[glyph], tooltips=[("branch", "@branch")]))
-        self.occ = ColumnDataSource({"t": [], "n": []})
-        self.occ_fig = figure(title="Experiments in flight", height=260, width=width // 2, tools="",
-                              toolbar_location=None, sizing_mode=sizing, x_axis_label="seconds since start")
-        self.occ_fig.step("t", "n", source=self.occ, mode="after", line_width=2, color="#4c72b0")
+        self.occ = ColumnDataSource({"t": [], "n": [], "ahead": []})
+        self.occ_fig = figure(title="Slots in use, and experiments queued ahead", height=260, width=width // 2,
+                              tools="", toolbar_location=None, sizing_mode=sizing, x_axis_label="seconds since start",
+                              y_axis_label="experiments")
+        self.occ_fig.step("t", "n", source=self.occ, mode="after", line_width=2, color="#4c72b0",
+                          legend_label="running (holding a slot)")
+        self.occ_fig.step("t", "ahead", source=self.occ, mode="after", line_width=1, color="#8c8c8c",
+                          line_dash="dashed", legend_label="queued ahead on a worker")
+        self.occ_fig.legend.location = "top_left"
+        self.occ_fig.legend.label_text_font_size = "8pt"
         self.root = column(self.summary, self.bars, row(self.score_fig, self.occ_fig, sizing_mode=sizing),
                            sizing_mode=sizing)
 
@@ -464,13 +540,13 @@ class BranchBoard:
                             "runs": [br[n]["runs"] for n in names], "pending": [br[n]["pending"] for n in names],
                             "color": color, "status": status}
         self.branch_range.factors = names
-        lines = [(name, xs, [y if math.isfinite(y) else math.nan for y in ys])
+        lines = [(name, *_steps(xs, [y if math.isfinite(y) else math.nan for y in ys]))
                  for name, (xs, ys) in view["scores"].items()]
         self.lines.data = {"xs": [x for _, x, _ in lines], "ys": [y for _, _, y in lines],
                            "color": [self.COLORS[i % len(self.COLORS)] for i in range(len(lines))],
                            "branch": [n for n, _, _ in lines]}
-        t, n = view["occupancy"]
-        self.occ.data = {"t": t, "n": n}
+        t, n, ahead = view["occupancy"]
+        self.occ.data = {"t": t, "n": n, "ahead": ahead}
         runs = sum(b["runs"] for b in br.values())
         papers = [html.escape(str(k)) for k, b in br.items() if b["paper"]]
         pruned = sum(b["pruned"] for b in br.values())
