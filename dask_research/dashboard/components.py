@@ -494,6 +494,8 @@ class BranchBoard:
         from bokeh.models.widgets import Div
         from bokeh.plotting import figure
 
+        from ..html_report import outside_legend
+
         self.scheduler = scheduler
         sizing = kwargs.get("sizing_mode")
         self.summary = Div(text="No experiments run yet.")
@@ -512,19 +514,19 @@ class BranchBoard:
                                 y_axis_label="UCB score (mean + bonus)")
         glyph = self.score_fig.multi_line("xs", "ys", color="color", source=self.lines, line_width=2,
                                           legend_field="branch")
-        self.score_fig.legend.location = "top_left"
         self.score_fig.legend.label_text_font_size = "8pt"
+        outside_legend(self.score_fig)              # never over the lines
         self.score_fig.add_tools(HoverTool(renderers=[glyph], tooltips=[("branch", "@branch")]))
         self.occ = ColumnDataSource({"t": [], "n": [], "ahead": []})
         self.occ_fig = figure(title="Slots in use, and experiments queued ahead", height=260, width=width // 2,
                               tools="", toolbar_location=None, sizing_mode=sizing, x_axis_label="seconds since start",
                               y_axis_label="experiments")
         self.occ_fig.step("t", "n", source=self.occ, mode="after", line_width=2, color="#4c72b0",
-                          legend_label="running (holding a slot)")
+                          legend_label="running")
         self.occ_fig.step("t", "ahead", source=self.occ, mode="after", line_width=1, color="#8c8c8c",
-                          line_dash="dashed", legend_label="queued ahead on a worker")
-        self.occ_fig.legend.location = "top_left"
+                          line_dash="dashed", legend_label="queued ahead")
         self.occ_fig.legend.label_text_font_size = "8pt"
+        outside_legend(self.occ_fig)
         self.root = column(self.summary, self.bars, row(self.score_fig, self.occ_fig, sizing_mode=sizing),
                            sizing_mode=sizing)
 

@@ -55,7 +55,7 @@ def test_the_score_lines_are_named_and_the_axis_says_what_it_shows():
     board = BranchBoard(_Scheduler())
     board.update()
     assert board.score_fig.yaxis[0].axis_label.startswith("UCB score")
-    legends = [r for r in board.score_fig.center if isinstance(r, Legend)]
+    legends = [r for r in board.score_fig.right if isinstance(r, Legend)]     # beside the lines, not on them
     assert legends and legends[0].items[0].label.field == "branch"
     assert board.lines.data["branch"] == ["good", "bad"]
 
