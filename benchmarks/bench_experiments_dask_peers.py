@@ -18,11 +18,25 @@ method runs on the same cluster, one after the other. The trials sleep 5 ms, 50 
 - ``ours-ucb1``: ``IterationScheduler(runner, slots=N, client=client)`` over 4 queued branches.
 - ``ours-search``: the documented search configuration (``objective="max"``, windowed Threshold
   Ascent, ``OptunaSource(unique=False)`` per branch: a continuous space).
+- ``dask-bare`` (a reference, not a peer): the same sleeping function as a plain
+  ``client.submit`` per trial, ``N`` kept in flight with ``as_completed``, each result
+  gathered: what one Dask task per trial costs with no search at all, the floor of any
+  system that runs a trial as a task.
+
+Ours runs with its defaults, ``queue_ahead="auto"`` included (:mod:`dask_research.experiments.
+ahead`); ``--queue-ahead 0`` (or ``1``) measures it with that setting instead, and such a run's
+cells are merged into the JSON under ``cells_queue_ahead_<value>`` beside the default run's. Every method runs once, unmeasured, on each
+fresh cluster before the cells (its imports on the workers, Optuna's storage plugin), so no
+method pays the cluster's first use in its figures.
 
 Figures: occupancy = trials x trial time / (N x wall) (time inside the objective only, so
 every system's own overhead, transport included, counts against it); client CPU per trial
 (this process's CPU time, all threads); scheduler CPU per trial (the scheduler process's CPU
-time, ``psutil``); decisions per second = trials / wall (at 5 ms the slots are saturated, so
+time, ``time.process_time`` on the scheduler: nanoseconds, where ``psutil``'s clock ticks of
+10 ms were coarser than a 500 ms cell's whole figure), gross and net of the idle floor (the
+scheduler's own CPU per second on the same cluster with nothing submitted, its heartbeats and
+periodic callbacks, measured before the cells, times the cell's wall, per trial: the same for
+every system); decisions per second = trials / wall (at 5 ms the slots are saturated, so
 this is the rate at which each system decides and dispatches). The JSON
 (``benchmarks/results/bench_experiments_dask_peers.json``) has the machine's load beside them:
 wall-clock figures on a shared machine are lower bounds; the CPU figures are the comparable
@@ -31,7 +45,6 @@ ones.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
 import tempfile
@@ -42,9 +55,10 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import LoadMonitor, print_table, require, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, print_table, require, update_results, write_results  # noqa: E402
 
-TRIALS = {0.005: 120, 0.05: 60, 0.5: 3}           # per trial time; 0.5 s: 3 per slot
+TRIALS = {0.005: 120, 0.05: 60, 0.5: 10}          # per trial time; 0.5 s: 10 per slot
+IDLE_SECONDS = 5.0                                 # the idle floor is measured over this long
 
 
 def _objective(delay: float) -> Callable[[Any], float]:
@@ -93,6 +107,30 @@ def distributed_tpe(client: Any, n: int, delay: float, trials: int) -> None:
     assert len(study.trials) == trials
 
 
+def bare(client: Any, n: int, delay: float, trials: int) -> None:
+    from distributed import as_completed
+
+    from dask_research.experiments import Hypothesis
+
+    fn = _sleep_runner(delay)
+
+    def task(k: int) -> Any:
+        return client.submit(fn, Hypothesis(f"h{k}", "b", {"x": k / trials}), pure=False)
+
+    futures = as_completed([task(k) for k in range(min(n, trials))], with_results=True,
+                           loop=client.loop)
+    done, submitted = 0, min(n, trials)
+    for _ in futures:
+        done += 1
+        if submitted < trials:
+            futures.add(task(submitted))
+            submitted += 1
+    assert done == trials
+
+
+QUEUE_AHEAD: Any = None                            # ours: None is research.experiments.queue-ahead
+
+
 def ours(client: Any, n: int, delay: float, trials: int, search: bool) -> None:
     import optuna
 
@@ -103,11 +141,13 @@ def ours(client: Any, n: int, delay: float, trials: int, search: bool) -> None:
         space = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
         sched = IterationScheduler(_sleep_runner(delay), slots=n, client=client,
                                    objective="max", max_experiments=trials, progress=False,
-                                   policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6))
+                                   policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6),
+                                   queue_ahead=QUEUE_AHEAD)
         sched.add([Branch(f"b{k}", propose=OptunaSource(space, seed=k)) for k in range(4)])
     else:
         sched = IterationScheduler(_sleep_runner(delay), slots=n, client=client,
-                                   max_experiments=trials, progress=False, prune_floor=0.0)
+                                   max_experiments=trials, progress=False, prune_floor=0.0,
+                                   queue_ahead=QUEUE_AHEAD)
         sched.add([Hypothesis(f"h{j}", f"b{j % 4}", {"x": (j % 10) / 10})
                    for j in range(trials)])
     report = sched.run()
@@ -120,27 +160,50 @@ METHODS: dict[str, Callable[[Any, int, float, int], None]] = {
     "optuna-distributed-tpe": distributed_tpe,
     "ours-ucb1": lambda c, n, d, t: ours(c, n, d, t, False),
     "ours-search": lambda c, n, d, t: ours(c, n, d, t, True),
+    "dask-bare": bare,
 }
 
 
-def measure(client: Any, sched_proc: Any, method: str, n: int, delay: float,
-            trials: int) -> dict[str, float]:
-    c0, s0, t0 = time.process_time(), sum(sched_proc.cpu_times()[:2]), time.perf_counter()
+def scheduler_cpu(client: Any) -> float:
+    """The scheduler process's CPU seconds so far (``time.process_time`` there: one call)."""
+    return float(client.run_on_scheduler(time.process_time))
+
+
+def idle_floor(client: Any, seconds: float = IDLE_SECONDS) -> float:
+    """The scheduler's CPU seconds per second with nothing submitted (heartbeats, periodic
+    callbacks, the client's own identity refresh)."""
+    time.sleep(1.0)                                 # what the last call started settles
+    c0, t0 = scheduler_cpu(client), time.perf_counter()
+    time.sleep(seconds)
+    return (scheduler_cpu(client) - c0) / (time.perf_counter() - t0)
+
+
+def measure(client: Any, method: str, n: int, delay: float, trials: int,
+            idle: float = 0.0) -> dict[str, float]:
+    c0, s0, t0 = time.process_time(), scheduler_cpu(client), time.perf_counter()
     METHODS[method](client, n, delay, trials)
     wall = time.perf_counter() - t0
     client_cpu = time.process_time() - c0
-    sched_cpu = sum(sched_proc.cpu_times()[:2]) - s0
+    sched_cpu = scheduler_cpu(client) - s0
     return {"trials": trials, "wall_s": wall, "occupancy": trials * delay / (n * wall),
             "client_cpu_ms_per_trial": 1e3 * client_cpu / trials,
             "scheduler_cpu_ms_per_trial": 1e3 * sched_cpu / trials,
+            "scheduler_cpu_net_ms_per_trial": 1e3 * (sched_cpu - idle * wall) / trials,
             "decisions_per_s": trials / wall}
 
 
+def _uptime() -> str:
+    """The load averages (``/proc/loadavg``), to record beside the figures."""
+    try:
+        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    require("optuna", "optuna_integration", "optuna_distributed", "psutil",
+    require("optuna", "optuna_integration", "optuna_distributed",
             benchmark="bench_experiments_dask_peers")
     import optuna
-    import psutil
 
     from dask_research.testing.processes import dask_processes
 
@@ -148,37 +211,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--slots", default="2,4,8")
     ap.add_argument("--delays", default="0.005,0.05,0.5")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--queue-ahead", default=None,
+                    help='ours: "auto", 0, 1, ... (default: research.experiments.queue-ahead)')
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    global QUEUE_AHEAD
+    QUEUE_AHEAD = (None if args.queue_ahead is None else
+                   args.queue_ahead if args.queue_ahead == "auto" else int(args.queue_ahead))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.simplefilter("ignore")
     methods = args.methods.split(",")
-    figures: dict[str, Any] = {"cells": {}}
+    figures: dict[str, Any] = {"cells": {}, "idle_scheduler_cpu_ms_per_s": {},
+                               "queue_ahead": "default" if QUEUE_AHEAD is None else QUEUE_AHEAD,
+                               "uptime": {"before": _uptime()}}
     rows = []
     with LoadMonitor() as load:
         for n in (int(x) for x in args.slots.split(",")):
             with tempfile.TemporaryDirectory() as where, \
                     dask_processes(pathlib.Path(where), n_workers=n) as (client, _):
-                sched_proc = psutil.Process(client.run_on_scheduler(os.getpid))
+                for m in methods:                  # warm-up: each method's first use of the cluster
+                    METHODS[m](client, n, 0.005, 2 * n)
+                idle = idle_floor(client)
+                figures["idle_scheduler_cpu_ms_per_s"][str(n)] = 1e3 * idle
+                print(f"{n} workers: idle scheduler CPU {1e3 * idle:.2f} ms/s", flush=True)
                 for delay in (float(x) for x in args.delays.split(",")):
                     trials = TRIALS[delay] * (n if delay >= 0.5 else 1)
                     for m in methods:
-                        f = measure(client, sched_proc, m, n, delay, trials)
+                        f = measure(client, m, n, delay, trials, idle)
                         figures["cells"][f"{m}|{n}|{delay}"] = f
                         rows.append((m, n, f"{1e3 * delay:g} ms", trials,
                                      f"{100 * f['occupancy']:.1f} %",
                                      f"{f['client_cpu_ms_per_trial']:.2f}",
                                      f"{f['scheduler_cpu_ms_per_trial']:.2f}",
+                                     f"{f['scheduler_cpu_net_ms_per_trial']:.2f}",
                                      f"{f['decisions_per_s']:.1f}"))
                         print(*rows[-1], sep="  ", flush=True)
     figures["machine_busy"] = load.machine_busy
+    figures["uptime"]["after"] = _uptime()
     print_table(rows, ("method", "slots", "trial", "trials", "occupancy", "client CPU ms/trial",
-                       "scheduler CPU ms/trial", "trials/s"))
-    if not args.no_write:
-        path = write_results("bench_experiments_dask_peers", figures, notes=(
-            "Real dask scheduler + N one-thread dask worker processes on this machine; "
-            "sleeping trials. The machine was shared with other sessions (machine_busy): "
-            "wall-clock figures (occupancy, trials/s) are lower bounds, CPU figures compare."))
+                       "scheduler CPU ms/trial", "net of idle", "trials/s"))
+    print(f"load: before {figures['uptime']['before']}; after {figures['uptime']['after']}")
+    notes = ("Real dask scheduler + N one-thread dask worker processes on this machine; "
+             "sleeping trials. The machine was shared with other sessions (machine_busy): "
+             "wall-clock figures (occupancy, trials/s) are lower bounds, CPU figures compare.")
+    if not args.no_write and QUEUE_AHEAD is not None:
+        path = update_results("bench_experiments_dask_peers", {
+            f"cells_queue_ahead_{QUEUE_AHEAD}": figures["cells"],
+            f"run_queue_ahead_{QUEUE_AHEAD}": {k: v for k, v in figures.items() if k != "cells"}})
+        print(f"\nmerged into {path}")
+    elif not args.no_write:
+        path = write_results("bench_experiments_dask_peers", figures, notes=notes)
         print(f"\nwrote {path}")
     return figures
 

@@ -21,6 +21,11 @@ the objective itself, not by the system under test.
   documents for resuming, driven by ``optuna_distributed`` (trials as Dask futures), the
   second driver asking for the trials the study still lacks.
 
+Ours runs with its defaults (``queue_ahead="auto"``: with trials of 0.4 s on this cluster it
+queues one decided experiment behind each running one after the first results, so at a fault a
+worker holds one running and one queued experiment); ``--queue-ahead 0`` runs ours without it.
+``ahead`` counts ours' dispatches that were queued ahead.
+
 Figures per system and fault: trials the system counts as done (``COMPLETE`` for Optuna,
 results for ours) and how many of them lie beyond the budget; *stale or lost* records (trials
 the system recorded as started that never finish: Optuna leaves them ``RUNNING`` for ever, ours
@@ -51,6 +56,7 @@ from benchmarks.harness import print_table, require, write_results  # noqa: E402
 
 TRIALS = 24
 DELAY = 0.4
+QUEUE_AHEAD: Any = None                 # ours: None is research.experiments.queue-ahead
 
 
 def _log(path: str, line: str) -> None:
@@ -111,10 +117,14 @@ def executions(log: str) -> tuple[collections.Counter, collections.Counter]:
     return starts, ends
 
 
-def _figures(counted: int, lost: int, starts: collections.Counter) -> dict:
+def _figures(counted: int, lost: int, starts: collections.Counter, ahead: int | None = None) -> dict:
     runs = sum(starts.values())
-    return {"counted": counted, "budget_met": counted >= TRIALS, "over_budget": max(0, counted - TRIALS),
-            "lost": lost, "wasted_runs": runs - counted, "executions": runs}
+    out = {"counted": counted, "budget_met": counted >= TRIALS, "over_budget": max(0, counted - TRIALS),
+           "lost": lost, "wasted_runs": runs - counted, "executions": runs,
+           "run_twice": sorted(t for t, k in starts.items() if k > 1)}
+    if ahead is not None:
+        out["ahead_dispatches"] = ahead
+    return out
 
 
 # -- a worker killed --------------------------------------------------------------------------
@@ -138,10 +148,11 @@ def worker_kill(system: str, where: pathlib.Path) -> dict:
             from dask_research.experiments import IterationScheduler
 
             sched = IterationScheduler(Runner(log), slots=2, client=client, max_experiments=TRIALS,
-                                       progress=False, prune_floor=0.0)
+                                       progress=False, prune_floor=0.0, queue_ahead=QUEUE_AHEAD)
             sched.add(hypotheses())
             report = sched.run()
             counted, lost = report.total_runs, report.dispatched - report.total_runs - report.failures
+            ahead: int | None = sum(1 for e in report.events.of("dispatch") if e.data.get("ahead"))
         else:
             import optuna
             from optuna_integration import DaskStorage
@@ -153,9 +164,10 @@ def worker_kill(system: str, where: pathlib.Path) -> dict:
             client.gather(futures, errors="skip")
             states = collections.Counter(tr.state.name for tr in study.get_trials(deepcopy=False))
             counted, lost = states["COMPLETE"], states["RUNNING"] + states["FAIL"]
+            ahead = None
         t.join(60)
         starts, _ = executions(log)
-    return _figures(counted, lost, starts)
+    return _figures(counted, lost, starts, ahead)
 
 
 # -- the driver killed, then resumed ----------------------------------------------------------
@@ -164,9 +176,10 @@ import sys, warnings
 sys.path.insert(0, {root!r})
 warnings.simplefilter("ignore")
 from distributed import Client
-from benchmarks.bench_experiments_faults import drive
+import benchmarks.bench_experiments_faults as bench
+bench.QUEUE_AHEAD = {queue_ahead!r}
 with Client(scheduler_file={sfile!r}, set_as_default=False, timeout=60) as client:
-    drive({system!r}, client, {log!r}, {state!r}, resume={resume!r})
+    bench.drive({system!r}, client, {log!r}, {state!r}, resume={resume!r})
 """
 
 
@@ -179,7 +192,8 @@ def drive(system: str, client: Any, log: str, state: str, resume: bool) -> None:
             sched = IterationScheduler.resume(state, Runner(log), client=client, progress=False)
         else:
             sched = IterationScheduler(Runner(log), slots=2, client=client, max_experiments=TRIALS,
-                                       progress=False, prune_floor=0.0, checkpoint=state)
+                                       progress=False, prune_floor=0.0, checkpoint=state,
+                                       queue_ahead=QUEUE_AHEAD)
             sched.add(hypotheses())
         sched.run()
         return
@@ -206,7 +220,8 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
         for resume in (False, True):
             script = where / f"driver_{int(resume)}.py"
             script.write_text(textwrap.dedent(DRIVER.format(root=str(ROOT), sfile=sfile, system=system, log=log,
-                                                            state=state, resume=resume)))
+                                                            state=state, resume=resume,
+                                                            queue_ahead=QUEUE_AHEAD)))
             proc = subprocess.Popen([sys.executable, str(script)], env=subprocess_env(), cwd=where,
                                     stdout=subprocess.DEVNULL, stderr=open(where / f"driver_{int(resume)}.log", "wb"))
             if not resume:
@@ -225,20 +240,28 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
                     and r["e"]["kind"] in ("result", "failure")}
         dispatched = {r["e"]["hypothesis"] for r in records if r["kind"] == "event" and r["e"]["kind"] == "dispatch"}
         counted, lost = len(outcomes), len(dispatched - outcomes)
+        ahead: int | None = sum(1 for r in records if r["kind"] == "event" and r["e"]["kind"] == "dispatch"
+                                and r["e"].get("ahead"))
     else:
         import optuna
 
         study = optuna.load_study(storage=f"sqlite:///{state}", study_name="s")
         states = collections.Counter(tr.state.name for tr in study.get_trials(deepcopy=False))
         counted, lost = states["COMPLETE"], states["RUNNING"] + states["FAIL"]
-    return _figures(counted, lost, starts)
+        ahead = None
+    return _figures(counted, lost, starts, ahead)
 
 
 def main(argv: list[str] | None = None) -> dict:
     require("optuna", "optuna_integration", "optuna_distributed", benchmark="bench_experiments_faults")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--queue-ahead", default=None,
+                    help='ours: "auto", 0, 1, ... (default: research.experiments.queue-ahead)')
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    global QUEUE_AHEAD
+    QUEUE_AHEAD = (None if args.queue_ahead is None else
+                   args.queue_ahead if args.queue_ahead == "auto" else int(args.queue_ahead))
     warnings.simplefilter("ignore")
     import optuna
 
@@ -246,17 +269,18 @@ def main(argv: list[str] | None = None) -> dict:
     cases = {("worker killed", "ours"): worker_kill, ("worker killed", "optuna-daskstorage"): worker_kill,
              ("driver killed, resumed", "ours"): driver_kill,
              ("driver killed, resumed", "optuna-rdb-sqlite"): driver_kill}
-    figures: dict = {"trials": TRIALS, "trial_seconds": DELAY, "cases": {}}
+    figures: dict = {"trials": TRIALS, "trial_seconds": DELAY, "cases": {},
+                     "queue_ahead": "default" if QUEUE_AHEAD is None else QUEUE_AHEAD}
     rows = []
     for (fault, system), fn in cases.items():
         with tempfile.TemporaryDirectory() as where:
             f = fn("ours" if system == "ours" else "optuna", pathlib.Path(where))
         figures["cases"][f"{fault}|{system}"] = f
         rows.append((fault, system, f"{f['counted']}/{TRIALS}", f["over_budget"], f["lost"], f["executions"],
-                     f["wasted_runs"]))
+                     f["wasted_runs"], ",".join(f["run_twice"]) or "-", f.get("ahead_dispatches", "-")))
         print(*rows[-1], sep="  ", flush=True)
     print_table(rows, ("fault", "system", "trials done", "beyond budget", "stale or lost records", "objective runs",
-                       "runs not counted"))
+                       "runs not counted", "run twice", "ahead"))
     if not args.no_write:
         path = write_results("bench_experiments_faults", figures, notes=(
             "Real dask scheduler + 2 one-thread dask workers (no nanny) per case; trials sleep; "

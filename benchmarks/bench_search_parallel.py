@@ -25,6 +25,10 @@ Methods:
   configuration asked again is told its known score without spending budget (the strongest
   form of the peer), one still pending is failed and asked again.
 - ``random``: uniform over families, then over the family's grid, never repeating.
+- ``ours-ahead`` (``--queue-ahead``): ours with ``queue_ahead=1`` (one decided experiment
+  queued behind each running one, :mod:`dask_research.experiments.ahead`): with ``k`` slots
+  every decision is made with the ``2k - 1`` latest experiments unknown. Its paired difference
+  against ``ours`` at the same slot count is what queueing ahead costs the search.
 
 Figures (``benchmarks/results/bench_search_parallel.json``): per space and slot count the mean
 best, ours' paired difference against each peer with a bootstrap 95 % interval and
@@ -64,6 +68,19 @@ def run_ours(prob: bs.Problem, seed: int, slots: int) -> dict[str, Any]:
         return OptunaSource(bs._encode(f), seed=s, startup=5, unique=True)
     r = bs.run_ours(prob, seed, "max", "threshold-ascent", True, source=source, slots=slots,
                     policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6))
+    r["spent"] = sum(r["runs"].values())
+    return r
+
+
+def run_ours_ahead(prob: bs.Problem, seed: int, slots: int) -> dict[str, Any]:
+    """``run_ours`` with one decided experiment queued behind each running one."""
+    from dask_research.experiments import OptunaSource
+    from dask_research.experiments.policies.maxbandit import ThresholdAscentPolicy
+
+    def source(f: str, s: int) -> Any:
+        return OptunaSource(bs._encode(f), seed=s, startup=5, unique=True)
+    r = bs.run_ours(prob, seed, "max", "threshold-ascent", True, source=source, slots=slots,
+                    policy=ThresholdAscentPolicy(top=3, delta=10.0, window=6), queue_ahead=1)
     r["spent"] = sum(r["runs"].values())
     return r
 
@@ -135,9 +152,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=len(SEEDS))
     ap.add_argument("--slots", default="1,4,8")
     ap.add_argument("--spaces", default=",".join([*sp.DATASETS, *shapes.SHAPES]))
+    ap.add_argument("--queue-ahead", action="store_true",
+                    help="also ours with queue_ahead=1 (ours-ahead), paired against ours")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--name", default="bench_search_parallel", help="results file name")
     args = ap.parse_args(argv)
+    methods = dict(METHODS, **({"ours-ahead": run_ours_ahead} if args.queue_ahead else {}))
     seeds = list(SEEDS)[:args.seeds]
     slot_counts = [int(x) for x in args.slots.split(",")]
     probs = problems()
@@ -147,9 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for space in args.spaces.split(","):
             prob = probs[space]
             bests: dict[tuple[str, int], list[float]] = {}
-            short = dict.fromkeys(METHODS, 0)
+            short = dict.fromkeys(methods, 0)
             for k in slot_counts:
-                for m, fn in METHODS.items():
+                for m, fn in methods.items():
                     if m == "random" and k != slot_counts[0]:   # blind to slots: run once
                         bests[m, k] = bests[m, slot_counts[0]]
                         continue
@@ -162,16 +182,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows = []
             for k in slot_counts:
                 cell: dict[str, Any] = {m: {"mean_best": statistics.mean(bests[m, k])}
-                                        for m in METHODS}
+                                        for m in methods}
                 for peer in ("tpe", "random"):
                     cell["ours"][f"vs_{peer}"] = paired(bests["ours", k], bests[peer, k])
+                if "ours-ahead" in methods:
+                    cell["ours-ahead"]["vs_ours"] = paired(bests["ours-ahead", k], bests["ours", k])
                 if k != slot_counts[0]:
-                    for m in METHODS:
+                    for m in methods:
                         cell[m][f"loss_vs_{slot_counts[0]}_slot"] = paired(
                             bests[m, k], bests[m, slot_counts[0]])["mean_diff"]
                 out["by_slots"][str(k)] = cell
                 vt, vr = cell["ours"]["vs_tpe"], cell["ours"]["vs_random"]
-                rows.append((space, k, *(f"{cell[m]['mean_best']:.4f}" for m in METHODS),
+                va = cell.get("ours-ahead", {}).get("vs_ours")
+                rows.append((space, k, *(f"{cell[m]['mean_best']:.4f}" for m in methods),
                              "{:+.4f} [{:+.4f}, {:+.4f}] {}".format(
                                  vt["mean_diff"], *vt["ci95"],
                                  "/".join(map(str, vt["better_tied_worse"]))),
@@ -180,10 +203,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  "/".join(map(str, vr["better_tied_worse"]))),
                              *("-" if k == slot_counts[0] else
                                f"{cell[m][f'loss_vs_{slot_counts[0]}_slot']:+.4f}"
-                               for m in ("ours", "tpe"))))
-            print_table(rows, ("space", "slots", *(f"{m} mean" for m in METHODS),
+                               for m in ("ours", "tpe")),
+                             *([] if va is None else ["{:+.4f} [{:+.4f}, {:+.4f}] {}".format(
+                                 va["mean_diff"], *va["ci95"],
+                                 "/".join(map(str, va["better_tied_worse"])))])))
+            print_table(rows, ("space", "slots", *(f"{m} mean" for m in methods),
                                "ours-tpe [95% CI] W/T/L", "ours-random [95% CI] W/T/L",
-                               "ours loss vs 1", "tpe loss vs 1"))
+                               "ours loss vs 1", "tpe loss vs 1",
+                               *(["ahead-ours [95% CI] W/T/L"] if "ours-ahead" in methods else [])))
             print(f"  best {prob.best_score:.4f} ({prob.best_family}); runs short of the "
                   f"budget: {short}", flush=True)
             figures["spaces"][space] = out
