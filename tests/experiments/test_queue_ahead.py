@@ -156,7 +156,7 @@ def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_pat
         import time
 
         with open(log, "a") as f:
-            f.write(f"{h.id} {os.getpid()}\n")
+            f.write(f"{h.id} {os.getpid()} {time.time()}\n")
         time.sleep(1.0)
         return 0.5
 
@@ -170,26 +170,29 @@ def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_pat
         thread.start()
 
         def holding_two():
-            """A worker with one experiment running (it logged its start) and one queued."""
+            """A worker with one experiment running (it logged its start under half a second
+            ago, so the one queued behind it cannot start before the kill) and one queued."""
             held = client.run_on_scheduler(lambda dask_scheduler: {
                 ws.address: sorted(ts.key for ts in ws.processing) for ws in dask_scheduler.workers.values()})
-            started = log.read_text().split() if log.exists() else []
+            lines = [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+            started = {hid: float(t) for hid, _, t in lines}
             for address, keys in held.items():
                 ids = [k.split("-", 2)[2] for k in keys if k.startswith("experiment-")]
-                if len(ids) == 2 and sum(i in started for i in ids) == 1:
+                running = [i for i in ids if i in started]
+                if len(ids) == 2 and len(running) == 1 and time.time() - started[running[0]] < 0.5:
                     box["victim"] = (address, [i for i in ids if i not in started][0])
                     return True
             return False
 
-        wait_for(holding_two, 60, "a worker holding a running and a queued experiment")
+        wait_for(holding_two, 60, "a worker holding a running and a queued experiment", poll=0.02)
         address, queued = box["victim"]
         victim = next(p for p in workers if p.pid == pids[address])
-        before = log.read_text().split()[::2]
         victim.send_signal(signal.SIGKILL)
+        before = [ln.split()[0] for ln in log.read_text().splitlines()]
         thread.join(120)
         assert not thread.is_alive()
     report = box["report"]
-    starts = log.read_text().split()[::2]
+    starts = [ln.split()[0] for ln in log.read_text().splitlines()]
     assert sorted(r.hypothesis.id for r in report.results) == sorted(f"h{k}" for k in range(8))
     assert queued not in before and starts.count(queued) == 1        # the queued one: once
     assert all(starts.count(h) == 1 for h in set(starts) - set(before))   # nothing run twice
