@@ -71,8 +71,8 @@ elif kind == "sb3":
     import gymnasium as gym
     from stable_baselines3.common.buffers import ReplayBuffer
     envs = 1000 if n >= 10**6 else 100          # vectorised adds; the same arrays as n_envs=1
-    def make():
-        return ReplayBuffer(n // envs, gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+    def make():                                 # SB3 divides buffer_size by n_envs itself
+        return ReplayBuffer(n, gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
                             device="cpu", n_envs=envs)
     def add(buf, k):
         for i in range(0, k, envs):
@@ -412,6 +412,10 @@ def memory_side_by_side(sizes: tuple[int, ...] = MEMORY_SIZES) -> dict[str, Any]
                 print(f"{kind:12s} {n:>11,}  skipped: {msg}")
                 continue
             size, rss = map(int, r.stdout.split()[-2:])
+            if size != n:                # a buffer that kept fewer measures its fixed costs, not n
+                out["cases"][f"{kind} {n}"] = {"error": f"stored {size:,} of {n:,}"}
+                print(f"{kind:12s} {n:>11,}  not measured: it stored {size:,} of {n:,} transitions")
+                continue
             case = {"buffer": kind, "n": n, "stored": size, "rss_bytes": rss,
                     "rss_bytes_per_transition": rss / size, "over_unpadded_record": rss / size / need}
             out["cases"][f"{kind} {n}"] = case
