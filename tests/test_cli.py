@@ -380,3 +380,21 @@ def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path):
                            env=dict(os.environ))
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["reused_shards"] >= int(m.group(1))
+
+
+def test_the_store_layout_is_the_one_getting_started_describes(job_file, tmp_path):
+    """``--store runs/`` keeps each run in ``runs/runs/<run id>/`` and the command prints that
+    path; getting-started said everything went to ``runs/<run id>/`` (issue 29): one layout,
+    described as it is."""
+    import pathlib
+
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "run", f"{job_file}:job", "--store",
+                          "runs/", "--no-progress", "--shards", "4"], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("stored")]
+    path = line.split()[-1]
+    assert re.fullmatch(r"runs/runs/[0-9a-f]{64}", path), line
+    assert (tmp_path / path / "manifest.json").is_file() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["runs"]
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "getting-started.rst").read_text()
+    assert "``runs/runs/<run id>/``" in page and "``stored runs/runs/...``" in page
