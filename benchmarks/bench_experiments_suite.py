@@ -157,7 +157,7 @@ def plot_curves(curves: dict, steps: list[int], path: pathlib.Path, figs: dict) 
     from bokeh.io import save
     from bokeh.layouts import gridplot
     from bokeh.models import Legend
-    from bokeh.palettes import Category10_10
+    from bokeh.palettes import Category10_10, Category20_20
     from bokeh.plotting import figure
     from bokeh.resources import INLINE
 
@@ -168,9 +168,12 @@ def plot_curves(curves: dict, steps: list[int], path: pathlib.Path, figs: dict) 
                    width=620, height=380, x_axis_label="experiments",
                    y_axis_label="pseudo-regret")
         items = []
+        # one colour per curve (Category10 repeats after ten: round-robin and Optuna TPE once
+        # shared an orange dashed line)
+        palette = Category10_10 if len(curves[scenario]) <= 10 else Category20_20
         for j, (name, ys) in enumerate(curves[scenario].items()):
             dash = "solid" if name in OURS else "dashed"
-            r = p.line(steps[:len(ys)], ys, color=Category10_10[j % 10], line_width=2,
+            r = p.line(steps[:len(ys)], ys, color=palette[j % len(palette)], line_width=2,
                        line_dash=dash)
             label = name
             if name.startswith("Optuna"):

@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh                 # on a GPU machine (e.g. one H200, 16 cores)
 #   bash benchmarks/gpu_check.sh --cpu           # dry run here: same Python, NumPy stand-in
+#                                                # (writes *_cpu.json/.log, which git ignores)
 #   bash benchmarks/gpu_check.sh --fetch-wheels  # on a machine with PyPI: fill .whl/ for one without
 #
 # Steps: (1) install what is missing (CuPy, the CUDA build of torch, dask/distributed, TorchRL)
