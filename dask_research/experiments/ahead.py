@@ -4,17 +4,32 @@ Without it a slot idles for one round trip per experiment: the result travels fr
 to the scheduler and the driver, the driver decides, and the next experiment travels back to
 the scheduler and a worker. With ``queue_ahead=1`` (``research.experiments.queue-ahead``) the
 driver keeps one more decided experiment per slot in flight; on a Dask cluster it waits on a
-worker (or at the scheduler) and starts the moment a thread frees, without the driver. The
-price is information: a queued decision is made without the results of the experiments running
-when it was made, like one more slot of parallelism.
+worker (or at the scheduler, or in the slot's actor with ``transport="actors"``) and starts the
+moment a thread frees, without the driver. The price is information: a queued decision is made
+without the results of the experiments running when it was made, like one more slot of
+parallelism.
 
-``"auto"`` (the default) queues ahead only where that round trip is worth hiding: on a Dask
-cluster, once the measured idle gap per experiment (time from dispatch to result, less the
-experiment's own duration) exceeds ``queue_ahead_gap`` (1 %) of the experiments' typical
-duration. Hour-long experiments keep fully informed decisions; experiments of a few seconds or
-less stop idling. Without a client the slot is refilled inside the finished task, so ``"auto"``
-never queues ahead there; nor with ``apply_order="dispatch"``, whose decisions must not depend
-on timing (a number, ``queue_ahead=1``, applies everywhere and is deterministic).
+``"auto"`` (the default) queues ahead only where that costs no information or where the round
+trip is worth hiding, on a Dask cluster:
+
+- **forced picks**, from the very first decision: while the policy's next pick does not depend
+  on results. UCB1, UCB1-tuned, KL-UCB, discounted UCB and the max-bandit policies score every
+  untried branch (no results, nothing in flight) above every other and take the first such
+  (:attr:`~.policies.Policy.untried_first`); while an eligible untried branch remains, the next
+  pick is that branch whatever the experiments in flight return (unless one of them fails on a
+  branch that has no result yet, which makes that branch untried again). Such a decision is the
+  same made now or after the results, so it is queued ahead at once;
+- **the measured gap**, after the first results: once the idle gap per experiment (time from
+  dispatch to result, less the experiment's own duration) exceeds ``queue_ahead_gap`` (1 %) of
+  the experiments' typical duration. Hour-long experiments keep fully informed decisions;
+  experiments of a few seconds or less stop idling.
+
+Without a client the slot is refilled inside the finished task, so ``"auto"`` never queues ahead
+there. With ``apply_order="dispatch"``, whose decisions must not depend on timing, only forced
+picks are queued (they depend on the decisions made so far alone: the run is as deterministic as
+without queue-ahead, and makes the same decisions unless an experiment fails on a branch with no
+result yet); a number, ``queue_ahead=1``, applies everywhere and is
+deterministic.
 
 Examples
 --------
@@ -31,6 +46,8 @@ Examples
 0
 >>> AheadRule(2, gap_fraction=0.01).depth()      # a number is kept as given
 2
+>>> AheadRule("auto", gap_fraction=0.01).depth(forced=True)   # the next pick is forced
+1
 """
 from __future__ import annotations
 
@@ -65,12 +82,17 @@ class AheadRule:
     ``setting`` is an integer (kept as given) or ``"auto"``; :meth:`observe` feeds the auto rule
     the idle gap of an experiment that started on a free slot (``None`` when unknown: it was
     queued) and every experiment's duration; :meth:`depth` is 0 or 1 under ``"auto"``.
+    ``enabled=False``: a backend with no round trip to hide (never queue under ``"auto"``);
+    ``timed=False``: decisions must not depend on timing (``apply_order="dispatch"``), so only
+    forced picks are queued.
     """
 
-    def __init__(self, setting: int | str, gap_fraction: float, enabled: bool = True) -> None:
+    def __init__(self, setting: int | str, gap_fraction: float, enabled: bool = True,
+                 timed: bool = True) -> None:
         self.setting = setting
         self.gap_fraction = gap_fraction
         self.enabled = enabled            # False: a backend that never queues under "auto"
+        self.timed = timed                # False: only forced picks are queued under "auto"
         self.gaps: deque[float] = deque(maxlen=WINDOW)
         self.durations: deque[float] = deque(maxlen=WINDOW)
 
@@ -85,10 +107,15 @@ class AheadRule:
         if duration is not None and duration >= 0:
             self.durations.append(duration)
 
-    def depth(self) -> int:
-        """Experiments to keep queued per running one now."""
+    def depth(self, forced: bool = False) -> int:
+        """Experiments to keep queued per running one now; ``forced``: the next pick does not
+        depend on results (see the module's docstring)."""
         if not self.auto:
             return int(self.setting)
         if not self.enabled:
+            return 0
+        if forced:
+            return 1
+        if not self.timed:
             return 0
         return int(worth_queueing(list(self.gaps), list(self.durations), self.gap_fraction))

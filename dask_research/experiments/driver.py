@@ -82,10 +82,11 @@ class LoopDriver:
         self.free = list(range(s.slots))
         self.inflight: dict[Any, _Flight] = {}
         self.lanes: list[deque[Any]] = [deque() for _ in range(s.slots)]   # queued ahead, per slot
-        # "auto" decides by timing, so it stays off where decisions must not depend on it
-        # (apply_order="dispatch") and where no round trip is to be hidden (the local backend)
-        self.ahead = AheadRule(s.queue_ahead, s.queue_ahead_gap,
-                               enabled=backend.queues_in_cluster and s.apply_order != "dispatch")
+        # "auto" queues forced picks (the same whenever decided) and, by timing, where the
+        # round trip is worth hiding; never where no round trip is to be hidden (the local
+        # backend), and not by timing where decisions must not depend on it ("dispatch")
+        self.ahead = AheadRule(s.queue_ahead, s.queue_ahead_gap, enabled=backend.queues_in_cluster,
+                               timed=s.apply_order != "dispatch")
         self._refused = False                    # warned that the cluster has spare threads
         self.buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
         self.by_dispatch = s.apply_order == "dispatch"
@@ -111,7 +112,8 @@ class LoopDriver:
     def depth(self) -> int:
         """Experiments to keep queued ahead per slot now: the rule's (:mod:`.ahead`), if the
         backend can queue without running more than ``slots`` experiments at once."""
-        want = self.ahead.depth()
+        rule = self.ahead
+        want = rule.depth(forced=rule.auto and rule.enabled and self.run.ledger.forced_pick())
         if want and not self.backend.can_queue(self.slots):
             if not self.ahead.auto and not self._refused:
                 self._refused = True

@@ -248,6 +248,15 @@ class BranchLedger:
         """Whether any unpruned branch has queued hypotheses or a live source."""
         return self.n_queued > 0 or self.n_sourced > 0
 
+    def forced_pick(self) -> bool:
+        """Whether the next pick does not depend on results: the policy picks an untried branch
+        first (:attr:`~.policies.Policy.untried_first`) and one is eligible (no result, nothing
+        in flight)."""
+        if not self.policy.untried_first:
+            return False
+        k = len(self.branches)
+        return bool(np.any(self.eligible[:k] & (self.n[:k] == 0)))
+
     def set_sourced(self, i: int, live: bool) -> None:
         """Mark branch ``i`` as having a live hypothesis source (eligible while unpruned even
         with an empty queue) or not (an exhausted source)."""

@@ -53,6 +53,74 @@ def test_the_auto_rule_queues_ahead_only_where_the_idle_gap_is_worth_hiding():
     assert AheadRule(2, 0.01).depth() == 2 and AheadRule(0, 0.01).depth() == 0
 
 
+def test_auto_queues_a_forced_pick_from_the_first_decision():
+    """A pick that does not depend on results (an eligible untried branch, under a policy that
+    takes untried branches first) is queued ahead at once; then the measured rule decides."""
+    from dask_research.experiments.ledger import BranchLedger
+    from dask_research.experiments.policies import make_policy
+
+    rule = AheadRule("auto", 0.01)
+    assert rule.depth(forced=True) == 1 and rule.depth() == 0
+    assert AheadRule("auto", 0.01, timed=False).depth(forced=True) == 1       # apply_order="dispatch"
+    for _ in range(WINDOW):
+        rule.observe(0.005, 0.05)
+    assert AheadRule("auto", 0.01, timed=False).depth() == 0                  # never by timing there
+    assert AheadRule("auto", 0.01, enabled=False).depth(forced=True) == 0     # no round trip to hide
+    assert AheadRule(0, 0.01).depth(forced=True) == 0                         # a number is kept
+
+    led = BranchLedger(2 ** 0.5, make_policy("ucb1"))
+    led.add([Hypothesis(f"{b}{k}", b) for b in "abc" for k in range(2)])
+    forced = []
+    for _ in range(4):
+        forced.append(led.forced_pick())
+        i, _scores = led.select()
+        led.pop(i)
+    assert forced == [True, True, True, False]          # a, b, c untried; then every branch pending
+    led2 = BranchLedger(2 ** 0.5, make_policy("thompson", seed=1))
+    led2.add([Hypothesis("a1", "a")])
+    assert not led2.forced_pick()                       # a sampled score: not forced
+
+
+def _six(slots, **kw):
+    sched = IterationScheduler(make_deterministic_runner(SIX, delay_ms=5), slots=slots, c=0.5,
+                               prune_floor=0.0, paper_threshold=1.0, progress=False, **kw)
+    sched.add([Hypothesis(f"{b}{k}", b) for b in "abcdef" for k in range(1, 4)])
+    return sched
+
+
+async def _forced_on_dask(c, slots, apply_order):
+    """On a cluster with one thread per slot, "auto" queues the six untried branches' first
+    experiments ahead from the first decision, and the run makes the decisions of a run that
+    never queues ahead (deterministic ones with ``apply_order="dispatch"``)."""
+    informed = _six(slots, queue_ahead=0, apply_order="dispatch").run()
+    ahead = await _six(slots, client=c, apply_order=apply_order).run_async()      # the defaults
+    flags = [e.data.get("ahead", False) for e in ahead.events.of("dispatch")]
+    assert flags[:6] == [False] * slots + [True] * (6 - slots)    # the untried branches: at once
+    if apply_order == "dispatch":
+        assert not any(flags[6:])                                  # then never by timing
+        assert summary(ahead) == summary(informed)
+    else:                                  # (the measured rule may queue later ones: 5 ms each)
+        assert ahead.events.picks()[:6] == informed.events.picks()[:6] == list("abcdef")
+    return ahead
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_forced_picks_queued_ahead_are_the_informed_picks_one_slot(c, s, a):
+    await _forced_on_dask(c, 1, "dispatch")
+    await _forced_on_dask(c, 1, "completion")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60)
+async def test_forced_picks_queued_ahead_are_the_informed_picks_two_slots(c, s, a, b):
+    report = await _forced_on_dask(c, 2, "dispatch")
+    again = await _six(2, client=c, apply_order="dispatch").run_async()
+    assert summary(again) == summary(report)                       # deterministic
+
+
+SIX = {f"{b}{k}": r for b, base in zip("abcdef", (0.2, 0.4, 0.6, 0.5, 0.3, 0.7))
+       for k, r in ((1, base), (2, base + 0.1), (3, base - 0.1))}
+
+
 def test_the_setting_is_checked_and_journaled(tmp_path):
     with pytest.raises(InputError, match=r'queue_ahead=-1 is invalid; expected "auto" or an integer in \[0, 64\]'):
         IterationScheduler(None, queue_ahead=-1)

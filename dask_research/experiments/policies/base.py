@@ -92,6 +92,10 @@ class Policy:
     fast_ucb1 = False              # the ledger's maintained-1/n fast path applies
     picks_hypothesis = False       # choose() also sets self.position (queue index)
     needs_vector = False           # needs vector rewards (objectives)
+    #: An eligible branch with ``n == 0`` (no result, nothing in flight) scores above every other
+    #: branch and the first such is chosen, whatever the other branches' results: while one is
+    #: eligible, the next pick does not depend on results (``queue_ahead="auto"`` queues it).
+    untried_first = False
     rng: np.random.Generator | None = None
 
     def __init__(self) -> None:

@@ -67,6 +67,7 @@ class DiscountedUCBPolicy(Policy):
     """Discounted UCB (:mod:`.discounted`); keeps discounted counts and sums per branch."""
 
     name = "discounted-ucb"
+    untried_first = True
 
     def __init__(self, c: float = 2 ** 0.5, gamma: float = 0.99):
         super().__init__()

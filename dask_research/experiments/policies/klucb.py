@@ -102,6 +102,7 @@ class KLUCBPolicy(Policy):
     """KL-UCB for rewards in [0, 1] (:func:`.klucb.kl_ucb_scores`)."""
 
     name = "kl-ucb"
+    untried_first = True
 
     def __init__(self, c: float = 0.0):
         super().__init__()

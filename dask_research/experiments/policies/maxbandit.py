@@ -168,6 +168,7 @@ class _MaxPolicy(Policy):
     """Keeps every branch's rewards sorted (the state of the max-bandit rules)."""
 
     objective = "max"
+    untried_first = True
 
     def __init__(self, bounded: bool = True) -> None:
         super().__init__()

@@ -81,6 +81,7 @@ class UCB1TunedPolicy(Policy):
     """UCB1-Tuned (:func:`.tuned.ucb1_tuned_scores`)."""
 
     name = "ucb1-tuned"
+    untried_first = True
 
     def scores(self, led: LedgerView) -> np.ndarray:
         k = len(led.branches)

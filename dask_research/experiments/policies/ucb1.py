@@ -144,6 +144,7 @@ class UCB1Policy(Policy):
     """UCB1 with pending pulls (:func:`.ucb1_scores`); the default."""
 
     name = "ucb1"
+    untried_first = True
     fast_ucb1 = True
 
     def __init__(self, c: float = 2 ** 0.5):
