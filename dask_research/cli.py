@@ -593,7 +593,8 @@ def _shard_out_of_range(flag: str):
 
 _store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
 _job_opt = click.option("--job", "job_ref", metavar="FILE:JOB or MODULE:JOB",
-                        help="The job that ran: the pipeline always comes from you, never from the store.")
+                        help="The job that ran: the pipeline always comes from you, never from the store "
+                             "(a run made with --shards/--seed is checked with the shard count and seed it recorded).")
 _trust_opt = click.option("--trust-origin", is_flag=True,
                           help="Import the module or file the manifest names (only for stores you trust).")
 

@@ -1,4 +1,5 @@
 import json
+import pathlib
 import re
 import subprocess
 import sys
@@ -398,3 +399,28 @@ def test_the_store_layout_is_the_one_getting_started_describes(job_file, tmp_pat
     assert (tmp_path / path / "manifest.json").is_file() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["runs"]
     page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "getting-started.rst").read_text()
     assert "``runs/runs/<run id>/``" in page and "``stored runs/runs/...``" in page
+
+
+def test_a_run_made_with_shards_and_seed_overrides_verifies_and_replays_from_the_same_job_file(job_file, tmp_path):
+    """``mc run FILE:job --shards 4 --seed 9`` runs another job than the file's (16 shards, seed 3);
+    ``mc verify``/``mc replay`` with the same ``--job FILE:job`` took the file's job and refused the
+    run as "not the one that ran" (issue 29's walk). The recorded shard count and seed are taken
+    from the manifest; the pipeline and inputs must still be the caller's."""
+    cli = [sys.executable, "-m", "dask_research.cli"]
+    run = subprocess.run(cli + ["mc", "run", f"{job_file}:job", "--store", "s", "--no-progress", "--shards", "4",
+                                "--seed", "9"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    run_id = run.stdout.split("stored")[-1].strip().rsplit("/", 1)[-1]
+    verify = subprocess.run(cli + ["mc", "verify", run_id[:12], "--store", "s", "--job", f"{job_file}:job", "-k", "2"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "2 of 2 shards reproduced exactly" in verify.stdout
+    replay = subprocess.run(cli + ["mc", "replay", run_id[:12], "--shard", "3", "--store", "s", "--job",
+                                   f"{job_file}:job"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    # another pipeline in the same file is still refused: only the shard count and seed are taken
+    other = pathlib.Path(job_file).with_name("other_job.py")
+    other.write_text(JOB_FILE.replace("a * np.exp(b)", "a * np.exp(b) + 1"))
+    wrong = subprocess.run(cli + ["mc", "verify", run_id[:12], "--store", "s", "--job", f"{other}:job", "-k", "1"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert wrong.returncode != 0 and "is not the one that ran" in wrong.stdout + wrong.stderr

@@ -198,6 +198,8 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
         job = JOBS.get(run_id, scheme)
     if job is None:
         job = _rebuild_matching(manifest, run_id, where, bool(trust_origin), scheme)
+    elif job.address(scheme) != run_id:
+        job = _with_recorded_partitioning(job, manifest, run_id, scheme)
     if job.address(scheme) != run_id:
         d: dict = manifest["job"] if isinstance(manifest.get("job"), dict) else {}
         part: dict = d["partitioning"] if isinstance(d.get("partitioning"), dict) else {}
@@ -208,6 +210,25 @@ def load_job(run_id: str, store: Any, job: Job | None = None,
                          + _python_changed(d))
     remember_job(job)
     return job, manifest
+
+
+def _with_recorded_partitioning(job: Job, manifest: dict, run_id: str, scheme: int) -> Job:
+    """``job`` with the shard count and seed the run recorded, if that is the run (else ``job``).
+
+    ``mc run --shards N --seed S`` changes the job file's job; the job file given to ``mc
+    replay``/``mc verify`` afterwards is the same file without them. The pipeline, inputs and
+    everything else must still be the caller's: only these two come from the manifest.
+    """
+    d = manifest.get("job")
+    part = d.get("partitioning") if isinstance(d, dict) else None
+    shards, seed = (part or {}).get("shards"), (d or {}).get("seed")
+    if not isinstance(shards, int) or not isinstance(seed, int) or (shards, seed) == (job.shards, job.seed):
+        return job
+    try:
+        recorded = job.replace(shards=shards, seed=seed)
+    except InputError:
+        return job
+    return recorded if recorded.address(scheme) == run_id else job
 
 
 def _python_changed(described: dict) -> str:
