@@ -20,6 +20,12 @@ Prints throughput (samples/s), b / (cores x a) and b / best(c), and writes
 ``benchmarks/results/bench_montecarlo.json``.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_montecarlo.py [--quick]
+
+A moderate job's throughput alone (``--paired-only``: the interleaved pairs, with the bare run,
+``verify=0, speculate=0``, timed beside the defaults on the same clusters)::
+
+    python benchmarks/bench_montecarlo.py --shards 256 --paired-only --pairs 6
+    python benchmarks/bench_montecarlo.py --shards 512 --samples 32768 --paired-only --pairs 6
 """
 from __future__ import annotations
 
@@ -179,14 +185,20 @@ def cluster_client(kw: dict | None):
         yield client
 
 
-def paired_default(job, shards, n, pairs, kw, runs_per_cluster=2):
+def paired_default(job, shards, n, pairs, kw, runs_per_cluster=2, variants=None):
     """(a) tuned and (b) on the embedded default shape, interleaved: a, b, b, a, b, b, ...
 
     The machine's speed drifts over minutes (identical runs differ by 10-20 % on the shared
     benchmark VM); pairs see the same conditions. (a) runs with no cluster alive; each (b) gets
     a fresh cluster and one untimed cold run, then ``runs_per_cluster`` timed runs.
+
+    ``variants``: more ``mc.run`` settings to time on the same fresh clusters, interleaved with
+    the defaults run by run (name -> keywords; e.g. the bare run without verification and
+    speculation); their per-pair medians come back in ``others``.
     """
+    variants = dict(variants or {})
     a_times, b_times, cpu, pair_b = [], [], [], []
+    others: dict[str, list[float]] = {name: [] for name in variants}
     res = stats_a = None
     with LoadMonitor() as load:
         for _ in range(pairs):
@@ -196,14 +208,53 @@ def paired_default(job, shards, n, pairs, kw, runs_per_cluster=2):
             with cluster_client(kw) as client:
                 mc.run(job, client=client, progress=False)
                 mine = []
+                theirs: dict[str, list[float]] = {name: [] for name in variants}
                 for _ in range(runs_per_cluster):
                     c0, t0 = time.process_time(), time.perf_counter()
                     res = mc.run(job, client=client, progress=False)
                     mine.append(time.perf_counter() - t0)
                     cpu.append(time.process_time() - c0)
+                    for name, settings in variants.items():
+                        t0 = time.perf_counter()
+                        mc.run(job, client=client, progress=False, **settings)
+                        theirs[name].append(time.perf_counter() - t0)
                 b_times += mine
                 pair_b.append(statistics.median(mine))
-    return a_times, b_times, pair_b, res, stats_a, statistics.median(cpu), load
+                for name in variants:
+                    others[name].append(statistics.median(theirs[name]))
+    return a_times, b_times, pair_b, res, stats_a, statistics.median(cpu), load, others
+
+
+#: The bare run of ``--paired-only``: no verification, no speculation (what the defaults add).
+BARE = {"verify": 0, "speculate": 0}
+
+
+def paired_only(job, shards, n, pairs, cores):
+    """``--paired-only``: just the interleaved (a)/(b) pairs, with the bare run beside the defaults."""
+    tune_malloc()
+    numpy_single(shards, n)                      # warm (a) up, as the full benchmark's first timing does
+    load0 = os.getloadavg()
+    a_ts, b_ts, pair_b, res, _, cpu_b, load, others = paired_default(
+        job, shards, n, pairs, None, variants={"bare (verify=0, speculate=0)": BARE})
+    ratios = [a / (cores * b) for a, b in zip(a_ts, pair_b)]
+    bare = others["bare (verify=0, speculate=0)"]
+    bare_ratios = [a / (cores * b) for a, b in zip(a_ts, bare)]
+    figures = {"shards": shards, "samples_per_shard": n, "cores": cores, "pairs": pairs,
+               "a_seconds": a_ts, "b_defaults_seconds_per_pair": pair_b, "b_bare_seconds_per_pair": bare,
+               "paired_ratios": ratios, "paired_ratio_median": statistics.median(ratios),
+               "bare_paired_ratios": bare_ratios, "bare_paired_ratio_median": statistics.median(bare_ratios),
+               "shards_per_task": res.shards_per_task, "checks": res.verification["checks"] if res.verification else 0,
+               "machine_busy": load.machine_busy, "loadavg_before": load0, "loadavg_after": os.getloadavg()}
+    print(f"{shards} x {n:,} draws, {pairs} interleaved pairs, {res.shards_per_task} shards per task; "
+          f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}; machine busy {load.machine_busy:.2f}")
+    for label, rs in (("mc.run defaults", ratios), ("mc.run bare (verify=0, speculate=0)", bare_ratios)):
+        print(f"  {label:38s} / ({cores} x single numpy): median {statistics.median(rs):.3f}, range "
+              f"{min(rs):.3f}-{max(rs):.3f}  ({', '.join(f'{r:.3f}' for r in rs)})")
+    path = write_results(f"bench_montecarlo_{shards}_paired", figures,
+                         notes="--paired-only: (a) single-process numpy, malloc tuned, and (b) mc.run on a fresh "
+                               "embedded cluster per pair (one cold run, then 2 timed runs each of the defaults and "
+                               "the bare run, interleaved); ratio = a / (cores x median b of the pair)")
+    print(f"wrote {path}")
 
 
 def main(argv=None):
@@ -212,13 +263,20 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=5, help="interleaved (a), (b) pairs on the embedded default")
     ap.add_argument("--shards", type=int, default=None, help="shards of 65,536 draws (default 640; 64 with --quick)")
+    ap.add_argument("--samples", type=int, default=65_536, help="draws per shard (default 65,536)")
+    ap.add_argument("--paired-only", action="store_true",
+                    help="only the interleaved (a)/(b) pairs, the defaults and the bare run side by side; writes "
+                         "bench_montecarlo_<shards>_paired.json")
     args = ap.parse_args(argv)
-    shards, n = (64, 65_536) if args.quick else (640, 65_536)
+    shards, n = (64, args.samples) if args.quick else (640, args.samples)
     if args.shards is not None:
         shards = args.shards
     reps = 1 if args.quick else args.reps
     total = shards * n
     cores = os.cpu_count() or 1
+    if args.paired_only:
+        paired_only(make_job(shards, n), shards, n, 1 if args.quick else args.pairs, cores)
+        return
 
     figures: dict = {"shards": shards, "samples_per_shard": n, "total_samples": total, "cores": cores}
     rows = []
@@ -238,7 +296,7 @@ def main(argv=None):
     figures["malloc_tuned"] = tune_malloc()
     # (a) tuned and (b) on the embedded default, interleaved (see paired_default)
     pairs = 1 if args.quick else args.pairs
-    a_ts, b_ts, pair_b, res_b, (mean_a, var_a, _), cpu_b, load = paired_default(job, shards, n, pairs, default_kw)
+    a_ts, b_ts, pair_b, res_b, (mean_a, var_a, _), cpu_b, load, _ = paired_default(job, shards, n, pairs, default_kw)
     figures["paired_ratios"] = [a / (cores * b) for a, b in zip(a_ts, pair_b)]
     t_a = statistics.median(a_ts)
     figures["a_numpy_single"]["malloc tuned"] = {
@@ -337,7 +395,7 @@ def main(argv=None):
               f"{w['main_process_cpu_s_per_run']:.2f} s per run of {w['tasks_per_run']} tasks")
     print(f"verification overhead at k=4                             = {figures['verification']['overhead_pct']:+.1f} %  (goal < 2 %)")
     print(f"resume after a kill at 50 %: recomputed                  = {100 * kill['resumed_fraction']:.1f} %  (goal <= 52 %)")
-    name = "bench_montecarlo" if shards in (64, 640) else f"bench_montecarlo_{shards}"
+    name = "bench_montecarlo" if shards in (64, 640) and n == 65_536 else f"bench_montecarlo_{shards}x{n}"
     path = write_results(name, figures,
                          notes="(a) one process with OPENBLAS_NUM_THREADS=1; (b)/(c) on the same cluster (the embedded "
                                "default is the cluster mc.run starts, research.cluster.* settings); "

@@ -154,7 +154,7 @@ class Checks:
         self.run_id, self.tag, self.emit, self.limits, self.poll = run_id, tag, emit, limits, poll
         self.arrivals = Arrivals(client, bound=limits.gather_bound)
         self.checks: dict[int, tuple[dict, Any]] = {}     # shard -> (its record, its current future)
-        self._alive_read: tuple[float, set[str]] | None = None   # (when, the workers then) for gather()
+        self._alive_read: tuple[float, set[str]] | None = None   # (when, the workers then): submit(), gather()
         self.attempts: dict[int, list] = {}               # shard -> [(future, target, submitted)]
 
     def futures(self) -> list:
@@ -168,7 +168,10 @@ class Checks:
         """
         if s in self.checks and not exclude:
             return True
-        alive = [w for w in (responsive_workers(self.client) if exclude else alive_workers(self.client))
+        # A first attempt goes to a worker the scheduler listed within the last second (one
+        # round trip for the run's checks, not one each: if that worker has left since, gather()
+        # moves the check); a moved check asks which workers answer now.
+        alive = [w for w in (responsive_workers(self.client) if exclude else sorted(self._alive(time.monotonic())))
                  if w not in exclude]
         if not alive:
             return False

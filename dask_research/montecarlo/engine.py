@@ -8,11 +8,14 @@ folded state and the few shard states verification keeps, the fixed tree folded 
 arrive; where the store is reachable from the workers the block task has written its shard file
 itself, see :mod:`.blocks`), and then looks at what did not come as it should
 (:mod:`.block_watch`: a block that failed is tried on another worker, a hung one fails the run,
-a straggler near the end is copied). Blocks holding the first verification shards go first, so
-their checks overlap the run. Before the result is accepted, shards are recomputed on other
-workers and compared (:mod:`.verification`); a mismatch quarantines the faulty worker's shards
-(or a faulty stored file), which are recomputed elsewhere and folded again. Events go to the
-scheduler's log through an ordered outbox, off the driver's path.
+a straggler near the end is copied). Blocks holding the first verification shards go first, and
+their checks are submitted as soon as no block waits for a thread (the run's last blocks are
+all running): the checks then fill the threads those blocks leave idle, instead of running
+ahead of blocks the scheduler still queues and pushing the run's end back by their time. Before
+the result is accepted, shards are recomputed on other workers and compared
+(:mod:`.verification`); a mismatch quarantines the faulty worker's shards (or a faulty stored
+file), which are recomputed elsewhere and folded again. Events go to the scheduler's log
+through an ordered outbox, off the driver's path.
 
 Nothing waits without a bound (:mod:`.timing`): a block running longer than
 ``research.montecarlo.block-timeout`` fails the run with a :class:`PipelineError` naming its
@@ -80,19 +83,24 @@ class Execution:
     accepted block's shards; ``shard_seconds``: the pilot's seconds per shard (the block
     timeout from the first block on); ``run_id``: default the job's content address;
     ``shard_bytes``: the pilot's memory per shard and ``workers`` the scheduler's information on
-    the workers at the start (both named when the blocks kill their workers).
+    the workers at the start (both named when the blocks kill their workers); ``threads``: the
+    cluster's threads (default: the sum over ``workers``; unknown: the early checks are submitted
+    once nothing is left to submit).
     """
 
     def __init__(self, client: Any, job: Any, reducer: Any, block: int, *, settings: RunSettings | None = None,
                  holdings: Holdings | None = None, store: HeldRun | None = None, progress: Any = None,
                  shard_seconds: float | None = None, run_id: str | None = None, shard_bytes: int | None = None,
-                 workers: dict | None = None):
+                 workers: dict | None = None, threads: int | None = None):
         s = settings if settings is not None else RunSettings.parse()
         self.client, self.job, self.reducer, self.block, self.settings = client, job, reducer, block, s
         self.run_id = run_id if run_id is not None else job.id
         self.store = store
         self.known: dict[int, Any] = dict(holdings.states) if holdings is not None else {}
         self.tag = f"{self.run_id[:12]}-{uuid.uuid4().hex[:6]}"
+        if threads is None and workers:
+            threads = sum(int(info.get("nthreads") or 0) for info in workers.values()) or None
+        self.threads = threads
         self.bounds = block_bounds(job.shards, block)
         self.outcome = Outcome(reused=len(self.known))
         self.events = EventOutbox(client)
@@ -197,7 +205,24 @@ class Execution:
                 raise_if_cancelled(self.client, self.run_id, cancelled)
             for idx, fut in self.acceptance.take(done, values):
                 self.watch.failed(idx, fut)
-            self.watch.after_turn(ending=not todo, finished=self.acceptance.block_states)
+            if self.verification.due and self._last_blocks(todo):
+                self.verification.submit_due()
+            if window.pending:          # (after the last block: nothing to watch, no round trip)
+                self.watch.after_turn(ending=not todo, finished=self.acceptance.block_states)
+
+    def _last_blocks(self, todo: deque) -> bool:
+        """Whether no block of the run waits for a thread: nothing left to submit and at most
+        as many blocks in flight as the cluster has threads (copies and retries counted once).
+
+        Without the cluster's threads, whether nothing is left to submit. (A block waiting on a
+        frozen worker keeps this false: the checks are then submitted by the verification at the
+        end, as a check of a worker's first shard always was.)
+        """
+        if todo:
+            return False
+        if self.threads is None:
+            return True
+        return len(set(self.window.pending.values())) <= self.threads
 
     async def _collect(self, wanted: Any, timeout: float) -> tuple[list, dict]:
         """The one wait of a driver turn, on the client's loop (see :meth:`.Arrivals.collect`)."""

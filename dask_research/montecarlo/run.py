@@ -168,7 +168,7 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
         workers = check_memory(c, p)
         check_importable(c, job.pipeline, job.id)   # a module only this client has: one line, now
         t0 = time.perf_counter()
-        threads = max(1, sum(c.nthreads().values()))
+        threads = max(1, sum(int(info.get("nthreads") or 0) for info in workers.values()))
         block = plan_blocks(job, p.shard_seconds, threads, settings)
         check_bookkeeping(job, block, p)
         settings = settings.for_cluster(threads)
@@ -176,7 +176,7 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
         try:
             ex = Execution(c, job, reducer, block, settings=settings, holdings=held, store=store, progress=bar,
                            shard_seconds=p.shard_seconds,   # the block timeout from the first block on
-                           shard_bytes=p.shard_bytes, workers=workers)
+                           shard_bytes=p.shard_bytes, workers=workers, threads=threads)
             state, outcome = ex.execute()
         finally:
             bar.close()

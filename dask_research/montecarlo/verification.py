@@ -1,15 +1,19 @@
 """A run's verification, as its blocks arrive and at the end: which states it keeps, what it blames.
 
 Which shards may be checked is decided when the run starts (:mod:`.verify`): the ``k + 64``
-hashed candidates, the first ``k`` of them checked as soon as they exist (their blocks go first,
-so the checks overlap the run), and ``n`` of the shards reused from the store drawn
+hashed candidates, the first ``k`` of them checked before the run ends (their blocks go first,
+so the checks are due early), and ``n`` of the shards reused from the store drawn
 unpredictably. As blocks arrive, :class:`Verification` keeps the states those checks need (a
 block returns only those: see :mod:`.blocks`), each producing worker's first shard (a worker
-seen for the first time is always covered), and who produced every shard. At the end it runs
-the checks on other workers (:class:`~.checks.Checks`) and says what failed: the workers whose
-shards others cannot reproduce, and the stored files that hold a shard that differs from its
-recomputation. What is dropped then (every shard of a faulty worker, every shard of an edited
-file) is recomputed by the engine on good workers.
+seen for the first time is always covered), and who produced every shard. An early check whose
+shard exists is *due*; the engine submits the due checks (:meth:`Verification.submit_due`) once
+no block of the run waits for a thread, so they fill the threads that the last blocks leave idle
+instead of delaying blocks (a check submitted mid-run runs ahead of the blocks the scheduler
+still queues, and the run's last blocks then end later by its time). At the end it runs the
+remaining checks on other workers (:class:`~.checks.Checks`) and says what failed: the workers
+whose shards others cannot reproduce, and the stored files that hold a shard that differs from
+its recomputation. What is dropped then (every shard of a faulty worker, every shard of an
+edited file) is recomputed by the engine on good workers.
 
 Examples
 --------
@@ -23,6 +27,8 @@ Examples
 >>> v.keep(compute_block(job, reducer, 0, 4))                # a first block from worker "local"
 >>> v.first_of_worker, v.producers.among({0, 3})
 ({'local': 0}, {0: 'local', 3: 'local'})
+>>> [s for s, _ in v.due] == sorted(v.early & {0, 1, 2, 3})    # its early checks wait for the engine
+True
 """
 from __future__ import annotations
 
@@ -61,8 +67,10 @@ class Verification:
         self.reused_picks = choose_reused(known, n_reused)
         self.kept.update({s: known[s] for s in self.reused_picks})
         self.first_of_worker: dict[str, int] = {}
-        # The first k hashed shards are checked as soon as they exist, overlapping the run.
+        # The first k hashed shards are checked before the run ends: due as soon as they exist,
+        # submitted when the engine says the run's last blocks are all running (submit_due).
         self.early = set(hash_order(run_id, job.shards, self.k)) if self.k else set()
+        self.due: list[tuple[int, str]] = []       # (shard, producer) of early checks not submitted yet
         self.checks = Checks(client, job, reducer, run_id=run_id, tag=tag, emit=emit,
                              limits=limits if limits is not None else Limits(block=1), poll=poll)
 
@@ -84,8 +92,7 @@ class Verification:
         for s in [s for s in small if s in large]:
             if s not in self.known:    # computed by this task (a known shard's state is the stored one)
                 self.kept[s] = states[s]
-        for s in self.early.intersection(res.computed):
-            self.checks.submit(s, res.worker)
+        self.due += [(s, res.worker) for s in sorted(self.early.intersection(res.computed))]
         if res.computed and res.worker not in self.first_of_worker:
             s0 = res.computed[0]
             self.first_of_worker[res.worker] = s0
@@ -95,8 +102,16 @@ class Verification:
                 if s in self.known and s in self.candidates:
                     self.kept.setdefault(s, self.known[s])
 
+    def submit_due(self) -> None:
+        """Submit the early checks that are due (their shards exist), each on a worker other than
+        its producer; the engine calls this once no block of the run waits for a thread."""
+        due, self.due = self.due, []
+        for s, producer in due:
+            self.checks.submit(s, producer)
+
     def verify(self) -> tuple[dict, set[str], set[int]]:
         """Run and judge every check: the record, the faulty workers, the reused shards stored wrong."""
+        self.submit_due()
         return self.checks.verify(self.kept, self.producers, self.first_of_worker, self.reused_picks, self.k,
                                   self.reused)
 

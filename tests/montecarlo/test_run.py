@@ -154,6 +154,40 @@ def test_task_size_comes_from_pilot_timing(one_worker):
     assert 1 <= res.shards_per_task <= 64
 
 
+EVALUATIONS: list[int] = []
+
+
+def counted_tanh(a, b):
+    """tanh(a * b), counting its calls (their sample counts) in EVALUATIONS."""
+    EVALUATIONS.append(len(a))
+    return np.tanh(a * b)
+
+
+def test_a_warm_pilot_evaluates_its_shard_once_and_measures_the_same(one_worker):
+    """Issue 28: a run's pilot is serial (the cluster waits for it). The first pilot of a
+    pipeline in a process evaluates its shard twice (traced, then timed after that warm-up); a
+    later one of the same pipeline, size and inputs is warm and evaluates it once, with the same
+    range, spread and memory, and the run's bits do not change. Another size or other inputs are
+    cold again."""
+    job = mc.Job(counted_tanh, {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.2)}, shards=8,
+                 samples_per_shard=4096, seed=281)
+    EVALUATIONS.clear()
+    first = mc.pilot(job)
+    assert EVALUATIONS == [4096, 4096]
+    warm = mc.pilot(job)
+    assert EVALUATIONS == [4096] * 3
+    assert (warm.range, warm.mean, warm.sigma, warm.min, warm.max, warm.shard_bytes) == \
+        (first.range, first.mean, first.sigma, first.min, first.max, first.shard_bytes)
+    assert warm.shard_seconds > 0 and len(warm.states) == len(first.states)
+    assert all(a == b for a, b in zip(warm.states, first.states))
+    EVALUATIONS.clear()
+    mc.pilot(job, samples=1024)                                      # another size: cold
+    mc.pilot(job.replace(inputs={"a": mc.Normal(1, 0.2), "b": mc.Normal(2, 0.2)}))   # other inputs: cold
+    assert EVALUATIONS == [1024, 4096, 4096, 4096]
+    assert mc.run(job, client=one_worker, pilot=warm, progress=False).state == \
+        mc.run(job, client=one_worker, pilot=first, progress=False).state
+
+
 def test_pilot_plan_and_progress_bar(one_worker, capsys):
     job = _job()
     p = mc.pilot(job)
@@ -188,7 +222,8 @@ def test_client_holds_a_bounded_number_of_futures(one_worker):
 
 def test_merges_are_folded_by_the_driver_and_checked_blocks_go_first(one_worker):
     """Only block and verification tasks reach the scheduler; the first verification shards'
-    blocks are submitted before the others, so their checks overlap the run."""
+    blocks are submitted before the others, so their checks are due early (they run in the
+    tail: see test_check_placement)."""
     from distributed import get_task_stream
 
     from dask_research.montecarlo.verify import hash_order
