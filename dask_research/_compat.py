@@ -29,7 +29,8 @@ __all__ = [
     "scheduler_identity", "scheduler_call", "add_scheduler_handler", "set_scheduler_metadata", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
-    "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous",
+    "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous", "actor_call",
+    "worker_context", "scheduler_workers", "actor_released",
 ]
 
 
@@ -165,7 +166,65 @@ def add_scheduler_handler(scheduler: Any, op: str, func: Callable[..., Any]) -> 
     handlers[op] = func
 
 
+async def actor_call(client: Any, address: str, key: str, method: str, *args: Any,
+                     direct: bool = True) -> Any:
+    """Call ``method(*args)`` of the Dask actor ``key`` on the worker at ``address`` from a
+    coroutine on the client's loop, as :class:`distributed.Actor` does (the worker's
+    ``actor_execute`` handler): straight to the worker over ``client.rpc`` (``direct``), else
+    proxied through the scheduler (its ``proxy`` handler). Returns what the method returned,
+    raises what it raised; a lost connection raises ``OSError``.
+
+    The public handle (``client.submit(Cls, actor=True).result()``) binds itself to the default
+    client, and a call to it whose worker died awaits the actor's future first, which never
+    comes back; this calls the same handler for a client and an address of the caller's.
+    """
+    to_serialize = _attr("distributed.protocol", "to_serialize")
+    msg = {"function": method, "actor": key, "args": [to_serialize(a) for a in args], "kwargs": {}}
+    pool = getattr(client, "rpc", None)
+    if pool is None or not callable(pool):
+        raise _moved("Client.rpc (the client's connection pool to workers)")
+    if direct:
+        result = await pool(address).actor_execute(**msg)
+    else:
+        result = await scheduler_call(client, "proxy", msg={"op": "actor_execute", **msg},
+                                      worker=address)
+    if not isinstance(result, dict) or "status" not in result:
+        raise _moved("Worker.actor_execute (its reply {'status': ..., 'result': ...})")
+    if result["status"] == "OK":
+        return result["result"]
+    raise result["exception"]
+
+
+async def scheduler_workers(client: Any) -> dict[str, dict]:
+    """``{address: {"nthreads": ..., "status": ...}}`` of the scheduler's workers now, asked
+    from a coroutine on the client's loop (the scheduler's ``identity``)."""
+    info = await scheduler_call(client, "identity", n_workers=-1)
+    workers = info.get("workers") if isinstance(info, dict) else None
+    if not isinstance(workers, dict):
+        raise _moved("Scheduler.identity()['workers']")
+    return {addr: dict(w) for addr, w in workers.items()}
+
+
 # ----------------------------------------------------------------------------- worker side
+
+def worker_context(worker: Any) -> Any:
+    """A context manager under which ``distributed.get_worker()`` (and so ``get_client()``
+    and ``worker_client()``) returns ``worker`` in this thread (``distributed.worker.
+    _worker_cvar``, which Dask sets only in its own task and actor threads)."""
+    import contextlib
+
+    cvar = _attr("distributed.worker", "_worker_cvar")
+
+    @contextlib.contextmanager
+    def bound() -> Any:
+        token = cvar.set(worker)
+        try:
+            yield worker
+        finally:
+            cvar.reset(token)
+
+    return bound()
+
 
 def worker_stream_open(worker: Any) -> bool:
     """Whether ``worker``'s batched stream to the scheduler is connected (``batched_stream.comm``)."""
@@ -222,6 +281,16 @@ def worker_memory_limit(worker: Any) -> int | None:
         raise _moved("WorkerMemoryManager.memory_limit")
     limit = mm.memory_limit
     return int(limit) if limit else None
+
+
+def actor_released(worker: Any, key: Any) -> bool:
+    """Whether ``worker`` no longer holds the actor ``key`` (``worker.state.actors``): its
+    future was released, by its client or because that client went away."""
+    state = getattr(worker, "state", None)
+    actors = getattr(state, "actors", None)
+    if not isinstance(actors, dict):
+        raise _moved("Worker.state.actors (the worker's actor table)")
+    return key not in actors
 
 
 # ----------------------------------------------------------------------------- scheduler side

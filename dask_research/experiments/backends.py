@@ -2,8 +2,9 @@
 
 Both backends offer the same small surface to the driver (:mod:`.loop`):
 
-- ``submit(hypothesis, queued=False) -> token``: start one experiment (``queued``: it is
-  decided ahead and waits behind a running one, see :mod:`.ahead`);
+- ``submit(hypothesis, queued=False, slot=None) -> token``: start one experiment (``queued``:
+  it is decided ahead and waits behind a running one, see :mod:`.ahead`; ``slot``: the slot it
+  is for, which :class:`~.actors.ActorBackend` keeps and the others need not);
 - ``queues_in_cluster`` and ``can_queue(slots)``: whether a queued experiment waits in the
   cluster (Dask) or in the driver (local), and whether queueing ahead is possible now;
 - ``await wait(timeout) -> [(token, Result | BaseException), ...]``: everything that has
@@ -21,6 +22,8 @@ hook runs in the finished task's last step, so the driver can book a result and 
 slot without the two event-loop hops of waking the waiter (``wait`` still reports the task). :class:`DaskBackend` submits
 ``client.submit`` futures and watches them with ``distributed.as_completed``; it must run on
 the client's event loop (the driver arranges that for sync and asynchronous clients).
+:class:`~.actors.ActorBackend` (``transport="actors"``) offers the same surface with one
+long-lived Dask actor per slot, called directly on its worker.
 
 Examples
 --------
@@ -206,7 +209,7 @@ class LocalBackend:
     def poke(self) -> None:
         """Nothing to wake: a local slot starts its queued experiment in the finished task."""
 
-    def submit(self, h: Hypothesis, queued: bool = False) -> asyncio.Task:
+    def submit(self, h: Hypothesis, queued: bool = False, slot: int | None = None) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(self._run(h))
         self._tasks.add(task)
         return task
@@ -311,7 +314,7 @@ class DaskBackend:
         threads = cluster_threads(self.client)
         return threads is not None and 0 < threads <= slots
 
-    def submit(self, h: Hypothesis, queued: bool = False) -> Any:
+    def submit(self, h: Hypothesis, queued: bool = False, slot: int | None = None) -> Any:
         if self._runner is None:
             self._runner = PickledRunner(self.runner)
         # one task group and prefix, "experiment", for every experiment: with the id first, an

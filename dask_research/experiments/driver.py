@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import ExperimentError
+from .actors import ActorBackend
 from .ahead import AheadRule
 from .backends import DaskBackend, LocalBackend
 from .decision_trace import _jsonable
@@ -71,7 +72,7 @@ class LoopDriver:
     only named in error messages and decides whether events are shipped to the Dask log.
     """
 
-    def __init__(self, run: Run, backend: LocalBackend | DaskBackend,
+    def __init__(self, run: Run, backend: LocalBackend | DaskBackend | ActorBackend,
                  paper_writer: Callable[..., Any] | None = None, client: Any = None) -> None:
         s = run.settings
         self.run, self.backend, self.client = run, backend, client
@@ -87,6 +88,8 @@ class LoopDriver:
         # backend), and not by timing where decisions must not depend on it ("dispatch")
         self.ahead = AheadRule(s.queue_ahead, s.queue_ahead_gap, enabled=backend.queues_in_cluster,
                                timed=s.apply_order != "dispatch")
+        # the backend says when each experiment starts (its timeout counts from then)
+        self.starts_reported = bool(getattr(backend, "reports_starts", False))
         self._refused = False                    # warned that the cluster has spare threads
         self.buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
         self.by_dispatch = s.apply_order == "dispatch"
@@ -172,18 +175,19 @@ class LoopDriver:
         self.run.recorder.emit("dispatch", h.branch, h.id, slot, **data)
         self.run.recorder.commit()        # the decision is journaled whole before it is carried out
         now = self.run.recorder.now()
-        token: Any = _Held() if ahead and not self.backend.queues_in_cluster else self._submit(h, ahead)
+        token: Any = (_Held() if ahead and not self.backend.queues_in_cluster
+                      else self._submit(h, ahead, slot))
         self.inflight[token] = _Flight(h, slot, self.next_seq, now, ahead)
         if ahead:
             self.lanes[slot].append(token)
-        else:
+        elif not self.starts_reported:
             self.deadlines.start(token, now)
         self.next_seq += 1
         self.dispatched += 1
 
-    def _submit(self, h: Hypothesis, ahead: bool = False) -> Any:
+    def _submit(self, h: Hypothesis, ahead: bool = False, slot: int | None = None) -> Any:
         try:
-            return self.backend.submit(h, ahead)
+            return self.backend.submit(h, ahead, slot)
         except Exception as exc:
             raise ExperimentError(
                 f"could not start hypothesis {h.id!r} on branch {h.branch!r}: "
@@ -206,7 +210,7 @@ class LoopDriver:
         g.waiting = False
         if isinstance(nxt, _Held):
             del self.inflight[nxt]
-            nxt = self._submit(g.h)
+            nxt = self._submit(g.h, slot=g.slot)
             self.inflight[nxt] = g
             self.deadlines.start(nxt, self.run.recorder.now())
         # on a cluster it may start later than this (behind another experiment on its worker):

@@ -21,6 +21,7 @@ from typing import Any
 
 from .._compat import client_asynchronous, in_async_call
 from ..exceptions import CheckpointError, ExperimentError, InputError
+from .actors import ActorBackend
 from .asktell import AskTellSession
 from .backends import DaskBackend, LocalBackend
 from .books import Books
@@ -298,8 +299,12 @@ class IterationScheduler:
             s = self.settings
             objectives = tuple(s.objectives) if s.objectives else None
             if self.client is None:
-                backend: LocalBackend | DaskBackend = LocalBackend(
+                backend: LocalBackend | DaskBackend | ActorBackend = LocalBackend(
                     self.runner, s.slots, s.bounded, objectives)
+            elif s.transport == "actors":
+                backend = ActorBackend(self.client, self.runner, s.bounded,
+                                       s.topic if s.log_events else None, run.run_id,
+                                       objectives, slots=s.slots, timeout=s.timeout)
             else:
                 backend = DaskBackend(self.client, self.runner, s.bounded,
                                       s.topic if s.log_events else None, run.run_id,

@@ -281,14 +281,21 @@ SETTINGS: tuple[Setting, ...] = (
             'int or "auto", optional\n    Decided experiments kept queued behind each running one, so a slot starts its next\n'
             "    experiment the moment one ends instead of idling one round trip to the driver\n"
             '    (``research.experiments.queue-ahead``; ``0``: off). ``"auto"`` (default) queues one ahead on\n'
-            "    a Dask cluster once the measured idle gap per experiment exceeds ``queue_ahead_gap`` of\n"
-            "    the experiments' typical duration; a queued decision is made without the results of\n"
-            "    the experiments running then (:mod:`~dask_research.experiments.ahead`).",
+            "    a Dask cluster from the first decision while the policy's pick does not depend on\n"
+            "    results (an untried branch), and once the measured idle gap per experiment exceeds\n"
+            "    ``queue_ahead_gap`` of the experiments' typical duration; a queued decision is made\n"
+            "    without the results of the experiments running then (:mod:`~dask_research.experiments.ahead`).",
             schema.Maybe(schema.Where(_queue_ahead_json))),
     Setting("queue_ahead_gap", "queue-ahead-gap", _real(lambda v: 0 < v <= 1, "a number in (0, 1]"),
             'float, optional\n    ``queue_ahead="auto"`` queues ahead when the idle gap per experiment exceeds this\n'
             "    fraction of the typical experiment duration (``research.experiments.queue-ahead-gap``).",
             _NUMBER),
+    Setting("transport", "transport", _choice("tasks", "actors"),
+            '{"tasks", "actors"}, optional\n    How experiments reach a Dask cluster (``research.experiments.transport``): ``"tasks"``\n'
+            "    (default), one Dask task each; ``\"actors\"``, one long-lived actor per slot that the driver\n"
+            "    calls directly (the client needs ``direct_to_workers=True``), which costs the scheduler\n"
+            "    almost nothing per experiment (:mod:`~dask_research.experiments.actors`). Without a\n"
+            "    client experiments run in this process either way.", _TEXT),
     Setting("trace_scores", "trace-scores", _trace_scores,
             'int or "all", optional\n    ``select`` events keep the scores of the best this many branches\n'
             '    (``research.experiments.trace-scores``); ``"all"`` keeps every branch\'s score.'),

@@ -1,0 +1,765 @@
+"""``transport="actors"``: each slot's experiments run in a long-lived Dask actor on a worker.
+
+With the default transport (``"tasks"``, :class:`~.backends.DaskBackend`) every experiment is
+one Dask task: the scheduler handles its submission, its placement, its result and its release
+(about 1.5-2 ms of scheduler CPU per experiment on the machine of :doc:`peers`). With
+``transport="actors"`` (``research.experiments.transport``) the scheduler places one actor per
+slot, once, and then never sees an experiment: the driver calls the slot's actor directly on
+its worker (the client needs ``direct_to_workers=True``), the actor runs the experiment on a
+thread of its own, and the result comes back on the same connection.
+
+- **One actor per slot**, :class:`SlotActor`, created with ``client.submit(SlotActor, ...,
+  actor=True, workers=[address])`` on a worker chosen so that no worker holds more of this run's
+  actors than it has threads. The runner is pickled once per actor (it travels with the actor's
+  creation, not with each experiment).
+- **Queue-ahead lives in the actor**: a queued experiment is sent to the slot's actor at once,
+  and the actor's thread starts it the moment the one before it ends, without a round trip.
+  Every call carries a number (0, 1, 2, ... per actor); the actor runs them in that order,
+  whatever order the calls arrive in, and a call repeated with the same number (after a lost
+  connection) waits for the same experiment instead of running it again.
+- **A worker that dies** (its connection closes, and the scheduler marks the actor's future
+  lost): the slot's actor is created again on a live worker, and every experiment of the dead
+  actor that had not returned is sent there again, in its order: the one that was running runs
+  once more, the queued ones once. When no worker has a thread to spare, the slot shares the
+  actor of another slot (one experiment at a time each) until one does.
+- **Timeouts** count from an experiment's start (when it is sent to an idle actor, or when the
+  one before it in its actor returns): the backend reports it with ``on_start``. An experiment
+  that times out keeps its thread (a thread cannot be killed), so the slot moves: its actor
+  retires (it starts nothing more and hands back the experiments queued in it), and the slot's
+  next experiments go to a new actor, on another worker if this one has no thread to spare. A
+  frozen worker does not answer; its actor's queued experiments are moved after
+  :data:`MOVE_AFTER` seconds, and an actor whose experiment ran for ``timeout`` or longer never
+  starts another one, so a worker that thaws does not run them too.
+
+What it gives up (see :doc:`peers`, "When to pick which"): experiments do not appear in Dask's
+task stream; the driver needs a route to every worker (``direct_to_workers=True``; without one,
+each call is proxied through the scheduler, which costs it about 0.4 ms per experiment); an
+actor's experiments run outside Dask's thread accounting, so Dask may run other tasks beside
+them on the same threads; ``get_worker()``, ``get_client()`` and ``worker_client()`` work inside
+an experiment, but ``worker_client`` does not secede (there is no Dask task to secede from).
+
+Examples
+--------
+A slot actor runs experiments in the order of their numbers, on its own thread (here without
+Dask, the way a worker calls it):
+
+>>> import asyncio
+>>> from dask_research.experiments import Hypothesis
+>>> async def two():
+...     actor = SlotActor(PickledRunner(lambda h: 0.5), bounded=True, objectives=None, timeout=None)
+...     second = asyncio.ensure_future(actor.run(1, Hypothesis("h2", "a")))
+...     first = await actor.run(0, Hypothesis("h1", "a"))
+...     out = [first[0], first[1].reward, (await second)[1].hypothesis.id]
+...     await actor.retire()
+...     return out
+>>> asyncio.run(two())
+['done', 0.5, 'h2']
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._compat import actor_call, actor_released, scheduler_workers, worker_context
+from ..events import Outbox
+from .backends import PickledRunner, _call_side_sync
+from .execute import execute_sync
+from .types import ExperimentResult, Hypothesis, Result
+
+__all__ = ["SlotActor", "ActorBackend", "MOVE_AFTER"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a retiring actor has to hand back its queued experiments before the driver moves
+#: them anyway (a frozen or unreachable worker; a reachable one answers in milliseconds).
+MOVE_AFTER = 2.0
+#: Seconds between two looks for a worker with a thread to spare, while a slot has no actor.
+PLACE_POLL = 0.5
+#: Finished experiments an actor remembers, for a call repeated after a lost connection.
+REMEMBER = 64
+
+Outcome = tuple[Any, "Result | BaseException"]
+
+
+# ----------------------------------------------------------------------------------------------
+# the worker's side
+# ----------------------------------------------------------------------------------------------
+class _Entry:
+    """One numbered experiment in an actor: waiting, running, or finished (its answer)."""
+
+    __slots__ = ("h", "answer", "started")
+
+    def __init__(self, h: Hypothesis, answer: asyncio.Future) -> None:
+        self.h, self.answer, self.started = h, answer, False
+
+
+def _thread_main(ref: weakref.ReferenceType, work: queue.Queue, worker: Any) -> None:
+    """The actor's experiment thread: run what the actor hands over, one at a time, and post
+    each outcome back to the actor's event loop. Exits on ``None``, or once the actor is gone."""
+    while True:
+        try:
+            item = work.get(timeout=5.0)
+        except queue.Empty:
+            if ref() is None:           # the actor was released without retiring
+                return
+            continue
+        if item is None:
+            break
+        number, h, runner, bounded, objectives, loop = item
+        t0 = time.monotonic()
+        try:
+            with worker_context(worker) if worker is not None else contextlib.nullcontext():
+                out: Any = execute_sync(runner.load(), h, bounded, objectives)
+        except BaseException as exc:  # noqa: BLE001 - the runner does not unpickle here, say
+            out = ExperimentResult.failure(h, exc, time.monotonic() - t0)
+        ran = time.monotonic() - t0
+        del item, h
+        actor = ref()
+        if actor is None:
+            return
+        try:
+            loop.call_soon_threadsafe(actor._finished, number, out, ran)
+        except RuntimeError:            # the loop closed
+            return
+        del actor, out
+    actor = ref()
+    if actor is not None:
+        try:
+            actor._loop.call_soon_threadsafe(actor._exited.set)
+        except (RuntimeError, AttributeError):
+            pass
+
+
+class SlotActor:
+    """One slot's experiments on a worker (a Dask actor): a thread of its own runs them one at a
+    time, in the order of the numbers the driver gave them.
+
+    Its methods are coroutines, so the worker runs them on its event loop (never on its single
+    actor thread) and they return at once or when their experiment ends:
+
+    - ``run(number, hypothesis)``: ``("done", Result)`` when experiment ``number`` has run;
+      ``("moved", None)`` if the actor retired before starting it; ``("dropped", None)`` if it
+      was dropped. A repeated call waits for the same experiment.
+    - ``drop(number)``: do not start it; ``True`` unless it had started.
+    - ``retire()``: start nothing more; every waiting call answers ``"moved"``, and so does
+      every call that arrives later; the numbers handed back so far. An experiment that ran
+      for ``timeout`` or longer retires the actor too.
+    - ``idle()``: returns once the thread has ended (after ``retire``).
+    """
+
+    def __init__(self, runner: PickledRunner, bounded: bool, objectives: tuple[str, ...] | None,
+                 timeout: float | None) -> None:
+        self._runner = runner
+        self._bounded = bounded
+        self._objectives = objectives
+        self._timeout = timeout
+        self._entries: dict[int, _Entry] = {}
+        self._finished_order: deque[int] = deque()
+        self._next = 0                    # the number to start next
+        self._skip: set[int] = set()      # dropped before they arrived
+        self._retired = False
+        self._moved: list[int] = []       # numbers handed back (answered "moved")
+        self._busy = False
+        self._work: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exited: asyncio.Event | None = None
+        try:                              # created as a Dask task: the worker and the actor's key
+            from distributed import get_worker
+
+            self._worker: Any = get_worker()
+            self._key: Any = self._worker.get_current_task()
+        except ValueError:                # made outside a worker (the docstring's example)
+            self._worker, self._key = None, None
+
+    def _begin(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._exited = asyncio.Event()
+        self._thread = threading.Thread(target=_thread_main, args=(weakref.ref(self), self._work, self._worker),
+                                        name="dask-research-slot-actor", daemon=True)
+        self._thread.start()
+
+    def _feed(self) -> None:
+        """Hand the next experiment in number order to the thread, if it is idle (and this
+        actor is still wanted: a driver that died, or closed, released it)."""
+        if (not self._busy and not self._retired and self._key is not None
+                and actor_released(self._worker, self._key)):
+            self._retire()
+        while not self._busy and not self._retired:
+            if self._next in self._skip:
+                self._skip.discard(self._next)
+                self._next += 1
+                continue
+            entry = self._entries.get(self._next)
+            if entry is None:
+                return
+            if entry.answer.done():       # dropped
+                self._next += 1
+                continue
+            entry.started = self._busy = True
+            self._work.put((self._next, entry.h, self._runner, self._bounded, self._objectives,
+                            self._loop))
+            return
+
+    def _finished(self, number: int, out: Any, ran: float) -> None:
+        entry = self._entries.get(number)
+        if entry is not None and not entry.answer.done():
+            entry.answer.set_result(("done", out))
+        self._finished_order.append(number)
+        while len(self._finished_order) > REMEMBER:
+            self._entries.pop(self._finished_order.popleft(), None)
+        self._busy = False
+        self._next = number + 1
+        if self._timeout is not None and ran >= self._timeout:
+            # the driver timed it out (or will): it has moved, or will move, what waits here
+            self._retire()
+        self._feed()
+
+    def _retire(self) -> None:
+        if not self._retired:
+            self._work.put(None)          # the thread ends after its current experiment
+        self._retired = True
+        for number, entry in sorted(self._entries.items()):
+            if not entry.started and not entry.answer.done():
+                entry.answer.set_result(("moved", None))
+                self._moved.append(number)
+
+    async def run(self, number: int, h: Hypothesis) -> tuple[str, Any]:
+        self._begin()
+        entry = self._entries.get(number)
+        if entry is None:
+            if self._retired:
+                self._moved.append(number)
+                return ("moved", None)
+            if number < self._next or number in self._skip:
+                return ("dropped", None)
+            entry = self._entries[number] = _Entry(h, asyncio.get_running_loop().create_future())
+            self._feed()
+        return await asyncio.shield(entry.answer)
+
+    async def drop(self, number: int) -> bool:
+        entry = self._entries.get(number)
+        if entry is None:
+            if number >= self._next:
+                self._skip.add(number)
+            return True
+        if entry.started:
+            return False
+        if not entry.answer.done():
+            entry.answer.set_result(("dropped", None))
+        self._feed()
+        return True
+
+    async def retire(self) -> list[int]:
+        self._begin()
+        self._retire()
+        return sorted(self._moved)
+
+    async def idle(self) -> bool:
+        self._begin()
+        if not self._retired:
+            self._retire()
+        assert self._exited is not None and self._thread is not None
+        if self._thread.is_alive():
+            await self._exited.wait()
+        return True
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver's side
+# ----------------------------------------------------------------------------------------------
+class _Actor:
+    """The driver's record of one actor: where it is and the calls sent to it, in order."""
+
+    __slots__ = ("key", "address", "future", "slot", "numbers", "chain", "retired", "lost",
+                 "verdict", "handed_back")
+
+    def __init__(self, key: str, address: str, future: Any, slot: int) -> None:
+        self.key, self.address, self.future, self.slot = key, address, future, slot
+        self.numbers = 0                  # the next call's number
+        self.chain: deque[_Call] = deque()   # sent, not yet answered, in number order
+        self.retired = False              # no more calls go here
+        self.lost = False                 # its worker is gone
+        self.verdict: asyncio.Future | None = None   # whether a lost connection lost it
+        self.handed_back = False          # retired, and what waited in it was sent elsewhere
+
+
+class _Call:
+    """One experiment in flight: the token the driver holds."""
+
+    __slots__ = ("h", "slot", "actor", "number", "task", "started", "over", "bounced", "answer",
+                 "__weakref__")
+
+    def __init__(self, h: Hypothesis, slot: int) -> None:
+        self.h, self.slot = h, slot
+        self.actor: _Actor | None = None
+        self.number = -1
+        self.task: asyncio.Task | None = None
+        self.started = False
+        self.over = False                 # answered, cancelled or given up: nothing more to do
+        self.bounced = False              # its actor answered "moved"
+        self.answer: tuple[Any] | None = None   # its outcome, held until the calls before it return
+
+    def __repr__(self) -> str:
+        return f"<experiment {self.h.id!r} slot {self.slot}>"
+
+
+class _Slot:
+    __slots__ = ("actor", "own", "pending", "placing", "moving")
+
+    def __init__(self) -> None:
+        self.actor: _Actor | None = None  # where its calls go (its own, or a borrowed one)
+        self.own = False
+        self.pending: deque[_Call] = deque()   # waiting for an actor, in dispatch order
+        self.placing: asyncio.Task | None = None
+        self.moving = 0                   # retiring actors still handing back its calls
+
+
+class ActorBackend:
+    """Experiments in one :class:`SlotActor` per slot, called directly on their workers.
+
+    The same surface as :class:`~.backends.DaskBackend` (``submit``, ``wait``, ``cancel``,
+    ``side``, ``ship``, ``close``, ``can_queue``, ``queues_in_cluster``, ``on_start``); it runs
+    on the client's event loop. ``reports_starts``: the driver counts every experiment's timeout
+    from the ``on_start`` this backend reports, not from its dispatch.
+    """
+
+    queues_in_cluster = True
+    reports_starts = True
+
+    def __init__(self, client: Any, runner: Callable[[Hypothesis], Any], bounded: bool,
+                 topic: str | None, run_id: str, objectives: tuple[str, ...] | None = None,
+                 slots: int = 1, timeout: float | None = None) -> None:
+        self.client = client
+        self.runner = runner
+        self.bounded = bounded
+        self.objectives = objectives
+        self.run_id = run_id
+        self.timeout = timeout
+        self.on_start: Callable[[Any], None] | None = None
+        self._pickled: PickledRunner | None = None
+        self._slots = [_Slot() for _ in range(slots)]
+        self._actors: list[_Actor] = []
+        self._held: dict[str, int] = {}       # address -> this run's actors there (retiring ones too)
+        self._ready: list[Outcome] = []
+        self._wake: asyncio.Future | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._outbox = Outbox(client if topic else None, "experiments", run=run_id, batched=True,
+                              topic=topic)
+        self._generation = 0
+        self._direct = bool(getattr(client, "direct_to_workers", False))
+        self._proxied: set[str] = set()       # workers the client could not reach directly
+        self._said: set[str] = set()
+        self._closed = False
+        if not self._direct:
+            self._say("proxied", "transport='actors' calls each experiment's actor through the "
+                      "scheduler (about 0.4 ms of its CPU per experiment) because the client was made "
+                      "without direct_to_workers=True; make it with Client(..., direct_to_workers=True) "
+                      "where the driver can reach the workers")
+
+    # -- the driver's surface -------------------------------------------------------------
+    def can_queue(self, slots: int) -> bool:
+        """A queued experiment waits in its slot's actor: never more than ``slots`` run."""
+        return True
+
+    def poke(self) -> None:
+        """Wake :meth:`wait` (a new deadline to honour)."""
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def submit(self, h: Hypothesis, queued: bool = False, slot: int | None = None) -> _Call:
+        if self._pickled is None:
+            self._pickled = PickledRunner(self.runner)    # raises here if it does not pickle
+        call = _Call(h, 0 if slot is None else slot)
+        st = self._slots[call.slot]
+        st.pending.append(call)
+        self._pump(call.slot)
+        return call
+
+    async def wait(self, timeout: float | None) -> list[Outcome]:
+        if not self._ready:
+            self._wake = wake = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait({wake}, timeout=timeout)
+            finally:
+                self._wake = None
+                wake.cancel()
+        out, self._ready = self._ready, []
+        return out
+
+    async def cancel(self, token: _Call) -> None:
+        """Give one experiment up: a waiting one is dropped from its actor; a running one keeps
+        its thread there, so its actor retires and the slot moves (see the module)."""
+        call = token
+        if call.over:
+            return
+        call.over = True
+        st = self._slots[call.slot]
+        if call in st.pending:
+            st.pending.remove(call)
+            return
+        actor = call.actor
+        if actor is None:
+            return
+        if call.task is not None:
+            call.task.cancel()
+        if call in actor.chain:
+            head = actor.chain[0] is call
+            actor.chain.remove(call)
+            if head and not actor.lost:
+                self._retire(actor)
+            elif not actor.lost:
+                self._spawn(self._drop(actor, call.number))
+            self._flush(actor)
+
+    def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        fut = self.client.submit(_call_side_sync, fn, args, pure=False,
+                                 key=f"paper-{uuid.uuid4().hex[:12]}")
+
+        async def watch() -> Any:
+            return await fut
+
+        return asyncio.ensure_future(watch())
+
+    def ship(self, records: list[dict]) -> None:
+        for record in records:
+            self._outbox.put(record)
+
+    async def close(self) -> None:
+        self._closed = True
+        for st in self._slots:
+            if st.placing is not None:
+                st.placing.cancel()
+            st.pending.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        retiring = [actor for actor in self._actors if not actor.lost]
+        if retiring:
+            calls = [asyncio.ensure_future(self._call(a, "retire")) for a in retiring]
+            await asyncio.wait(calls, timeout=MOVE_AFTER)
+            for c in calls:
+                c.cancel()
+        futures = [a.future for a in self._actors]
+        self._actors.clear()
+        if futures:
+            try:
+                await self.client.cancel(futures, asynchronous=True,
+                                         reason="dask-research: the run's slot actors are done")
+            except Exception:  # noqa: BLE001 - a lost scheduler: the futures are released anyway
+                pass
+        await self._outbox.drain()
+
+    # -- calls ----------------------------------------------------------------------------
+    def _say(self, what: str, text: str) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            warnings.warn(text, stacklevel=3)
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _call(self, actor: _Actor, method: str, *args: Any) -> Any:
+        direct = self._direct and actor.address not in self._proxied
+        return await actor_call(self.client, actor.address, actor.key, method, *args, direct=direct)
+
+    def _pump(self, slot: int) -> None:
+        """Send the slot's waiting calls to its actor, or find it one."""
+        st = self._slots[slot]
+        if self._closed:
+            return
+        actor = st.actor
+        if actor is not None and (actor.retired or actor.lost):
+            st.actor, actor = None, None
+        if not st.pending:
+            return
+        if (actor is None or not st.own) and st.placing is None:
+            st.placing = self._spawn(self._place(slot))
+        if actor is None or st.moving:    # (calls handed back go first: keep the order)
+            return
+        while st.pending:
+            self._send(st.pending.popleft(), actor)
+
+    def _send(self, call: _Call, actor: _Actor) -> None:
+        call.actor, call.number = actor, actor.numbers
+        actor.numbers += 1
+        actor.chain.append(call)
+        call.started = False
+        if actor.chain[0] is call:
+            self._started(call)
+        call.task = self._spawn(self._run(call, actor))
+
+    def _started(self, call: _Call) -> None:
+        if not call.started and not call.over:
+            call.started = True
+            if self.on_start is not None:
+                self.on_start(call)
+
+    async def _run(self, call: _Call, actor: _Actor) -> None:
+        while True:
+            try:
+                status, value = await self._call(actor, "run", call.number, call.h)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:
+                if await self._lost(actor, exc):
+                    return                # _lost moved it
+                continue                  # the worker lives: the same call again (same number)
+            except Exception as exc:  # noqa: BLE001 - what the call raised is the outcome
+                status, value = "done", exc
+            break
+        if call.over or call.actor is not actor:
+            return
+        if status == "done":             # in the actor's order (the answers travel on
+            call.answer = (value,)         # connections of their own and may overtake)
+            self._flush(actor)
+        elif status == "moved":          # the actor retired: the call goes to the slot's next one
+            call.bounced = True
+            if not actor.retired:         # it retired itself (after an overlong experiment)
+                self._retire(actor)
+            elif actor.handed_back:       # it arrived there after the hand-back: on its own
+                self._unsend(call, actor)
+                self._requeue([call])
+
+    def _flush(self, actor: _Actor) -> None:
+        """Report the answered calls at the head of ``actor``'s chain, in its order."""
+        while actor.chain and actor.chain[0].answer is not None:
+            self._deliver(actor.chain.popleft())
+        if actor.chain and not actor.retired:
+            self._started(actor.chain[0])  # it starts in the actor as the one before returns
+
+    def _deliver(self, call: _Call) -> None:
+        assert call.answer is not None
+        call.over = True
+        self._ready.append((call, call.answer[0]))
+        self.poke()
+
+    def _unsend(self, call: _Call, actor: _Actor) -> None:
+        if call in actor.chain:
+            actor.chain.remove(call)
+        call.actor = None
+
+    def _requeue(self, calls: list[_Call]) -> None:
+        """Send ``calls`` again, before their slots' waiting calls, in their order."""
+        by_slot: dict[int, list[_Call]] = {}
+        for call in calls:
+            if not call.over:
+                call.started = False
+                by_slot.setdefault(call.slot, []).append(call)
+        for slot, mine in by_slot.items():
+            st = self._slots[slot]
+            st.pending.extendleft(reversed(mine))
+            self._pump(slot)
+
+    async def _drop(self, actor: _Actor, number: int) -> None:
+        try:
+            await asyncio.wait_for(self._call(actor, "drop", number), MOVE_AFTER)
+        except Exception:  # noqa: BLE001 - a lost or frozen worker: it never starts it anyway
+            pass
+
+    def _retire(self, actor: _Actor) -> None:
+        """``actor`` starts nothing more; what waits in it goes to its slots' next actors."""
+        if actor.retired:
+            return
+        actor.retired = True
+        for st in self._slots:
+            if st.actor is actor:
+                st.actor = None
+        slots = {call.slot for call in actor.chain}
+        for slot in slots:
+            self._slots[slot].moving += 1
+        self._spawn(self._retiring(actor, slots))
+
+    async def _retiring(self, actor: _Actor, slots: set[int]) -> None:
+        try:
+            await self._hand_back(actor)
+        finally:
+            for slot in slots:
+                self._slots[slot].moving -= 1
+        for slot in range(len(self._slots)):
+            self._pump(slot)
+        try:                            # its thread still holds the worker's thread until it ends
+            await self._call(actor, "idle")
+        except Exception:  # noqa: BLE001 - its worker is gone
+            pass
+        self._forget(actor)
+
+    async def _hand_back(self, actor: _Actor) -> None:
+        """Send what waited in a retiring actor to its slots' next actors, in its order: what it
+        answers it handed back, or, if it does not answer within :data:`MOVE_AFTER` seconds
+        (frozen, unreachable), everything it held."""
+        try:
+            moved = set(await asyncio.wait_for(self._call(actor, "retire"), MOVE_AFTER))
+            answered = True
+        except Exception:  # noqa: BLE001 - frozen or unreachable: move them all
+            moved, answered = set(), False
+        back = [c for c in actor.chain if c.answer is None and (not answered or c.number in moved or c.bounced)]
+        for call in back:
+            if call.task is not None and not call.task.done():
+                call.task.cancel()
+            self._unsend(call, actor)
+        actor.handed_back = True
+        for call in actor.chain:          # one it had started before it heard: it runs there
+            self._started(call)
+            break
+        self._flush(actor)
+        self._requeue(back)
+
+    def _forget(self, actor: _Actor) -> None:
+        if actor in self._actors:
+            self._actors.remove(actor)
+            self._held[actor.address] = self._held.get(actor.address, 1) - 1
+            self._spawn(self._release(actor))
+        for slot in range(len(self._slots)):
+            self._pump(slot)
+
+    async def _release(self, actor: _Actor) -> None:
+        try:
+            await self.client.cancel([actor.future], asynchronous=True,
+                                     reason="dask-research: slot actor retired")
+        except Exception:  # noqa: BLE001
+            pass
+
+    async def _lost(self, actor: _Actor, exc: BaseException) -> bool:
+        """A call to ``actor`` lost its connection. ``True`` once its worker is known gone
+        (every call it held is then sent again elsewhere); ``False``: it lives, call again."""
+        if actor.lost:
+            return True
+        if actor.verdict is None:
+            actor.verdict = asyncio.get_running_loop().create_future()
+            self._spawn(self._judge(actor, exc))
+        return bool(await asyncio.shield(actor.verdict))
+
+    async def _judge(self, actor: _Actor, exc: BaseException) -> None:
+        assert actor.verdict is not None
+        gone = False
+        t0 = time.monotonic()
+        while True:
+            if actor.future.status in ("error", "cancelled", "lost"):
+                gone = True
+                break
+            try:
+                workers = await scheduler_workers(self.client)
+            except Exception:  # noqa: BLE001 - the scheduler is away too: look again
+                workers = {actor.address: {}}
+            if actor.address not in workers:
+                gone = True
+                break
+            if time.monotonic() - t0 > 5.0:
+                break                   # it lives: the route from here to it failed
+            await asyncio.sleep(0.05)
+        if not gone and self._direct and actor.address not in self._proxied:
+            self._proxied.add(actor.address)
+            self._say("route", f"transport='actors': the driver could not reach worker {actor.address} "
+                      f"directly ({type(exc).__name__}: {exc}); its calls go through the scheduler")
+        verdict, actor.verdict = actor.verdict, None
+        if gone:
+            actor.lost = actor.retired = True
+            for call in [c for c in actor.chain if c.answer is not None]:
+                actor.chain.remove(call)  # it ran there and returned: it counts
+                self._deliver(call)
+            lost = list(actor.chain)
+            for call in lost:
+                if call.task is not None and call.task is not asyncio.current_task():
+                    call.task.cancel()
+                self._unsend(call, actor)
+            if actor in self._actors:
+                self._actors.remove(actor)
+                self._held[actor.address] = self._held.get(actor.address, 1) - 1
+            for st in self._slots:
+                if st.actor is actor:
+                    st.actor = None
+            logger.info("dask-research: worker %s of a slot actor is gone; %d experiments go to "
+                        "another actor", actor.address, len(lost))
+            self._requeue(lost)
+            for slot in range(len(self._slots)):
+                self._pump(slot)
+        verdict.set_result(gone)
+
+    # -- placement ------------------------------------------------------------------------
+    def _choose(self, workers: dict[str, dict]) -> str | None:
+        best = None
+        for address in sorted(workers):
+            w = workers[address]
+            if w.get("status", "running") not in ("running", None):
+                continue
+            free = int(w.get("nthreads", 0) or 0) - self._held.get(address, 0)
+            if free > 0 and (best is None or free > best[0]):
+                best = (free, address)
+        return None if best is None else best[1]
+
+    async def _place(self, slot: int) -> None:
+        """Give ``slot`` an actor of its own on a worker with a thread to spare. While there is
+        none, the slot shares the live actor with the fewest calls in it (or waits for one),
+        and looks again every :data:`PLACE_POLL` seconds."""
+        st = self._slots[slot]
+        try:
+            while not self._closed:
+                try:
+                    address = self._choose(await scheduler_workers(self.client))
+                except Exception:  # noqa: BLE001 - the scheduler is away: look again
+                    address = None
+                if address is not None:
+                    actor = await self._create(slot, address)
+                    if actor is not None:
+                        st.actor, st.own = actor, True
+                        return
+                    continue
+                shared = st.actor
+                if shared is None or shared.retired or shared.lost:
+                    others = [a for a in self._actors if not (a.retired or a.lost)]
+                    if others:
+                        st.actor = min(others, key=lambda a: (len(a.chain), a.slot))
+                        st.own = False
+                        self._say("share", f"transport='actors': no worker has a thread to spare for "
+                                  f"slot {slot}'s actor ({len(others)} live actors for {len(self._slots)} "
+                                  "slots); it shares another slot's actor until one does")
+                        self._pump(slot)
+                await asyncio.sleep(PLACE_POLL)
+        finally:
+            st.placing = None
+            self._pump(slot)
+
+    async def _create(self, slot: int, address: str) -> _Actor | None:
+        from .._compat import wait_futures
+
+        self._generation += 1
+        key = f"experiment-actor-{self.run_id}-{slot}-{self._generation}"
+        self._held[address] = self._held.get(address, 0) + 1
+        fut = self.client.submit(SlotActor, self._pickled, self.bounded, self.objectives, self.timeout,
+                                 actor=True, workers=[address], allow_other_workers=False, pure=False,
+                                 key=key)
+        while fut.status == "pending":
+            try:
+                await wait_futures([fut], timeout=1.0)
+            except TimeoutError:
+                try:
+                    alive = address in await scheduler_workers(self.client)
+                except Exception:  # noqa: BLE001
+                    alive = True
+                if not alive:
+                    break
+        if fut.status != "finished":
+            self._held[address] -= 1
+            try:
+                await self.client.cancel([fut], asynchronous=True)
+            except Exception:  # noqa: BLE001
+                pass
+            return None
+        actor = _Actor(key, address, fut, slot)
+        self._actors.append(actor)
+        return actor

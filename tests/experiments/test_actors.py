@@ -1,0 +1,423 @@
+"""``transport="actors"`` (issue 30): one long-lived Dask actor per slot, called directly.
+
+Every promise of the tasks transport, each on what it is about: experiments run once each, in
+their slots' actors on threads of their own, never more than a worker's threads at once, and
+the scheduler never sees an experiment; a queued experiment starts in its actor before the
+driver hears that the one before it ended; inside an experiment ``get_worker()``,
+``get_client()`` and ``worker_client()`` work; events reach the Branches page; a worker killed
+with a running and a queued experiment (SIGKILL) loses neither and counts each once; a frozen
+worker (SIGSTOP) times out and the slot moves, and when it thaws it runs nothing it handed
+back; timeouts count from an experiment's start; the run's deadline cancels; a driver killed
+(SIGKILL) and resumed makes the uninterrupted run's decisions. The logic tests run on
+``gen_cluster`` (workers in this process), the faults on real ``dask worker`` processes. No
+assertion bounds a wall-clock time from above.
+"""
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import warnings
+
+import crash_scenario as cs
+import pytest
+from distributed import Client
+from distributed.utils_test import gen_cluster
+from exp_scenarios import HAND_REWARDS, summary
+
+from dask_research.exceptions import InputError
+from dask_research.experiments import Hypothesis, IterationScheduler, Result, make_deterministic_runner
+from dask_research.experiments.lock import JournalLockWarning
+from dask_research.testing.processes import WorkerSpec, process_cluster, subprocess_env, wait_for
+
+HERE = pathlib.Path(__file__).resolve().parent
+DIRECT = {"direct_to_workers": True}
+
+
+@contextlib.contextmanager
+def actor_cluster(where, n_workers=2, import_tests=False):
+    """Real ``dask scheduler`` and ``dask worker`` processes (one thread each) and a client that
+    reaches the workers directly, as a user of ``transport="actors"`` makes it;
+    ``import_tests``: the workers can import this directory's modules (``crash_scenario``)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), subprocess_env()["PYTHONPATH"]])} if import_tests else {}
+    with process_cluster(where, [WorkerSpec(env=env) for _ in range(n_workers)]) as cl:
+        client = Client(cl.client.scheduler.address, direct_to_workers=True, set_as_default=False,
+                        timeout=60)
+        try:
+            yield client, cl
+        finally:
+            client.close(timeout=5)
+
+
+def _logging_runner(log, delay, hang=(), hang_for=30.0):
+    """Logs ``start <id> <pid> <time>`` and ``end <id> <pid> <time>`` lines, sleeps ``delay``
+    (``hang_for`` for the ids in ``hang``)."""
+    def runner(h):
+        import os
+        import time
+
+        with open(log, "a") as f:
+            f.write(f"start {h.id} {os.getpid()} {time.time()}\n")
+        time.sleep(hang_for if h.id in hang else delay)
+        with open(log, "a") as f:
+            f.write(f"end {h.id} {os.getpid()} {time.time()}\n")
+        return 0.5
+    return runner
+
+
+def _scratch():
+    """A fresh file path for a runner's log (a runner is pickled: it cannot append to a list
+    of the test's, even on ``gen_cluster``'s workers in this process)."""
+    fd, path = tempfile.mkstemp(prefix="actors-", suffix=".log")
+    os.close(fd)
+    return path
+
+
+def _lines(log):
+    return [ln.split() for ln in pathlib.Path(log).read_text().splitlines()] if os.path.exists(log) else []
+
+
+def _starts(log):
+    return [ln[1] for ln in _lines(log) if ln[0] == "start"]
+
+
+# -- settings --------------------------------------------------------------------------------
+def test_the_transport_is_checked_and_journaled(tmp_path):
+    with pytest.raises(InputError, match=r'transport=\'task\' is invalid; expected "tasks" or "actors"'):
+        IterationScheduler(None, transport="task")
+    assert IterationScheduler(None, progress=False).transport == "tasks"
+    path = str(tmp_path / "loop.jsonl")
+    sched = IterationScheduler(lambda h: 0.5, progress=False, checkpoint=path, transport="actors")
+    sched.add([Hypothesis("h0", "a")])
+    assert sched.run().total_runs == 1            # without a client: in this process either way
+    sched.close()
+    assert IterationScheduler.resume(path, lambda h: 0.5).transport == "actors"
+
+
+# -- on gen_cluster: decisions, timeouts, the deadline, shared actors, proxied calls -----------------
+def _hand(slots, **kw):
+    sched = IterationScheduler(make_deterministic_runner(HAND_REWARDS, delay_ms=2), slots=slots,
+                               c=0.5, prune_floor=0.0, paper_threshold=1.0, progress=False, **kw)
+    sched.add([Hypothesis(f"{b}{k}", b) for b in "abc" for k in range(1, 5)])
+    return sched
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60)
+async def test_actor_decisions_equal_the_local_ones(c, s, a, b):
+    """Deterministic decisions stay deterministic: one slot queueing one ahead, and two slots in
+    dispatch order, decide on actors as they do in this process; the scheduler places one actor
+    per slot and never sees an experiment."""
+    one = await _hand(1, queue_ahead=1, client=c, transport="actors").run_async()
+    assert summary(one) == summary(_hand(1, queue_ahead=1).run())
+    two = await _hand(2, apply_order="dispatch", client=c, transport="actors").run_async()
+    assert summary(two) == summary(_hand(2, apply_order="dispatch").run())
+    assert "experiment" not in s.task_prefixes                 # no experiment was a Dask task
+    assert s.task_prefixes["experiment-actor"].state_counts["memory"] == 3    # an actor per slot and run
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_an_actor_timeout_counts_from_the_start_and_the_slot_moves(c, s, a):
+    """Three experiments queued behind a running one in the actor: the last starts about 0.9 s
+    after it was dispatched and runs 0.3 s, inside a 1 s timeout counted from its start. A
+    hanging one times out one timeout after it started; its actor retires (the hang keeps its
+    thread) and the experiment queued behind it runs once, on the slot's next actor, which
+    waits for the worker's only thread."""
+    log = _scratch()
+
+    def runner(h):
+        with open(log, "a") as f:
+            f.write(h.id + "\n")
+        time.sleep(2.5 if h.id == "hang" else 0.3)
+        return 0.5
+
+    sched = IterationScheduler(runner, slots=1, client=c, queue_ahead=3, timeout=1.0, transport="actors",
+                               prune_floor=0.0, progress=False)
+    sched.add([Hypothesis(f"n{k}", "a") for k in range(4)] + [Hypothesis("hang", "a"), Hypothesis("n4", "a")])
+    report = await sched.run_async()
+    assert report.timed_out == ["hang"] and report.total_runs == 5
+    ends = {e.hypothesis: e.t for e in report.events.of("result", "failure")}
+    dispatched = {e.hypothesis: e.t for e in report.events.of("dispatch")}
+    assert ends["n3"] - dispatched["n3"] > 1.0          # longer than the timeout since queued
+    assert ends["hang"] - ends["n3"] > 0.9              # counted from its start, as n3 ended
+    ran = open(log).read().split()
+    assert sorted(ran) == sorted(["n0", "n1", "n2", "n3", "hang", "n4"])      # each once
+    assert ran.index("n4") > ran.index("hang")
+    assert s.task_prefixes["experiment-actor"].state_counts["memory"] == 2   # the slot moved once
+    assert not s.tasks                                                       # all released
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_the_run_deadline_cancels_what_runs_and_what_waits_in_an_actor(c, s, a):
+    log = _scratch()
+
+    def runner(h):
+        with open(log, "a") as f:
+            f.write(h.id + "\n")
+        time.sleep(1.5)
+        return 0.5
+
+    sched = IterationScheduler(runner, slots=1, client=c, queue_ahead=1, transport="actors",
+                               max_seconds=0.3, cancel_grace=0.3, prune_floor=0.0, progress=False)
+    sched.add([Hypothesis(f"h{k}", "a") for k in range(4)])
+    report = await sched.run_async()
+    assert sorted(report.cancelled) == ["h0", "h1"] and report.total_runs == 0
+    assert report.stop_reason == "max_seconds"
+    await c.loop.run_in_executor(None, time.sleep, 1.5)    # h0 ends: h1, dropped, never starts
+    assert open(log).read().split() == ["h0"]
+    sched.max_seconds = None
+    again = await sched.run_async()                     # the cancelled ones run first next time,
+    assert [e.hypothesis for e in again.events.of("dispatch")][:2] == ["h0", "h1"]   # in dispatch order
+    assert again.total_runs == 4
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_slots_beyond_the_threads_share_an_actor(c, s, a):
+    """Two slots on one one-thread worker: one actor, which the second slot shares (one
+    experiment at a time), with one warning line; every experiment runs once."""
+    log = _scratch()
+
+    def runner(h):
+        t0 = time.time()
+        time.sleep(0.05)
+        with open(log, "a") as f:
+            f.write(f"{t0} {time.time()} {h.id}\n")
+        return 0.5
+
+    sched = IterationScheduler(runner, slots=2, client=c, transport="actors", prune_floor=0.0, progress=False)
+    sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(8)])
+    with pytest.warns(UserWarning, match=r"no worker has a thread to spare for slot 1's actor \(1 live "
+                                         r"actors for 2 slots\); it shares another slot's actor"):
+        report = await sched.run_async()
+    spans = sorted((float(a), float(b), i) for a, b, i in (ln.split() for ln in open(log)))
+    assert report.total_runs == 8 and sorted(i for _, _, i in spans) == sorted(f"h{k}" for k in range(8))
+    assert all(x[1] <= y[0] for x, y in zip(spans, spans[1:]))       # one at a time
+    assert s.task_prefixes["experiment-actor"].state_counts["memory"] == 1
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_without_a_direct_route_calls_go_through_the_scheduler_and_say_so(c, s, a):
+    with pytest.warns(UserWarning, match=r"transport='actors' calls each experiment's actor through the "
+                                         r"scheduler .* without direct_to_workers=True"):
+        report = await _hand(1, client=c, transport="actors", queue_ahead=1).run_async()
+    assert summary(report) == summary(_hand(1, queue_ahead=1).run())
+
+
+class _Echo:
+    async def echo(self, x):
+        return x
+
+    async def boom(self):
+        raise ValueError("boom")
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_the_dask_internals_the_transport_uses(c, s, a):
+    """``_compat``'s actor call (direct and proxied), worker table, released check and worker
+    context: what breaks loudly there when Dask moves them."""
+    from distributed import get_worker
+
+    from dask_research import _compat
+
+    fut = c.submit(_Echo, actor=True, workers=[a.address], pure=False)
+    await fut
+    for direct in (True, False):
+        assert await _compat.actor_call(c, a.address, fut.key, "echo", {"x": 1}, direct=direct) == {"x": 1}
+        with pytest.raises(ValueError, match="boom"):
+            await _compat.actor_call(c, a.address, fut.key, "boom", direct=direct)
+    assert (await _compat.scheduler_workers(c))[a.address]["nthreads"] == 1
+    assert not _compat.actor_released(a, fut.key)
+    with _compat.worker_context(a):
+        assert get_worker() is a
+    with pytest.raises(ValueError):
+        get_worker()
+    await c.cancel([fut])
+    await c.loop.run_in_executor(None, lambda: wait_for(lambda: _compat.actor_released(a, fut.key), 10, "release"))
+
+
+# -- real processes --------------------------------------------------------------------------
+def _probe():
+    def runner(h):
+        import os
+        import threading
+        import time
+
+        from distributed import get_client, get_worker, worker_client
+
+        t0 = time.time()
+        time.sleep(0.1)
+        with worker_client() as wc:
+            inner = wc.submit(len, "abc").result()
+        return Result(h, 0.5, {"pid": os.getpid(), "thread": threading.current_thread().name, "start": t0,
+                               "end": time.time(), "worker": get_worker().address,
+                               "client": get_client().submit(sum, [1, 2]).result(), "inner": inner})
+    return runner
+
+
+def test_actors_on_real_workers(tmp_path):
+    """Two one-thread ``dask worker`` processes, two slots queueing ahead: each experiment runs
+    once, on its actor's own thread, one at a time per worker; every queued experiment starts
+    before the driver has heard that the one before it on its worker ended; ``get_worker()``,
+    ``get_client()`` and ``worker_client()`` work inside; the events reach the Branches page."""
+    pytest.importorskip("bokeh")
+    from dask_research.dashboard.components import branch_view
+
+    with actor_cluster(tmp_path, 2) as (client, _):
+        sched = IterationScheduler(_probe(), slots=2, client=client, queue_ahead=1, transport="actors",
+                                   prune_floor=0.0, progress=False)
+        sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(12)])
+        report = sched.run()
+        view = branch_view(client.get_events("research.experiments"))
+        prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    assert report.total_runs == 12 and not report.failed
+    assert all(r.metrics["thread"] == "dask-research-slot-actor" for r in report.results)
+    assert all(r.metrics["client"] == 3 and r.metrics["inner"] == 3 for r in report.results)
+    assert len({r.metrics["pid"] for r in report.results}) == len({r.metrics["worker"] for r in report.results}) == 2
+    assert "experiment" not in prefixes and "experiment-actor" in prefixes
+    assert view is not None
+    assert {b: v["runs"] for b, v in view["branches"].items()} == {b: st.runs for b, st in report.branches.items()}
+    t0 = report.events.started_at
+    heard = {e.hypothesis: t0 + e.t for e in report.events.of("result")}
+    ahead = {e.hypothesis for e in report.events.of("dispatch") if e.data.get("ahead")}
+    assert len(ahead) >= 8
+    checked = 0
+    for pid in {r.metrics["pid"] for r in report.results}:
+        runs = sorted((r for r in report.results if r.metrics["pid"] == pid), key=lambda r: r.metrics["start"])
+        for before, after in zip(runs, runs[1:]):
+            assert before.metrics["end"] <= after.metrics["start"]            # one at a time
+            if after.hypothesis.id in ahead:
+                assert after.metrics["start"] < heard[before.hypothesis.id]   # no round trip
+                checked += 1
+    assert checked >= 8
+
+
+@pytest.mark.slow
+def test_a_worker_killed_with_a_running_and_a_queued_experiment(tmp_path):
+    """Three one-thread workers, two slots queueing one ahead: the worker of one slot is killed
+    (SIGKILL) while its experiment started under half a second ago (of 1 s) and one waits
+    behind it in its actor. The slot's actor is created again on the spare worker; the one that
+    was running runs once more, the queued one once, every other once, each counted once."""
+    log = str(tmp_path / "runs.log")
+    with actor_cluster(tmp_path, 3) as (client, cl):
+        pids = client.run(os.getpid)
+        sched = IterationScheduler(_logging_runner(log, 1.0), slots=2, client=client, queue_ahead=1,
+                                   transport="actors", prune_floor=0.0, progress=False)
+        sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(10)])
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
+        thread.start()
+
+        def running_fresh():
+            """A worker whose last line is a start under half a second ago, after the first
+            round (so an experiment waits behind it in its actor)."""
+            lines = _lines(log)
+            if sum(1 for ln in lines if ln[0] == "end") < 2:
+                return False
+            last = {}
+            for kind, hid, pid, t in lines:
+                last[int(pid)] = (kind, hid, float(t))
+            for pid, (kind, hid, t) in last.items():
+                if kind == "start" and time.time() - t < 0.5:
+                    box["victim"] = (pid, hid)
+                    return True
+            return False
+
+        wait_for(running_fresh, 60, "a worker that just started an experiment", poll=0.02)
+        pid, running = box["victim"]
+        victim = next(p for p in cl.workers if p.pid == pid)
+        victim.send_signal(signal.SIGKILL)
+        before = _starts(log)
+        thread.join(120)
+        assert not thread.is_alive()
+    report = box["report"]
+    starts = _starts(log)
+    assert sorted(r.hypothesis.id for r in report.results) == sorted(f"h{k}" for k in range(10))
+    assert starts.count(running) == 2                                  # the running one: once more
+    assert all(starts.count(h) == 1 for h in set(starts) - {running})   # everything else once
+    spare = set(pids.values()) - {int(ln[2]) for ln in _lines(log)[:4]}
+    assert spare and any(int(ln[2]) in spare for ln in _lines(log) if ln[0] == "start"
+                         and ln[1] not in before)                     # the new actor: the spare worker
+    assert victim.poll() is not None
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_times_out_the_slot_moves_and_the_thawed_one_runs_nothing_more(tmp_path):
+    """One slot queueing one ahead on two one-thread workers, a 2 s timeout. The actor's worker
+    is frozen (SIGSTOP) as an experiment starts: it times out, the slot moves to the other
+    worker, and the experiment queued behind it there runs once on the new actor. The frozen
+    worker is thawed (SIGCONT) while the run goes on: its actor starts nothing more."""
+    log = str(tmp_path / "runs.log")
+    with actor_cluster(tmp_path, 2) as (client, cl):
+        sched = IterationScheduler(_logging_runner(log, 0.3), slots=1, client=client, queue_ahead=1,
+                                   timeout=2.0, transport="actors", prune_floor=0.0, progress=False)
+        sched.add([Hypothesis(f"h{k}", "a") for k in range(16)])
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
+        thread.start()
+        wait_for(lambda: "h3" in _starts(log), 60, "h3 starts")
+        frozen_pid = next(int(ln[2]) for ln in _lines(log) if ln[:2] == ["start", "h3"])
+        frozen = next(p for p in cl.workers if p.pid == frozen_pid)
+        frozen.send_signal(signal.SIGSTOP)
+        wait_for(lambda: "h4" in _starts(log), 60, "h4 starts elsewhere", poll=0.05)
+        frozen.send_signal(signal.SIGCONT)                  # thawed while the run goes on
+        thread.join(120)
+        assert not thread.is_alive()
+        time.sleep(1.0)                                     # anything the thawed actor would start
+    report = box["report"]
+    starts = _lines(log)
+    assert report.timed_out == ["h3"] and report.total_runs == 15
+    assert [ln[1] for ln in starts if ln[0] == "start"].count("h4") == 1       # queued behind: once
+    after = [ln for ln in starts if ln[0] == "start" and ln[1] not in ("h0", "h1", "h2", "h3")]
+    assert after and all(int(ln[2]) != frozen_pid for ln in after)           # all on the other one
+    assert sorted(set(_starts(log))) == sorted(f"h{k}" for k in range(16))
+    assert all(_starts(log).count(f"h{k}") == 1 for k in range(16))
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from distributed import Client
+import crash_scenario as cs
+client = Client({address!r}, direct_to_workers=True)
+cs.scheduler(cs.LoggingRunner({log!r}, 0.05), {path!r}, queue_ahead=1, client=client,
+             transport="actors").run()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes_on_actors_into_the_uninterrupted_run(tmp_path):
+    """The driver (a subprocess on a real cluster, one slot queueing ahead in its actor) is
+    killed with SIGKILL after twelve results; resumed on actors it makes the uninterrupted
+    run's decisions, and nothing that had not been in flight runs twice."""
+    from test_checkpoint_resume import _stats
+
+    path, log = str(tmp_path / "loop.jsonl"), str(tmp_path / "done.log")
+    with actor_cluster(tmp_path, 1, import_tests=True) as (client, _):
+        script = tmp_path / "run.py"
+        script.write_text(textwrap.dedent(DRIVER.format(tests=str(HERE), address=client.scheduler.address,
+                                                        log=log, path=path)))
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: os.path.exists(path) and open(path).read().count('"kind": "result"') >= 12
+                     or proc.poll() is not None, 120, "twelve results in the journal")
+            assert proc.poll() is None, proc.stderr.read()
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.wait(30)
+        with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
+            sched = IterationScheduler.resume(path, cs.LoggingRunner(log, 0.0), expander=cs.EXPANDER,
+                                              progress=False, client=client)
+        assert sched.transport == "actors" and sched.queue_ahead == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", JournalLockWarning)
+            report = sched.run()
+    whole = cs.scheduler(cs.LoggingRunner(None, 0.0), queue_ahead=1).run()
+    assert summary(report) == summary(whole) and _stats(report) == _stats(whole)
+    done = open(log).read().split()
+    assert sorted(set(done)) == sorted(r.hypothesis.id for r in report.results)
+    twice = {h for h in done if done.count(h) > 1}
+    assert len(twice) <= 2          # what was running or had just started at the kill, at most
