@@ -212,17 +212,17 @@ class Execution:
 
     def _last_blocks(self, todo: deque) -> bool:
         """Whether no block of the run waits for a thread: nothing left to submit and at most
-        as many blocks in flight as the cluster has threads (copies and retries counted once).
+        as many attempts in flight as the cluster has threads (a turn's cost stays what ended,
+        not what is in flight: a speculative copy counts as an attempt, which only holds the
+        checks back while it runs).
 
-        Without the cluster's threads, whether nothing is left to submit. (A block waiting on a
-        frozen worker keeps this false: the checks are then submitted by the verification at the
+        Without the cluster's threads, whether nothing is left to submit. (Blocks stuck on a
+        frozen worker keep this false: the checks are then submitted by the verification at the
         end, as a check of a worker's first shard always was.)
         """
         if todo:
             return False
-        if self.threads is None:
-            return True
-        return len(set(self.window.pending.values())) <= self.threads
+        return self.threads is None or len(self.window.pending) <= self.threads
 
     async def _collect(self, wanted: Any, timeout: float) -> tuple[list, dict]:
         """The one wait of a driver turn, on the client's loop (see :meth:`.Arrivals.collect`)."""
