@@ -18,6 +18,9 @@ method runs on the same cluster, one after the other. The trials sleep 5 ms, 50 
 - ``ours-ucb1``: ``IterationScheduler(runner, slots=N, client=client)`` over 4 queued branches.
 - ``ours-search``: the documented search configuration (``objective="max"``, windowed Threshold
   Ascent, ``OptunaSource(unique=False)`` per branch: a continuous space).
+- ``ours-ucb1-actors``: ``ours-ucb1`` with ``transport="actors"`` (one long-lived actor per slot,
+  called directly): on a client made as a user of that transport makes it,
+  ``Client(address, direct_to_workers=True)``, connected to the same cluster from the start.
 - ``dask-bare`` (a reference, not a peer): the same sleeping function as a plain
   ``client.submit`` per trial, ``N`` kept in flight with ``as_completed``, each result
   gathered: what one Dask task per trial costs with no search at all, the floor of any
@@ -129,9 +132,10 @@ def bare(client: Any, n: int, delay: float, trials: int) -> None:
 
 
 QUEUE_AHEAD: Any = None                            # ours: None is research.experiments.queue-ahead
+DIRECT: Any = None                                 # the client of transport="actors" (direct_to_workers)
 
 
-def ours(client: Any, n: int, delay: float, trials: int, search: bool) -> None:
+def ours(client: Any, n: int, delay: float, trials: int, search: bool, actors: bool = False) -> None:
     import optuna
 
     from dask_research.experiments import Branch, Hypothesis, IterationScheduler, OptunaSource
@@ -145,9 +149,9 @@ def ours(client: Any, n: int, delay: float, trials: int, search: bool) -> None:
                                    queue_ahead=QUEUE_AHEAD)
         sched.add([Branch(f"b{k}", propose=OptunaSource(space, seed=k)) for k in range(4)])
     else:
-        sched = IterationScheduler(_sleep_runner(delay), slots=n, client=client,
+        sched = IterationScheduler(_sleep_runner(delay), slots=n, client=DIRECT if actors else client,
                                    max_experiments=trials, progress=False, prune_floor=0.0,
-                                   queue_ahead=QUEUE_AHEAD)
+                                   queue_ahead=QUEUE_AHEAD, transport="actors" if actors else None)
         sched.add([Hypothesis(f"h{j}", f"b{j % 4}", {"x": (j % 10) / 10})
                    for j in range(trials)])
     report = sched.run()
@@ -160,6 +164,7 @@ METHODS: dict[str, Callable[[Any, int, float, int], None]] = {
     "optuna-distributed-tpe": distributed_tpe,
     "ours-ucb1": lambda c, n, d, t: ours(c, n, d, t, False),
     "ours-search": lambda c, n, d, t: ours(c, n, d, t, True),
+    "ours-ucb1-actors": lambda c, n, d, t: ours(c, n, d, t, False, actors=True),
     "dask-bare": bare,
 }
 
@@ -192,6 +197,26 @@ def measure(client: Any, method: str, n: int, delay: float, trials: int,
             "decisions_per_s": trials / wall}
 
 
+def _ratios(cells: dict[str, dict]) -> dict[str, tuple[float, float | None]]:
+    """Each peer's scheduler CPU per trial over each of ours', gross and net of the idle floor,
+    per cell: ``{"<peer>/<ours>|<slots>|<delay>": (gross, net)}``."""
+    out = {}
+    for key, f in cells.items():
+        method, n, delay = key.split("|")
+        if not method.startswith("ours"):
+            continue
+        for peer in ("optuna-daskstorage-tpe", "optuna-daskstorage-random", "dask-bare"):
+            g = cells.get(f"{peer}|{n}|{delay}")
+            if g is None:
+                continue
+            ours_net = f["scheduler_cpu_net_ms_per_trial"]
+            gross = g["scheduler_cpu_ms_per_trial"] / max(f["scheduler_cpu_ms_per_trial"], 1e-9)
+            # ours' net figure within the idle floor's noise (0 or below): no ratio to speak of
+            net = g["scheduler_cpu_net_ms_per_trial"] / ours_net if ours_net > 0 else None
+            out[f"{peer}/{method}|{n}|{delay}"] = (gross, net)
+    return out
+
+
 def _uptime() -> str:
     """The load averages (``/proc/loadavg``), to record beside the figures."""
     try:
@@ -204,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     require("optuna", "optuna_integration", "optuna_distributed",
             benchmark="bench_experiments_dask_peers")
     import optuna
+    from distributed import Client
 
     from dask_research.testing.processes import dask_processes
 
@@ -228,7 +254,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with LoadMonitor() as load:
         for n in (int(x) for x in args.slots.split(",")):
             with tempfile.TemporaryDirectory() as where, \
-                    dask_processes(pathlib.Path(where), n_workers=n) as (client, _):
+                    dask_processes(pathlib.Path(where), n_workers=n) as (client, _), \
+                    Client(client.scheduler.address, direct_to_workers=True, set_as_default=False,
+                           timeout=60) as direct:
+                global DIRECT
+                DIRECT = direct
                 for m in methods:                  # warm-up: each method's first use of the cluster
                     METHODS[m](client, n, 0.005, 2 * n)
                 idle = idle_floor(client)
@@ -250,6 +280,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     figures["uptime"]["after"] = _uptime()
     print_table(rows, ("method", "slots", "trial", "trials", "occupancy", "client CPU ms/trial",
                        "scheduler CPU ms/trial", "net of idle", "trials/s"))
+    ratios = _ratios(figures["cells"])
+    if ratios:
+        figures["scheduler_cpu_ratios"] = ratios
+        print("\nscheduler CPU per trial of each peer / ours (gross, net of the idle floor):")
+        print_table([(k.replace("|", " "), f"{g:.1f}x", "-" if nt is None else f"{nt:.1f}x")
+                     for k, (g, nt) in ratios.items()],
+                    ("peer / ours, slots, trial", "gross", "net"))
     print(f"load: before {figures['uptime']['before']}; after {figures['uptime']['after']}")
     notes = ("Real dask scheduler + N one-thread dask worker processes on this machine; "
              "sleeping trials. The machine was shared with other sessions (machine_busy): "

@@ -22,9 +22,11 @@ the objective itself, not by the system under test.
   second driver asking for the trials the study still lacks.
 
 Ours runs with its defaults (``queue_ahead="auto"``: with trials of 0.4 s on this cluster it
-queues one decided experiment behind each running one after the first results, so at a fault a
-worker holds one running and one queued experiment); ``--queue-ahead 0`` runs ours without it.
-``ahead`` counts ours' dispatches that were queued ahead.
+queues one decided experiment behind each running one, so at a fault a worker holds one running
+and one queued experiment); ``--queue-ahead 0`` runs ours without it. ``ahead`` counts ours'
+dispatches that were queued ahead. ``ours (actors)`` is ours with ``transport="actors"`` (one
+actor per slot, called directly: its client is made with ``direct_to_workers=True``, as a user of
+that transport makes it); after the worker's death its two slots share the one actor left.
 
 Figures per system and fault: trials the system counts as done (``COMPLETE`` for Optuna,
 results for ours) and how many of them lie beyond the budget; *stale or lost* records (trials
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import pathlib
 import signal
@@ -52,7 +55,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import print_table, require, write_results  # noqa: E402
+from benchmarks.harness import print_table, require, update_results, write_results  # noqa: E402
 
 TRIALS = 24
 DELAY = 0.4
@@ -144,13 +147,22 @@ def worker_kill(system: str, where: pathlib.Path) -> dict:
 
         t = threading.Thread(target=killer, daemon=True)
         t.start()
-        if system == "ours":
+        if system in ("ours", "ours-actors"):
+            from distributed import Client
+
             from dask_research.experiments import IterationScheduler
 
+            actors = system == "ours-actors"
+            if actors:
+                client = Client(cluster.client.scheduler.address, direct_to_workers=True,
+                                set_as_default=False, timeout=60)
             sched = IterationScheduler(Runner(log), slots=2, client=client, max_experiments=TRIALS,
-                                       progress=False, prune_floor=0.0, queue_ahead=QUEUE_AHEAD)
+                                       progress=False, prune_floor=0.0, queue_ahead=QUEUE_AHEAD,
+                                       transport="actors" if actors else None)
             sched.add(hypotheses())
             report = sched.run()
+            if actors:
+                client.close()
             counted, lost = report.total_runs, report.dispatched - report.total_runs - report.failures
             ahead: int | None = sum(1 for e in report.events.of("dispatch") if e.data.get("ahead"))
         else:
@@ -178,22 +190,24 @@ warnings.simplefilter("ignore")
 from distributed import Client
 import benchmarks.bench_experiments_faults as bench
 bench.QUEUE_AHEAD = {queue_ahead!r}
-with Client(scheduler_file={sfile!r}, set_as_default=False, timeout=60) as client:
+with Client(scheduler_file={sfile!r}, set_as_default=False, timeout=60,
+            direct_to_workers={system!r} == "ours-actors") as client:
     bench.drive({system!r}, client, {log!r}, {state!r}, resume={resume!r})
 """
 
 
 def drive(system: str, client: Any, log: str, state: str, resume: bool) -> None:
     """One driver process's study (called by :data:`DRIVER`)."""
-    if system == "ours":
+    if system in ("ours", "ours-actors"):
         from dask_research.experiments import IterationScheduler
 
-        if resume:
+        if resume:                      # (the journal keeps the transport)
             sched = IterationScheduler.resume(state, Runner(log), client=client, progress=False)
         else:
             sched = IterationScheduler(Runner(log), slots=2, client=client, max_experiments=TRIALS,
                                        progress=False, prune_floor=0.0, checkpoint=state,
-                                       queue_ahead=QUEUE_AHEAD)
+                                       queue_ahead=QUEUE_AHEAD,
+                                       transport="actors" if system == "ours-actors" else None)
             sched.add(hypotheses())
         sched.run()
         return
@@ -214,7 +228,8 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
     from dask_research.testing.processes import process_cluster, subprocess_env
 
     log = str(where / "trials.log")
-    state = str(where / ("loop.jsonl" if system == "ours" else "study.db"))
+    ours = system in ("ours", "ours-actors")
+    state = str(where / ("loop.jsonl" if ours else "study.db"))
     with process_cluster(where, 2):
         sfile = str(where / "scheduler.json")
         for resume in (False, True):
@@ -232,7 +247,7 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
             proc.wait(300)
         time.sleep(2 * DELAY)           # experiments the killed driver left running end on their workers
         starts, _ = executions(log)
-    if system == "ours":
+    if ours:
         from dask_research.experiments.checkpoint import Journal
 
         records = Journal(state).load().records
@@ -252,13 +267,24 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
     return _figures(counted, lost, starts, ahead)
 
 
+def _uptime() -> str:
+    """The load averages (``/proc/loadavg``), to record beside the figures."""
+    try:
+        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> dict:
     require("optuna", "optuna_integration", "optuna_distributed", benchmark="bench_experiments_faults")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queue-ahead", default=None,
                     help='ours: "auto", 0, 1, ... (default: research.experiments.queue-ahead)')
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--systems", default="ours,ours-actors,optuna",
+                    help="which of ours, ours-actors, optuna to run")
     args = ap.parse_args(argv)
+    systems = args.systems.split(",")
     global QUEUE_AHEAD
     QUEUE_AHEAD = (None if args.queue_ahead is None else
                    args.queue_ahead if args.queue_ahead == "auto" else int(args.queue_ahead))
@@ -266,22 +292,38 @@ def main(argv: list[str] | None = None) -> dict:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    cases = {("worker killed", "ours"): worker_kill, ("worker killed", "optuna-daskstorage"): worker_kill,
-             ("driver killed, resumed", "ours"): driver_kill,
-             ("driver killed, resumed", "optuna-rdb-sqlite"): driver_kill}
+    uptime_before = _uptime()
+    cases = {(fault, name): (fn, system) for fault, name, fn, system in (
+        ("worker killed", "ours", worker_kill, "ours"),
+        ("worker killed", "ours (actors)", worker_kill, "ours-actors"),
+        ("worker killed", "optuna-daskstorage", worker_kill, "optuna"),
+        ("driver killed, resumed", "ours", driver_kill, "ours"),
+        ("driver killed, resumed", "ours (actors)", driver_kill, "ours-actors"),
+        ("driver killed, resumed", "optuna-rdb-sqlite", driver_kill, "optuna")) if system in systems}
     figures: dict = {"trials": TRIALS, "trial_seconds": DELAY, "cases": {},
                      "queue_ahead": "default" if QUEUE_AHEAD is None else QUEUE_AHEAD}
     rows = []
-    for (fault, system), fn in cases.items():
+    for (fault, system), (fn, which) in cases.items():
         with tempfile.TemporaryDirectory() as where:
-            f = fn("ours" if system == "ours" else "optuna", pathlib.Path(where))
+            f = fn(which, pathlib.Path(where))
         figures["cases"][f"{fault}|{system}"] = f
         rows.append((fault, system, f"{f['counted']}/{TRIALS}", f["over_budget"], f["lost"], f["executions"],
                      f["wasted_runs"], ",".join(f["run_twice"]) or "-", f.get("ahead_dispatches", "-")))
         print(*rows[-1], sep="  ", flush=True)
     print_table(rows, ("fault", "system", "trials done", "beyond budget", "stale or lost records", "objective runs",
                        "runs not counted", "run twice", "ahead"))
-    if not args.no_write:
+    figures["uptime"] = {"before": uptime_before, "after": _uptime()}
+    if not args.no_write and len(systems) < 3:      # some systems again: merge their cases
+        try:
+            old = json.loads((ROOT / "benchmarks" / "results" / "bench_experiments_faults.json").read_text())
+            figures["cases"] = {**old["figures"]["cases"], **figures["cases"]}
+        except (OSError, ValueError, KeyError):
+            pass
+        figures[f"uptime_{'_'.join(systems)}"] = figures.pop("uptime")
+        path = update_results("bench_experiments_faults", {"cases": figures["cases"],
+                                                           f"uptime_{'_'.join(systems)}": figures[f"uptime_{'_'.join(systems)}"]})
+        print(f"\nmerged into {path}")
+    elif not args.no_write:
         path = write_results("bench_experiments_faults", figures, notes=(
             "Real dask scheduler + 2 one-thread dask workers (no nanny) per case; trials sleep; "
             "counts from the objective's own log and each system's records"))
