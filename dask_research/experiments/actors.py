@@ -363,6 +363,8 @@ class ActorBackend:
         self._proxied: set[str] = set()       # workers the client could not reach directly
         self._said: set[str] = set()
         self._closed = False
+        self._asking: asyncio.Future | None = None
+        self._asked = 0.0
         if not self._direct:
             self._say("proxied", "transport='actors' calls each experiment's actor through the "
                       "scheduler (about 0.4 ms of its CPU per experiment) because the client was made "
@@ -702,6 +704,13 @@ class ActorBackend:
                 best = (free, address)
         return None if best is None else best[1]
 
+    async def _workers(self) -> dict[str, dict]:
+        """The scheduler's workers now; placements that look at once share one answer."""
+        if self._asking is None or self._asking.done() and time.monotonic() - self._asked > PLACE_POLL / 2:
+            self._asked = time.monotonic()
+            self._asking = asyncio.ensure_future(scheduler_workers(self.client))
+        return dict(await asyncio.shield(self._asking))
+
     async def _place(self, slot: int) -> None:
         """Give ``slot`` an actor of its own on a worker with a thread to spare. While there is
         none, the slot shares the live actor with the fewest calls in it (or waits for one),
@@ -710,7 +719,7 @@ class ActorBackend:
         try:
             while not self._closed:
                 try:
-                    address = self._choose(await scheduler_workers(self.client))
+                    address = self._choose(await self._workers())
                 except Exception:  # noqa: BLE001 - the scheduler is away: look again
                     address = None
                 if address is not None:
