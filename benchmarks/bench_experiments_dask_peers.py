@@ -28,7 +28,8 @@ method runs on the same cluster, one after the other. The trials sleep 5 ms, 50 
 
 Ours runs with its defaults, ``queue_ahead="auto"`` included (:mod:`dask_research.experiments.
 ahead`); ``--queue-ahead 0`` (or ``1``) measures it with that setting instead, and such a run's
-cells are merged into the JSON under ``cells_queue_ahead_<value>`` beside the default run's. Every method runs once, unmeasured, on each
+cells are merged into the JSON under ``cells_queue_ahead_<value>`` beside the default run's;
+``--no-events`` measures ours without its events to the scheduler's log (``cells_no_events``). Every method runs once, unmeasured, on each
 fresh cluster before the cells (its imports on the workers, Optuna's storage plugin), so no
 method pays the cluster's first use in its figures.
 
@@ -48,6 +49,7 @@ ones.
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 import tempfile
@@ -133,6 +135,7 @@ def bare(client: Any, n: int, delay: float, trials: int) -> None:
 
 QUEUE_AHEAD: Any = None                            # ours: None is research.experiments.queue-ahead
 DIRECT: Any = None                                 # the client of transport="actors" (direct_to_workers)
+LOG_EVENTS: Any = None                             # ours: None is research.experiments.log-events
 
 
 def ours(client: Any, n: int, delay: float, trials: int, search: bool, actors: bool = False) -> None:
@@ -151,7 +154,8 @@ def ours(client: Any, n: int, delay: float, trials: int, search: bool, actors: b
     else:
         sched = IterationScheduler(_sleep_runner(delay), slots=n, client=DIRECT if actors else client,
                                    max_experiments=trials, progress=False, prune_floor=0.0,
-                                   queue_ahead=QUEUE_AHEAD, transport="actors" if actors else None)
+                                   queue_ahead=QUEUE_AHEAD, transport="actors" if actors else None,
+                                   log_events=LOG_EVENTS)
         sched.add([Hypothesis(f"h{j}", f"b{j % 4}", {"x": (j % 10) / 10})
                    for j in range(trials)])
     report = sched.run()
@@ -217,6 +221,22 @@ def _ratios(cells: dict[str, dict]) -> dict[str, tuple[float, float | None]]:
     return out
 
 
+def _other_runs() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``--queue-ahead`` runs already in the results file (``cells_queue_ahead_*``,
+    ``run_queue_ahead_*``) and their ``updated`` stamps: a new default run replaces its own
+    figures, not theirs."""
+    from benchmarks.harness import RESULTS
+
+    try:
+        old = json.loads((RESULTS / "bench_experiments_dask_peers.json").read_text())
+        figures = old["figures"]
+    except (OSError, ValueError, KeyError):
+        return {}, {}
+    kept = {k: v for k, v in figures.items()
+            if k.startswith(("cells_queue_ahead_", "run_queue_ahead_", "cells_no_events", "run_no_events"))}
+    return kept, {k: v for k, v in old.get("updated", {}).items() if k in kept}
+
+
 def _uptime() -> str:
     """The load averages (``/proc/loadavg``), to record beside the figures."""
     try:
@@ -239,9 +259,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--queue-ahead", default=None,
                     help='ours: "auto", 0, 1, ... (default: research.experiments.queue-ahead)')
+    ap.add_argument("--no-events", action="store_true",
+                    help="ours without events to the scheduler's log (log_events=False); cells merged "
+                         "into the JSON as cells_no_events")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
-    global QUEUE_AHEAD
+    global QUEUE_AHEAD, LOG_EVENTS
+    LOG_EVENTS = False if args.no_events else None
     QUEUE_AHEAD = (None if args.queue_ahead is None else
                    args.queue_ahead if args.queue_ahead == "auto" else int(args.queue_ahead))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -291,13 +315,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     notes = ("Real dask scheduler + N one-thread dask worker processes on this machine; "
              "sleeping trials. The machine was shared with other sessions (machine_busy): "
              "wall-clock figures (occupancy, trials/s) are lower bounds, CPU figures compare.")
-    if not args.no_write and QUEUE_AHEAD is not None:
+    if not args.no_write and args.no_events:
+        path = update_results("bench_experiments_dask_peers", {
+            "cells_no_events": figures["cells"],
+            "run_no_events": {k: v for k, v in figures.items() if k != "cells"}})
+        print(f"\nmerged into {path}")
+    elif not args.no_write and QUEUE_AHEAD is not None:
         path = update_results("bench_experiments_dask_peers", {
             f"cells_queue_ahead_{QUEUE_AHEAD}": figures["cells"],
             f"run_queue_ahead_{QUEUE_AHEAD}": {k: v for k, v in figures.items() if k != "cells"}})
         print(f"\nmerged into {path}")
     elif not args.no_write:
-        path = write_results("bench_experiments_dask_peers", figures, notes=notes)
+        kept, stamps = _other_runs()
+        path = write_results("bench_experiments_dask_peers", {**figures, **kept}, notes=notes)
+        if stamps:                                 # when and where those were measured
+            payload = json.loads(path.read_text())
+            payload["updated"] = stamps
+            path.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"\nwrote {path}")
     return figures
 
