@@ -250,7 +250,8 @@ def paired_only(job, shards, n, pairs, cores):
     for label, rs in (("mc.run defaults", ratios), ("mc.run bare (verify=0, speculate=0)", bare_ratios)):
         print(f"  {label:38s} / ({cores} x single numpy): median {statistics.median(rs):.3f}, range "
               f"{min(rs):.3f}-{max(rs):.3f}  ({', '.join(f'{r:.3f}' for r in rs)})")
-    path = write_results(f"bench_montecarlo_{shards}_paired", figures,
+    size = f"{shards}" if n == 65_536 else f"{shards}x{n}"
+    path = write_results(f"bench_montecarlo_{size}_paired", figures,
                          notes="--paired-only: (a) single-process numpy, malloc tuned, and (b) mc.run on a fresh "
                                "embedded cluster per pair (one cold run, then 2 timed runs each of the defaults and "
                                "the bare run, interleaved); ratio = a / (cores x median b of the pair)")
@@ -266,7 +267,7 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=65_536, help="draws per shard (default 65,536)")
     ap.add_argument("--paired-only", action="store_true",
                     help="only the interleaved (a)/(b) pairs, the defaults and the bare run side by side; writes "
-                         "bench_montecarlo_<shards>_paired.json")
+                         "bench_montecarlo_<shards>[x<samples>]_paired.json")
     args = ap.parse_args(argv)
     shards, n = (64, args.samples) if args.quick else (640, args.samples)
     if args.shards is not None:
