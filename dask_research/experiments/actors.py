@@ -87,6 +87,9 @@ MOVE_AFTER = 2.0
 PLACE_POLL = 0.5
 #: Finished experiments an actor remembers, for a call repeated after a lost connection.
 REMEMBER = 64
+#: Seconds a worker whose connection failed must stay in the scheduler's table before the driver
+#: takes it for alive (and calls it through the scheduler) rather than lost.
+ROUTE_JUDGE = 5.0
 
 Outcome = tuple[Any, "Result | BaseException"]
 
@@ -97,25 +100,40 @@ Outcome = tuple[Any, "Result | BaseException"]
 class _Entry:
     """One numbered experiment in an actor: waiting, running, or finished (its answer)."""
 
-    __slots__ = ("h", "answer", "started")
+    __slots__ = ("h", "answer", "started", "dropped")
 
     def __init__(self, h: Hypothesis, answer: asyncio.Future) -> None:
-        self.h, self.answer, self.started = h, answer, False
+        self.h, self.answer = h, answer
+        self.started = self.dropped = False
+
+
+def _settle(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _thread_main(ref: weakref.ReferenceType, work: queue.Queue, worker: Any) -> None:
-    """The actor's experiment thread: run what the actor hands over, one at a time, and post
-    each outcome back to the actor's event loop. Exits on ``None``, or once the actor is gone."""
+    """The actor's experiment thread: run what the actor hands over, one at a time; as one
+    ends, take the next in number order itself (no hop through the event loop), and post each
+    outcome to the actor's event loop. Exits on ``None``, when the actor retires, or once the
+    actor is gone."""
+    item = None
     while True:
-        try:
-            item = work.get(timeout=5.0)
-        except queue.Empty:
-            if ref() is None:           # the actor was released without retiring
-                return
-            continue
         if item is None:
-            break
-        number, h, runner, bounded, objectives, loop = item
+            try:
+                item = work.get(timeout=5.0)
+            except queue.Empty:
+                if ref() is None:       # the actor was released without retiring
+                    return
+                continue
+            if item is None:
+                break
+        number, h, actor = item[0], item[1], ref()
+        if actor is None:
+            return
+        runner, bounded, objectives, timeout, loop = (actor._runner, actor._bounded, actor._objectives,
+                                                      actor._timeout, actor._loop)
+        del actor
         t0 = time.monotonic()
         try:
             with worker_context(worker) if worker is not None else contextlib.nullcontext():
@@ -123,17 +141,28 @@ def _thread_main(ref: weakref.ReferenceType, work: queue.Queue, worker: Any) -> 
         except BaseException as exc:  # noqa: BLE001 - the runner does not unpickle here, say
             out = ExperimentResult.failure(h, exc, time.monotonic() - t0)
         ran = time.monotonic() - t0
-        del item, h
         actor = ref()
         if actor is None:
             return
+        with actor._lock:
+            actor._busy = False
+            actor._next = number + 1
+            moved = []
+            if timeout is not None and ran >= timeout:
+                # the driver timed it out (or will): it moved, or will move, what waits here
+                moved = actor._retire_locked()
+            item, more = actor._take_locked()
+            moved += more
+            retired = actor._retired
         try:
-            loop.call_soon_threadsafe(actor._finished, number, out, ran)
+            loop.call_soon_threadsafe(actor._finished, number, out, moved)
         except RuntimeError:            # the loop closed
             return
-        del actor, out
+        del actor, out, h
+        if item is None and retired:
+            break
     actor = ref()
-    if actor is not None:
+    if actor is not None and actor._loop is not None:
         try:
             actor._loop.call_soon_threadsafe(actor._exited.set)
         except (RuntimeError, AttributeError):
@@ -153,8 +182,13 @@ class SlotActor:
     - ``drop(number)``: do not start it; ``True`` unless it had started.
     - ``retire()``: start nothing more; every waiting call answers ``"moved"``, and so does
       every call that arrives later; the numbers handed back so far. An experiment that ran
-      for ``timeout`` or longer retires the actor too.
+      for ``timeout`` or longer retires the actor too, and so does the release of its future
+      (its client went away).
     - ``idle()``: returns once the thread has ended (after ``retire``).
+
+    The state is shared by the worker's event loop (the calls) and the actor's thread (which
+    takes the next experiment itself as one ends) under one lock; the answers are set on the
+    loop.
     """
 
     def __init__(self, runner: PickledRunner, bounded: bool, objectives: tuple[str, ...] | None,
@@ -163,6 +197,7 @@ class SlotActor:
         self._bounded = bounded
         self._objectives = objectives
         self._timeout = timeout
+        self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
         self._finished_order: deque[int] = deque()
         self._next = 0                    # the number to start next
@@ -191,86 +226,101 @@ class SlotActor:
                                         name="dask-research-slot-actor", daemon=True)
         self._thread.start()
 
-    def _feed(self) -> None:
-        """Hand the next experiment in number order to the thread, if it is idle (and this
-        actor is still wanted: a driver that died, or closed, released it)."""
-        if (not self._busy and not self._retired and self._key is not None
-                and actor_released(self._worker, self._key)):
-            self._retire()
-        while not self._busy and not self._retired:
+    # -- under the lock ---------------------------------------------------------------------
+    def _take_locked(self) -> tuple[tuple[int, Hypothesis] | None, list[int]]:
+        """The next experiment in number order, marked started (``None``: none has arrived, or
+        the actor retired), and the numbers handed back if the actor retires here because its
+        client released it."""
+        if self._busy or self._retired:
+            return None, []
+        if self._key is not None and actor_released(self._worker, self._key):
+            return None, self._retire_locked()
+        while True:
             if self._next in self._skip:
                 self._skip.discard(self._next)
                 self._next += 1
                 continue
             entry = self._entries.get(self._next)
             if entry is None:
-                return
-            if entry.answer.done():       # dropped
+                return None, []
+            if entry.dropped:
                 self._next += 1
                 continue
             entry.started = self._busy = True
-            self._work.put((self._next, entry.h, self._runner, self._bounded, self._objectives,
-                            self._loop))
-            return
+            return (self._next, entry.h), []
 
-    def _finished(self, number: int, out: Any, ran: float) -> None:
-        entry = self._entries.get(number)
-        if entry is not None and not entry.answer.done():
-            entry.answer.set_result(("done", out))
-        self._finished_order.append(number)
-        while len(self._finished_order) > REMEMBER:
-            self._entries.pop(self._finished_order.popleft(), None)
-        self._busy = False
-        self._next = number + 1
-        if self._timeout is not None and ran >= self._timeout:
-            # the driver timed it out (or will): it has moved, or will move, what waits here
-            self._retire()
-        self._feed()
-
-    def _retire(self) -> None:
-        if not self._retired:
-            self._work.put(None)          # the thread ends after its current experiment
+    def _retire_locked(self) -> list[int]:
+        """Retire: the numbers of the experiments waiting here, handed back."""
+        if not self._retired and not self._busy:
+            self._work.put(None)          # an idle thread ends now; a busy one after its experiment
         self._retired = True
-        for number, entry in sorted(self._entries.items()):
-            if not entry.started and not entry.answer.done():
-                entry.answer.set_result(("moved", None))
-                self._moved.append(number)
+        moved = [n for n, e in sorted(self._entries.items()) if not e.started and not e.dropped
+                 and n not in self._moved]
+        self._moved += moved
+        return moved
+
+    # -- on the worker's event loop -----------------------------------------------------------
+    def _answer_moved(self, numbers: list[int]) -> None:
+        for n in numbers:
+            entry = self._entries.get(n)
+            if entry is not None:
+                _settle(entry.answer, ("moved", None))
+
+    def _finished(self, number: int, out: Any, moved: list[int]) -> None:
+        entry = self._entries.get(number)
+        if entry is not None:
+            _settle(entry.answer, ("done", out))
+        self._answer_moved(moved)
+        self._finished_order.append(number)
+        with self._lock:
+            while len(self._finished_order) > REMEMBER:
+                self._entries.pop(self._finished_order.popleft(), None)
+
+    def _kick(self) -> None:
+        """Hand the next experiment to an idle thread."""
+        with self._lock:
+            item, moved = self._take_locked()
+            if item is not None:
+                self._work.put(item)
+        self._answer_moved(moved)
 
     async def run(self, number: int, h: Hypothesis) -> tuple[str, Any]:
         self._begin()
-        entry = self._entries.get(number)
-        if entry is None:
-            if self._retired:
-                self._moved.append(number)
-                return ("moved", None)
-            if number < self._next or number in self._skip:
-                return ("dropped", None)
-            entry = self._entries[number] = _Entry(h, asyncio.get_running_loop().create_future())
-            self._feed()
+        with self._lock:
+            entry = self._entries.get(number)
+            if entry is None:
+                if self._retired:
+                    self._moved.append(number)
+                    return ("moved", None)
+                if number < self._next or number in self._skip:
+                    return ("dropped", None)
+                entry = self._entries[number] = _Entry(h, asyncio.get_running_loop().create_future())
+        self._kick()
         return await asyncio.shield(entry.answer)
 
     async def drop(self, number: int) -> bool:
-        entry = self._entries.get(number)
-        if entry is None:
-            if number >= self._next:
-                self._skip.add(number)
-            return True
-        if entry.started:
-            return False
-        if not entry.answer.done():
-            entry.answer.set_result(("dropped", None))
-        self._feed()
+        with self._lock:
+            entry = self._entries.get(number)
+            if entry is None:
+                if number >= self._next:
+                    self._skip.add(number)
+                return True
+            if entry.started:
+                return False
+            entry.dropped = True
+        _settle(entry.answer, ("dropped", None))
         return True
 
     async def retire(self) -> list[int]:
         self._begin()
-        self._retire()
-        return sorted(self._moved)
+        with self._lock:
+            moved = self._retire_locked()
+            out = sorted(self._moved)
+        self._answer_moved(moved)
+        return out
 
     async def idle(self) -> bool:
-        self._begin()
-        if not self._retired:
-            self._retire()
+        await self.retire()
         assert self._exited is not None and self._thread is not None
         if self._thread.is_alive():
             await self._exited.wait()
@@ -661,7 +711,7 @@ class ActorBackend:
             if actor.address not in workers:
                 gone = True
                 break
-            if time.monotonic() - t0 > 5.0:
+            if time.monotonic() - t0 > ROUTE_JUDGE:
                 break                   # it lives: the route from here to it failed
             await asyncio.sleep(0.05)
         if not gone and self._direct and actor.address not in self._proxied:

@@ -120,6 +120,18 @@ async def test_actor_decisions_equal_the_local_ones(c, s, a, b):
     assert s.task_prefixes["experiment-actor"].state_counts["memory"] == 3    # an actor per slot and run
 
 
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60)
+async def test_the_paper_writer_and_the_budget_on_actors(c, s, a, b):
+    runner = make_deterministic_runner({"x": 0.9, "y": 0.2}, delay_ms=2)
+    sched = IterationScheduler(runner, slots=2, client=c, transport="actors", progress=False,
+                               paper_writer=lambda branch, stats, best: f"{branch}:{stats.runs}",
+                               max_experiments=6)
+    sched.add([Hypothesis(f"{br}{k}", br) for k in range(10) for br in "xy"])
+    report = await sched.run_async()
+    assert report.stop_reason == "max_experiments" and report.total_runs == 6
+    assert list(report.papers) == ["x"]
+
+
 @gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
 async def test_an_actor_timeout_counts_from_the_start_and_the_slot_moves(c, s, a):
     """Three experiments queued behind a running one in the actor: the last starts about 0.9 s
@@ -205,6 +217,45 @@ async def test_without_a_direct_route_calls_go_through_the_scheduler_and_say_so(
                                          r"scheduler .* without direct_to_workers=True"):
         report = await _hand(1, client=c, transport="actors", queue_ahead=1).run_async()
     assert summary(report) == summary(_hand(1, queue_ahead=1).run())
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_a_lost_answer_is_asked_again_and_a_worker_out_of_reach_is_called_through_the_scheduler(c, s, a):
+    """Every direct call's answer is lost on the way back (an OSError after the worker ran it),
+    while the worker stays in the scheduler's table: the driver says in one line that it calls
+    that worker through the scheduler, asks again under the same numbers, and gets the answers
+    of the experiments already run: each ran once."""
+    from dask_research.experiments import actors
+
+    log = _scratch()
+
+    def runner(h):
+        with open(log, "a") as f:
+            f.write(h.id + "\n")
+        return 0.5
+
+    real = actors.actor_call
+
+    async def lossy(client, address, key, method, *args, direct=True):
+        out = await real(client, address, key, method, *args, direct=direct)
+        if direct and method == "run":
+            raise OSError("the answer was lost on the way back")
+        return out
+
+    actors.actor_call, judge = lossy, actors.ROUTE_JUDGE
+    actors.ROUTE_JUDGE = 0.3
+    try:
+        sched = IterationScheduler(runner, slots=1, client=c, transport="actors", queue_ahead=1,
+                                   prune_floor=0.0, progress=False)
+        sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(6)])
+        with pytest.warns(UserWarning, match=r"the driver could not reach worker .* directly \(OSError: "
+                                             r"the answer was lost on the way back\); its calls go through "
+                                             r"the scheduler"):
+            report = await sched.run_async()
+    finally:
+        actors.actor_call, actors.ROUTE_JUDGE = real, judge
+    assert report.total_runs == 6 and not report.failed
+    assert sorted(open(log).read().split()) == sorted(f"h{k}" for k in range(6))     # each once
 
 
 class _Echo:
