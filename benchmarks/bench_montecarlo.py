@@ -26,6 +26,12 @@ A moderate job's throughput alone (``--paired-only``: the interleaved pairs, wit
 
     python benchmarks/bench_montecarlo.py --shards 256 --paired-only --pairs 6
     python benchmarks/bench_montecarlo.py --shards 512 --samples 32768 --paired-only --pairs 6
+
+Two commits side by side (``--ab-against``: each checkout in its own process with its own
+embedded cluster, run alternately, so that both see the same machine)::
+
+    git worktree add /tmp/mc-before COMMIT
+    python benchmarks/bench_montecarlo.py --shards 256 --ab-against /tmp/mc-before --pairs 20
 """
 from __future__ import annotations
 
@@ -258,6 +264,92 @@ def paired_only(job, shards, n, pairs, cores):
     print(f"wrote {path}")
 
 
+AB_SERVER = """
+import os, sys, time
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, sys.argv[1])
+from benchmarks.bench_montecarlo import make_job, numpy_single, cluster_client
+BARE = {"verify": 0, "speculate": 0}
+from dask_research import montecarlo as mc
+from dask_research.malloc import tune_malloc
+tune_malloc()
+shards, n = int(sys.argv[2]), int(sys.argv[3])
+job = make_job(shards, n)
+with cluster_client(None) as client:
+    mc.run(job, client=client, progress=False)
+    numpy_single(shards, n)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        what = line.strip()
+        if what == "quit":
+            break
+        t0 = time.perf_counter()
+        if what == "numpy":
+            numpy_single(shards, n)
+        else:
+            mc.run(job, client=client, progress=False, **({} if what == "defaults" else BARE))
+        print(f"{time.perf_counter() - t0:.6f}", flush=True)
+"""
+
+
+def ab_against(other: str, shards: int, n: int, rounds: int, cores: int) -> None:
+    """``--ab-against DIR``: this checkout and the one in ``DIR`` (another commit, e.g. a ``git
+    worktree``), each in its own process with its own embedded cluster, run alternately in a
+    random order, round after round (one NumPy timing per round, in either): both see the same
+    state of a machine whose speed drifts, so the ratio of their wall times is what changed."""
+    import random
+    import subprocess
+
+    here = str(pathlib.Path(__file__).resolve().parents[1])
+    trees = {"this": here, "other": str(pathlib.Path(other).resolve())}
+    procs = {name: subprocess.Popen([sys.executable, "-c", AB_SERVER, root, str(shards), str(n)], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+             for name, root in trees.items()}
+
+    def ask(name: str, what: str) -> float:
+        procs[name].stdin.write(what + "\n")
+        procs[name].stdin.flush()
+        return float(procs[name].stdout.readline())
+
+    try:
+        for proc in procs.values():
+            if proc.stdout.readline().strip() != "ready":
+                raise SystemExit("an A/B process did not start (is DIR a checkout of this project?)")
+        rng = random.Random(0)
+        load0 = os.getloadavg()
+        rows = []
+        for _ in range(rounds):
+            row = {"numpy": ask(rng.choice(list(trees)), "numpy")}
+            for what in ("defaults", "bare"):
+                order = list(trees)
+                rng.shuffle(order)
+                for name in order:
+                    row[f"{name} {what}"] = ask(name, what)
+            rows.append(row)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.stdin.write("quit\n")
+                proc.stdin.flush()
+                proc.wait(timeout=60)
+    print(f"{shards} x {n:,} draws, {rounds} rounds; this = {here}, other = {trees['other']}; load average "
+          f"before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    figures: dict = {"shards": shards, "samples_per_shard": n, "rounds": rounds, "other": trees["other"],
+                     "seconds": rows, "loadavg_before": load0, "loadavg_after": os.getloadavg()}
+    for name in trees:
+        for what in ("defaults", "bare"):
+            r = [row["numpy"] / (cores * row[f"{name} {what}"]) for row in rows]
+            figures[f"ratio {name} {what}"] = statistics.median(r)
+            print(f"  {name:5s} {what:8s} / ({cores} x single numpy): median {statistics.median(r):.3f}, "
+                  f"range {min(r):.3f}-{max(r):.3f}")
+    for what in ("defaults", "bare"):
+        d = [row[f"this {what}"] / row[f"other {what}"] for row in rows]
+        figures[f"wall this/other {what}"] = statistics.median(d)
+        print(f"  wall time this / other, {what}: median {statistics.median(d):.3f}, range {min(d):.3f}-{max(d):.3f}")
+    size = f"{shards}" if n == 65_536 else f"{shards}x{n}"
+    print(f"wrote {write_results(f'bench_montecarlo_{size}_ab', figures, notes='--ab-against: two checkouts run alternately')}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="64 shards, 1 rep: a smoke run")
@@ -268,6 +360,9 @@ def main(argv=None):
     ap.add_argument("--paired-only", action="store_true",
                     help="only the interleaved (a)/(b) pairs, the defaults and the bare run side by side; writes "
                          "bench_montecarlo_<shards>[x<samples>]_paired.json")
+    ap.add_argument("--ab-against", metavar="DIR", default=None,
+                    help="this checkout against the one in DIR (another commit: git worktree add DIR COMMIT), "
+                         "run alternately round by round (--pairs rounds); writes bench_montecarlo_<size>_ab.json")
     args = ap.parse_args(argv)
     shards, n = (64, args.samples) if args.quick else (640, args.samples)
     if args.shards is not None:
@@ -275,6 +370,9 @@ def main(argv=None):
     reps = 1 if args.quick else args.reps
     total = shards * n
     cores = os.cpu_count() or 1
+    if args.ab_against:
+        ab_against(args.ab_against, shards, n, args.pairs, cores)
+        return
     if args.paired_only:
         paired_only(make_job(shards, n), shards, n, 1 if args.quick else args.pairs, cores)
         return
