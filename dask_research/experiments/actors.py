@@ -2,7 +2,7 @@
 
 With the default transport (``"tasks"``, :class:`~.backends.DaskBackend`) every experiment is
 one Dask task: the scheduler handles its submission, its placement, its result and its release
-(about 1.5-2 ms of scheduler CPU per experiment on the machine of :doc:`peers`). With
+(about 1.6-2.2 ms of scheduler CPU per experiment on the machine of :doc:`peers`). With
 ``transport="actors"`` (``research.experiments.transport``) the scheduler places one actor per
 slot, once, and then never sees an experiment: the driver calls the slot's actor directly on
 its worker (the client needs ``direct_to_workers=True``), the actor runs the experiment on a
@@ -30,6 +30,8 @@ thread of its own, and the result comes back on the same connection.
   frozen worker does not answer; its actor's queued experiments are moved after
   :data:`MOVE_AFTER` seconds, and an actor whose experiment ran for ``timeout`` or longer never
   starts another one, so a worker that thaws does not run them too.
+- **A driver that dies**: the scheduler releases its client's actors, and an actor released
+  starts nothing more (what was queued in it is not run; a resume dispatches it again).
 
 What it gives up (see :doc:`peers`, "When to pick which"): experiments do not appear in Dask's
 task stream; the driver needs a route to every worker (``direct_to_workers=True``; without one,
