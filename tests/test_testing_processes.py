@@ -26,3 +26,43 @@ def test_stop_processes_terminates_then_kills():
     assert polite.returncode == -15            # SIGTERM
     assert stubborn.returncode == -9           # ignored SIGTERM: killed after the timeout
     stubborn.stdout.close()
+
+
+@pytest.mark.timeout(180, method="thread")
+def test_a_test_process_killed_mid_test_takes_its_scheduler_and_workers_with_it(tmp_path):
+    """A test ended by its timeout (``os._exit``) or a signal runs no ``finally``: the real
+    ``dask scheduler``/``dask worker`` processes :func:`process_cluster` started lived on, using
+    the machine's CPU for the rest of the suite (found after a session's runs: three idle clusters,
+    80 minutes old). A process that SIGKILLs itself inside the cluster leaves no process behind."""
+    import os
+    import signal
+
+    from dask_research.testing.processes import run_python, wait_for
+
+    code = f"""
+        import os, pathlib, signal
+        from dask_research.testing.processes import process_cluster
+        with process_cluster(pathlib.Path({str(tmp_path)!r}), 2) as cluster:
+            pids = [cluster.scheduler.pid, *(w.pid for w in cluster.workers)]
+            pathlib.Path({str(tmp_path / "pids")!r}).write_text(" ".join(map(str, pids)))
+            os.kill(os.getpid(), signal.SIGKILL)
+    """
+    out = run_python(code, tmp_path, timeout=150)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:            # a zombie waiting for init counts as gone
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    try:
+        wait_for(lambda: all(gone(p) for p in pids), 30, "the cluster's processes to die with the test")
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -30,7 +30,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["wait_for", "free_ports", "stop_processes", "process_cluster", "ProcessCluster", "WorkerSpec",
-           "dask_processes", "subprocess_env", "run_python", "LineProcess", "line_processes"]
+           "dask_processes", "subprocess_env", "run_python", "LineProcess", "line_processes", "dies_with_this_process"]
+
+#: Run by :func:`dies_with_this_process`: ask Linux to SIGKILL this process when its parent dies
+#: (``PR_SET_PDEATHSIG``, kept across ``exec``), give up if the parent is already gone, then
+#: become the command.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
@@ -71,6 +86,25 @@ def stop_processes(procs: list[subprocess.Popen], timeout: float = 15.0) -> None
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=5)
+
+
+def dies_with_this_process(argv: Sequence[str]) -> list[str]:
+    """``argv`` run so that it is killed when this process dies, however it dies.
+
+    A test killed by its timeout (``os._exit`` from pytest-timeout's thread), by a signal or by
+    CI leaves no ``finally`` to run: the ``dask scheduler`` and ``dask worker`` processes it started
+    lived on, each using the 2-core machine's CPU for the rest of the suite. On Linux the child
+    asks the kernel to kill it with its parent (``PR_SET_PDEATHSIG``); elsewhere the command
+    runs as it would alone. ``argv[0]`` must be a path (``sys.executable``), not a name to look up.
+
+    >>> import subprocess, sys
+    >>> cmd = dies_with_this_process([sys.executable, "-c", "print('ran')"])
+    >>> subprocess.run(cmd, capture_output=True, text=True).stdout
+    'ran\\n'
+    """
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 @dataclass(frozen=True)
@@ -117,8 +151,9 @@ def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2
     sfile = where / "scheduler.json"
     sfile.unlink(missing_ok=True)
     logs = [open(where / "scheduler.log", "wb")]
-    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host,
-                                  "--port", str(scheduler_port), "--no-dashboard", "--scheduler-file", str(sfile)],
+    scheduler = subprocess.Popen(dies_with_this_process(
+                                     [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", host,
+                                      "--port", str(scheduler_port), "--no-dashboard", "--scheduler-file", str(sfile)]),
                                  env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[0])
     procs: list[subprocess.Popen] = []
     client = None
@@ -127,11 +162,12 @@ def process_cluster(where: pathlib.Path, workers: int | Sequence[WorkerSpec] = 2
         for i, spec in enumerate(specs):
             logs.append(open(where / f"worker{i}.log", "wb"))
             procs.append(subprocess.Popen(
-                [*spec.prefix, sys.executable, "-m", "distributed.cli.dask_worker",
-                 *([spec.scheduler] if spec.scheduler else ["--scheduler-file", str(sfile)]),
-                 *([] if "--listen-address" in spec.args else ["--host", spec.host or host]),
-                 "--nthreads", str(nthreads), "--no-dashboard", "--name", f"w{i}", *spec.args]
-                + ([] if nanny else ["--no-nanny"]),
+                [*spec.prefix, *dies_with_this_process(
+                    [sys.executable, "-m", "distributed.cli.dask_worker",
+                     *([spec.scheduler] if spec.scheduler else ["--scheduler-file", str(sfile)]),
+                     *([] if "--listen-address" in spec.args else ["--host", spec.host or host]),
+                     "--nthreads", str(nthreads), "--no-dashboard", "--name", f"w{i}", *spec.args]
+                    + ([] if nanny else ["--no-nanny"]))],
                 env={**env, **spec.env}, cwd=cwd, stdout=subprocess.DEVNULL, stderr=logs[-1]))
         client = Client(scheduler_file=str(sfile), set_as_default=False, timeout=timeout)
         client.wait_for_workers(len(specs), timeout=timeout)
