@@ -30,7 +30,7 @@ __all__ = [
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
     "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous", "actor_call",
-    "worker_context", "scheduler_workers", "actor_released",
+    "worker_context", "scheduler_workers", "actor_released", "dask_worker_command",
 ]
 
 
@@ -294,6 +294,16 @@ def actor_released(worker: Any, key: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- scheduler side
+
+def dask_worker_command() -> Any:
+    """``dask worker``'s own click command (``distributed.cli.dask_worker.main``), so that
+    ``dask-research worker`` checks its arguments exactly as ``dask worker`` will parse them.
+
+    >>> dask_worker_command().make_context("dask worker", ["tcp://127.0.0.1:8786", "--nthreads", "2"]).params["nthreads"]
+    2
+    """
+    return _attr("distributed.cli.dask_worker", "main")
+
 
 def heartbeat_interval(n_workers: int) -> float:
     """Seconds between two heartbeats of each worker on a cluster of ``n_workers`` (Dask's rule)."""

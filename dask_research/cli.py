@@ -82,10 +82,11 @@ def check_worker_arguments(scheduler: str, args: tuple[str, ...] | list[str]) ->
     if "--version" in args:                # dask worker --version: nothing runs, nothing to check
         return
     from dask.utils import parse_bytes, parse_timedelta
-    from distributed.cli.dask_worker import main as dask_worker
+
+    from ._compat import dask_worker_command
 
     try:
-        ctx = dask_worker.make_context("dask worker", [scheduler, *args])
+        ctx = dask_worker_command().make_context("dask worker", [scheduler, *args])
     except click.UsageError as e:
         raise click.UsageError(f"dask worker: {e.format_message()}") from None
     p = ctx.params

@@ -216,6 +216,18 @@ OWN = {("dask_research/experiments/execute.py", ".tasks"), ("dask_research/exper
        ("dask_research/replay/storages/tiered.py", "getattr(..., '_on_gpu')")}   # storages/device.py's own flag
 
 
+def test_dask_worker_command_parses_as_dask_worker_does():
+    import click
+
+    from dask_research import _compat
+
+    params = _compat.dask_worker_command().make_context(
+        "dask worker", ["tcp://127.0.0.1:8786", "--nthreads", "3", "--memory-limit", "2GiB"]).params
+    assert params["nthreads"] == 3 and params["memory_limit"] == "2GiB"
+    with pytest.raises(click.UsageError):
+        _compat.dask_worker_command().make_context("dask worker", ["tcp://127.0.0.1:8786", "--nthreads", "x"])
+
+
 def test_no_dask_internal_is_touched_outside_the_compat_module():
     from pathlib import Path
 
