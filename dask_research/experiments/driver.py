@@ -49,13 +49,15 @@ CANCELLED = object()   # outcome of an experiment cancelled at the run's deadlin
 
 class _Flight:
     """One experiment in flight: its hypothesis, slot, dispatch sequence number and time;
-    ``waiting`` while it is queued ahead behind its slot's running experiment."""
+    ``waiting`` while it is queued ahead behind its slot's running experiment; ``started``
+    once a queued one has said it started on a worker."""
 
-    __slots__ = ("h", "slot", "seq", "t", "ahead", "waiting")
+    __slots__ = ("h", "slot", "seq", "t", "ahead", "waiting", "started")
 
     def __init__(self, h: Hypothesis, slot: int, seq: int, t: float, ahead: bool) -> None:
         self.h, self.slot, self.seq, self.t = h, slot, seq, t
         self.ahead = self.waiting = ahead
+        self.started = not ahead
 
 
 class _Held:
@@ -212,13 +214,21 @@ class LoopDriver:
             del self.inflight[nxt]
             nxt = self._submit(g.h, slot=g.slot)
             self.inflight[nxt] = g
+            g.started = True
             self.deadlines.start(nxt, self.run.recorder.now())
-        # on a cluster it may start later than this (behind another experiment on its worker):
-        # its timeout counts from the start it reports (on_start)
+        elif not self.starts_reported:
+            # on a cluster it may start later than this (behind another experiment on its
+            # worker): its timeout counts from the start it reports (on_start), and at the
+            # latest from now, when the one before it in its slot has ended, as it would have
+            # without queue-ahead: behind a frozen worker it never starts nor says so, and the
+            # run waited for it until Dask gave the worker up (minutes). Actors need not: a
+            # retiring actor hands what waits in it to the slot's next actor (see .actors)
+            self.deadlines.start_by(nxt, self.run.recorder.now())
 
     def on_start(self, token: Any) -> None:
         """A queued experiment says it started on a worker: its timeout counts from now."""
         if token in self.inflight and self.deadlines.timeout is not None:
+            self.inflight[token].started = True
             self.deadlines.start(token, self.run.recorder.now())
             self.backend.poke()
 
@@ -370,9 +380,12 @@ class LoopDriver:
                     continue
                 self.timed_out.append(h.id)
                 timeout = self.run.settings.timeout
+                what = ("ran longer than" if inflight[token].started else
+                        "was queued behind another experiment in its slot and had not started")
                 self.settle(token, ExperimentResult.failure(h, ExperimentTimeout(
-                    f"{h.id!r} ran longer than timeout={timeout:g} s and was "
-                    "cancelled (research.experiments.timeout)"), timeout))
+                    f"{h.id!r} {what} timeout={timeout:g} s"
+                    + ("" if inflight[token].started else " after that one ended (its worker may be frozen)")
+                    + " and was cancelled (research.experiments.timeout)"), timeout))
         if self.hard is not None and inflight and rec.now() >= self.hard:
             s = self.run.settings
             # queued ones first (so none of them starts when a running one is cancelled),

@@ -146,6 +146,11 @@ class Deadlines:
         if self.timeout is not None:
             self._due[token] = now + self.timeout
 
+    def start_by(self, token: Any, now: float) -> None:
+        """Start ``token``'s clock now unless it has started already."""
+        if self.timeout is not None:
+            self._due.setdefault(token, now + self.timeout)
+
     def discard(self, token: Any) -> None:
         self._due.pop(token, None)
 

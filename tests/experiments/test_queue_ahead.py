@@ -267,14 +267,82 @@ def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_pat
     assert all(starts.count(h) <= 2 for h in before)     # but what ran on the dead worker, again
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400, method="thread")
+def test_an_experiment_queued_behind_a_frozen_worker_times_out_instead_of_holding_the_run(tmp_path, monkeypatch):
+    """A worker frozen (SIGSTOP) with one experiment running and one queued behind it: the
+    running one times out, and the queued one, which never starts nor says so, times out one
+    timeout after the slot freed; the run goes on with the other worker. Before, the queued
+    one's clock waited for a start notice that never came, and the run waited until Dask gave
+    the worker up (``worker-ttl``, 5 minutes by default; an hour here)."""
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL", "1h")
+    log = tmp_path / "starts.log"
+
+    def runner(h):
+        import os
+        import time
+
+        with open(log, "a") as f:
+            f.write(f"{h.id} {os.getpid()} {time.time()}\n")
+        time.sleep(0.8)
+        return 0.5
+
+    with dask_processes(tmp_path, n_workers=2) as (client, workers):
+        pids = client.run(os.getpid)
+        sched = IterationScheduler(runner, slots=2, client=client, queue_ahead=1, timeout=3.0,
+                                   prune_floor=0.0, progress=False)
+        sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(8)])
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
+        thread.start()
+
+        def holding_two():
+            held = client.run_on_scheduler(lambda dask_scheduler: {
+                ws.address: sorted(ts.key for ts in ws.processing) for ws in dask_scheduler.workers.values()})
+            lines = [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+            started = {hid: float(t) for hid, _, t in lines}
+            for address, keys in held.items():
+                ids = [k.split("-", 2)[2] for k in keys if k.startswith("experiment-")]
+                running = [i for i in ids if i in started]
+                if len(ids) == 2 and len(running) == 1 and time.time() - started[running[0]] < 0.4:
+                    box["victim"] = (address, running[0], [i for i in ids if i not in started][0])
+                    return True
+            return False
+
+        try:
+            wait_for(holding_two, 60, "a worker holding a running and a queued experiment", poll=0.02)
+            address, running, queued = box["victim"]
+            victim = next(p for p in workers if p.pid == pids[address])
+            victim.send_signal(signal.SIGSTOP)
+            thread.join(240)
+            assert not thread.is_alive(), "the run waited for an experiment queued behind a frozen worker"
+            n_started_when_done = len(log.read_text().splitlines())
+        finally:
+            for p in workers:
+                p.send_signal(signal.SIGCONT)
+            thread.join(60)
+    report = box["report"]
+    assert running in report.timed_out and queued in report.timed_out
+    starts = [ln.split()[0] for ln in log.read_text().splitlines()]
+    # it never ran while the run lasted: it was given up (the thawed worker may still start it
+    # before the test's cluster closes, Dask's cancel and its thread racing there)
+    assert queued not in starts[:n_started_when_done]
+    [failure] = [f for f in report.failed if f.hypothesis.id == queued]
+    assert "had not started" in str(failure.error) and "frozen" in str(failure.error)
+    assert report.total_runs + report.failures == 8
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60)
 async def test_a_timeout_counts_from_the_start_not_from_the_queue(c, s, a):
     """Three experiments queued behind a running one on a one-thread worker: the last starts
     about 0.9 s after it was dispatched and runs 0.3 s, inside a 1 s timeout counted from its
     start (counted from its dispatch it would have been cancelled). A hanging one queued later
-    still times out, one timeout after it started."""
+    still times out, one timeout after it started, and the one queued behind it, which cannot
+    start while the hung one holds the worker's only thread, times out one timeout after the
+    slot freed, as it would have without queue-ahead (dispatched then, stuck behind the hung
+    thread); before, it waited for as long as the hung one ran, for ever behind a true hang."""
     def runner(h):
-        time.sleep(2.5 if h.id == "hang" else 0.3)
+        time.sleep(4.0 if h.id == "hang" else 0.3)
         return 0.5
 
     sched = IterationScheduler(runner, slots=1, client=c, queue_ahead=3, timeout=1.0,
@@ -282,7 +350,9 @@ async def test_a_timeout_counts_from_the_start_not_from_the_queue(c, s, a):
     sched.add([Hypothesis(f"n{k}", "a") for k in range(4)] + [Hypothesis("hang", "a"),
                                                                Hypothesis("n4", "a")])
     report = await sched.run_async()
-    assert report.timed_out == ["hang"] and report.total_runs == 5
+    assert report.timed_out == ["hang", "n4"] and report.total_runs == 4
+    [n4] = [f for f in report.failed if f.hypothesis.id == "n4"]
+    assert "had not started timeout=1 s after that one ended" in str(n4.error)
     ends = {e.hypothesis: e.t for e in report.events.of("result", "failure")}
     dispatched = {e.hypothesis: e.t for e in report.events.of("dispatch")}
     assert ends["n3"] - dispatched["n3"] > 1.0          # longer than the timeout since queued
