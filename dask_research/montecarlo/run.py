@@ -170,7 +170,7 @@ def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: H
         t0 = time.perf_counter()
         threads = max(1, sum(int(info.get("nthreads") or 0) for info in workers.values()))
         block = plan_blocks(job, p.shard_seconds, threads, settings)
-        check_bookkeeping(job, block, p)
+        check_bookkeeping(job, block, p, by_pilot=settings.shards_per_task is None)
         settings = settings.for_cluster(threads)
         bar = _progress_bar(job.shards, settings.progress, f"mc {job.name}")
         try:
@@ -222,11 +222,12 @@ BOOKKEEPING_BYTES = 1 << 30
 BLOCK_OVERHEAD_BYTES = 400
 
 
-def check_bookkeeping(job: Job, block: int, p: Pilot) -> None:
+def check_bookkeeping(job: Job, block: int, p: Pilot, by_pilot: bool = False) -> None:
     """Refuse a task size whose bookkeeping on the client cannot fit :data:`BOOKKEEPING_BYTES`.
 
     The client keeps every block's folded state: ``shards_per_task=1`` on a 10^7-shard job held
     1.9 GB after 60 s and spent 75 s before its first block. The state's size is the pilot's.
+    ``by_pilot``: ``block`` is the pilot's choice, not the user's, and the message says so.
 
     >>> from dask_research import montecarlo as mc
     >>> job = mc.Job(lambda a: a, {"a": mc.Normal(0, 1)}, shards=10**7, samples_per_shard=64, seed=1)
@@ -249,10 +250,17 @@ def check_bookkeeping(job: Job, block: int, p: Pilot) -> None:
     fits = 1
     while -(-job.shards // fits) * per > BOOKKEEPING_BYTES:
         fits *= 2
+    keep = (f"{blocks:,} tasks of {job.shards:,} shards keep about {need / 2**30:.1f} GiB on the client "
+            f"({state:,} bytes of folded state and {BLOCK_OVERHEAD_BYTES} of bookkeeping a task, at most "
+            f"{BOOKKEEPING_BYTES / 2**30:.0f} GiB)")
+    if by_pilot:
+        longest = fits * p.shard_seconds
+        raise InputError("shards_per_task", block, (
+            f"a task size whose bookkeeping fits the client: the pilot chose {block} shards a task (about "
+            f"{block * p.shard_seconds:,.3g} s each), and {keep}; pass shards_per_task={fits} or more (about "
+            f"{longest:,.3g} s a task), or split the job into smaller ones"), where=f"run of {job.name}")
     raise InputError("shards_per_task", block, (
-        f"a task size whose bookkeeping fits the client: {blocks:,} tasks of {job.shards:,} shards keep about "
-        f"{need / 2**30:.1f} GiB on the client ({state:,} bytes of folded state and {BLOCK_OVERHEAD_BYTES} of "
-        f"bookkeeping a task, at most {BOOKKEEPING_BYTES / 2**30:.0f} GiB); use shards_per_task={fits} or more, "
+        f"a task size whose bookkeeping fits the client: {keep}; use shards_per_task={fits} or more, "
         "or leave it to the pilot"), where=f"run of {job.name}")
 
 

@@ -198,3 +198,26 @@ def test_a_task_size_whose_bookkeeping_cannot_fit_the_client_is_refused_before_a
     assert isinstance(err, InputError) and err.name == "shards_per_task" and err.value == 1, out
     assert "10,000,000 tasks" in str(err) and "use shards_per_task=" in str(err), str(err)
     assert peak < 200 * 2**20, peak          # the old code's bookkeeping passed 1 GB
+
+
+@pytest.mark.timeout(180, method="thread")
+def test_a_pilot_chosen_task_size_that_cannot_fit_says_the_pilot_chose_it():
+    """A 2^40-shard job left to the pilot: the pilot's task size (bounded by
+    max-shards-per-task) cannot keep the bookkeeping on the client, and the one line says that
+    the pilot chose it and what to pass instead, not "leave it to the pilot", which it was."""
+    from dask_research.exceptions import InputError
+    from dask_research.testing.threads import in_thread
+
+    job = mc.Job(lambda a: a, {"a": mc.Normal(0.0, 1.0)}, shards=2**40, samples_per_shard=64, seed=1,
+                 range=(-8.0, 8.0))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            Client(cl, set_as_default=False) as c:
+        t, out = in_thread(lambda: mc.run(job, client=c, verify=0, progress=False))
+        t.join(120)
+        assert not t.is_alive(), "the run went on building its bookkeeping"
+    err = out.get("error")
+    assert isinstance(err, InputError) and err.name == "shards_per_task", out
+    msg = str(err)
+    assert "the pilot chose" in msg and "leave it to the pilot" not in msg, msg
+    fits = int(msg.split("pass shards_per_task=")[1].split()[0])
+    assert fits > err.value                                  # a larger task size, named
