@@ -149,7 +149,7 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
         if held.range is not None:
             p.range = held.range
         reducer = job.make_reducer(p.range)
-        if s.check_merger and len(p.states) >= 3:
+        if s.check_merger and job.reducer is not None and len(p.states) >= 3:   # a user's merge
             _check_merger(reducer.merge, p.states, identity=reducer.init(), rtol=s.merger_rtol)
         result = _execute(job, client, p, reducer, s, held, held_run)
     remember_job(job)

@@ -138,6 +138,35 @@ def test_user_reducer_for_a_vector_valued_pipeline(one_worker):
         _ = res.mean
 
 
+def test_the_merger_check_runs_on_a_user_reducer_only(one_worker, monkeypatch):
+    """check-merger property-checks a *user* reducer's merge (as the configuration says); the
+    built-in moments merge is property-tested in the suite (test_accumulators.py, test_mergers.py)
+    and was checked again at every run's serial start (2 ms of a 0.9 s run). A wrong user
+    merge is still refused before any block runs."""
+    from dask_research.exceptions import MergerError
+    import importlib
+
+    run_module = importlib.import_module("dask_research.montecarlo.run")
+
+    checked = []
+    real = run_module._check_merger
+    monkeypatch.setattr(run_module, "_check_merger", lambda merge, *a, **k: checked.append(merge) or real(merge, *a, **k))
+    mc.run(_job(), client=one_worker, progress=False)
+    assert checked == []
+    vector = mc.Job(lambda a, b: np.stack([a, a * b], axis=1), {"a": mc.Normal(1, 0.1), "b": mc.Normal(2, 0.1)},
+                    shards=8, samples_per_shard=256, reducer=VectorMean())
+    mc.run(vector, client=one_worker, progress=False)
+    assert len(checked) == 1
+
+    class MeanOfMeans(VectorMean):
+        def merge(self, a, b):
+            return {"n": 1, "s": (a["s"] / max(a["n"], 1) + b["s"] / max(b["n"], 1)) / 2}
+
+    wrong = mc.Job(vector.pipeline, vector.inputs, shards=8, samples_per_shard=256, reducer=MeanOfMeans())
+    with pytest.raises(MergerError):
+        mc.run(wrong, client=one_worker, progress=False)
+
+
 def test_shards_per_task_must_be_a_power_of_two(one_worker):
     with pytest.raises(InputError, match=r"shards_per_task=3 is invalid; expected a power of two"):
         mc.run(_job(), client=one_worker, shards_per_task=3, progress=False)
