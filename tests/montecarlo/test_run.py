@@ -143,8 +143,9 @@ def test_the_merger_check_runs_on_a_user_reducer_only(one_worker, monkeypatch):
     built-in moments merge is property-tested in the suite (test_accumulators.py, test_mergers.py)
     and was checked again at every run's serial start (2 ms of a 0.9 s run). A wrong user
     merge is still refused before any block runs."""
-    from dask_research.exceptions import MergerError
     import importlib
+
+    from dask_research.exceptions import MergerError
 
     run_module = importlib.import_module("dask_research.montecarlo.run")
 
