@@ -65,16 +65,15 @@ import logging
 import queue
 import threading
 import time
-import uuid
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from .._compat import actor_call, actor_released, scheduler_workers, worker_context
 from ..events import Outbox
-from .backends import PickledRunner, _call_side_sync
+from .backends import ClusterSideJobs, PickledRunner
 from .execute import execute_sync
 from .types import ExperimentResult, Hypothesis, Result
 
@@ -379,7 +378,7 @@ class _Slot:
         self.moving = 0                   # retiring actors still handing back its calls
 
 
-class ActorBackend:
+class ActorBackend(ClusterSideJobs):
     """Experiments in one :class:`SlotActor` per slot, called directly on their workers.
 
     The same surface as :class:`~.backends.DaskBackend` (``submit``, ``wait``, ``cancel``,
@@ -477,19 +476,6 @@ class ActorBackend:
             elif not actor.lost:
                 self._spawn(self._drop(actor, call.number))
             self._flush(actor)
-
-    def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        fut = self.client.submit(_call_side_sync, fn, args, pure=False,
-                                 key=f"paper-{uuid.uuid4().hex[:12]}")
-
-        async def watch() -> Any:
-            return await fut
-
-        return asyncio.ensure_future(watch())
-
-    def ship(self, records: list[dict]) -> None:
-        for record in records:
-            self._outbox.put(record)
 
     async def close(self) -> None:
         self._closed = True

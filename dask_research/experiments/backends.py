@@ -250,7 +250,29 @@ class LocalBackend:
             self._executor.shutdown()
 
 
-class DaskBackend:
+class ClusterSideJobs:
+    """What the two cluster backends (:class:`DaskBackend`, :class:`~.actors.ActorBackend`)
+    share: a side job (the paper writer) is a Dask task, and event records go to the
+    scheduler's event log through the backend's batched ``_outbox``."""
+
+    client: Any
+    _outbox: Outbox
+
+    def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        fut = self.client.submit(_call_side_sync, fn, args, pure=False,
+                                 key=f"paper-{uuid.uuid4().hex[:12]}")
+
+        async def watch() -> Any:
+            return await fut
+
+        return asyncio.ensure_future(watch())
+
+    def ship(self, records: list[dict]) -> None:
+        for record in records:
+            self._outbox.put(record)
+
+
+class DaskBackend(ClusterSideJobs):
     """Experiments as Dask futures watched by ``distributed.as_completed``.
 
     Runs on the client's event loop. Event records go to the scheduler's event log under
@@ -387,20 +409,6 @@ class DaskBackend:
                                      reason="dask-research: experiment timeout or run deadline")
         except Exception:  # noqa: BLE001 - a lost scheduler: the future is released anyway
             pass
-
-    def side(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        fut = self.client.submit(_call_side_sync, fn, args, pure=False,
-                                 key=f"paper-{uuid.uuid4().hex[:12]}")
-
-        async def watch() -> Any:
-            return await fut
-
-        return asyncio.ensure_future(watch())
-
-    # -- event log ----------------------------------------------------------------------
-    def ship(self, records: list[dict]) -> None:
-        for record in records:
-            self._outbox.put(record)
 
     async def close(self) -> None:
         if self._next is not None and not self._next.done():

@@ -56,3 +56,32 @@ def scheduler(runner, checkpoint=None, slots: int = 1, prune: bool = True, **kw)
                                expander=EXPANDER, checkpoint=checkpoint, **kw)
     sched.add(hypotheses())
     return sched
+
+
+def journal_cuts(path) -> list[bytes]:
+    """Every way a crash can leave the journal at ``path``: cut after each line, and cut in
+    the middle of every seventh line."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    cuts = [b"".join(lines[:n]) for n in range(1, len(lines))]
+    cuts += [b"".join(lines[:n]) + lines[n][:len(lines[n]) // 2] for n in range(1, len(lines), 7)]
+    return cuts
+
+
+def run_and_kill(script, journal: str, results: int = 12, timeout: float = 60) -> None:
+    """Run ``script`` (a driver) in a subprocess and SIGKILL it once ``journal`` holds
+    ``results`` results; the driver must still be running then."""
+    import signal
+    import subprocess
+    import sys
+
+    from dask_research.testing.processes import wait_for
+
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: os.path.exists(journal) and open(journal).read().count('"kind": "result"') >= results
+                 or proc.poll() is not None, timeout, f"{results} results in the journal")
+        assert proc.poll() is None, proc.stderr.read()
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(30)

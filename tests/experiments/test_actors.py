@@ -16,8 +16,6 @@ import contextlib
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
@@ -451,14 +449,7 @@ def test_a_killed_driver_resumes_on_actors_into_the_uninterrupted_run(tmp_path):
         script = tmp_path / "run.py"
         script.write_text(textwrap.dedent(DRIVER.format(tests=str(HERE), address=client.scheduler.address,
                                                         log=log, path=path)))
-        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            wait_for(lambda: os.path.exists(path) and open(path).read().count('"kind": "result"') >= 12
-                     or proc.poll() is not None, 120, "twelve results in the journal")
-            assert proc.poll() is None, proc.stderr.read()
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.wait(30)
+        cs.run_and_kill(script, path, results=12, timeout=120)
         with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
             sched = IterationScheduler.resume(path, cs.LoggingRunner(log, 0.0), expander=cs.EXPANDER,
                                               progress=False, client=client)

@@ -13,8 +13,6 @@ orderings come from the experiments' own recorded start and end times.
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -216,6 +214,29 @@ def test_a_queued_experiment_starts_before_the_driver_hears_the_one_before_it(tm
     assert checked >= 8
 
 
+def _worker_holding_two(client, log, within):
+    """Wait for a worker with one experiment running (it logged ``id pid time`` at its start
+    under ``within`` seconds ago, so the one queued behind it cannot start before the test
+    acts) and one queued behind it: ``(address, running id, queued id)``."""
+    box = {}
+
+    def holding_two():
+        held = client.run_on_scheduler(lambda dask_scheduler: {
+            ws.address: sorted(ts.key for ts in ws.processing) for ws in dask_scheduler.workers.values()})
+        lines = [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+        started = {hid: float(t) for hid, _, t in lines}
+        for address, keys in held.items():
+            ids = [k.split("-", 2)[2] for k in keys if k.startswith("experiment-")]
+            running = [i for i in ids if i in started]
+            if len(ids) == 2 and len(running) == 1 and time.time() - started[running[0]] < within:
+                box["victim"] = (address, running[0], [i for i in ids if i not in started][0])
+                return True
+        return False
+
+    wait_for(holding_two, 60, "a worker holding a running and a queued experiment", poll=0.02)
+    return box["victim"]
+
+
 def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_path):
     log = tmp_path / "starts.log"
 
@@ -237,23 +258,7 @@ def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_pat
         thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
         thread.start()
 
-        def holding_two():
-            """A worker with one experiment running (it logged its start under half a second
-            ago, so the one queued behind it cannot start before the kill) and one queued."""
-            held = client.run_on_scheduler(lambda dask_scheduler: {
-                ws.address: sorted(ts.key for ts in ws.processing) for ws in dask_scheduler.workers.values()})
-            lines = [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
-            started = {hid: float(t) for hid, _, t in lines}
-            for address, keys in held.items():
-                ids = [k.split("-", 2)[2] for k in keys if k.startswith("experiment-")]
-                running = [i for i in ids if i in started]
-                if len(ids) == 2 and len(running) == 1 and time.time() - started[running[0]] < 0.5:
-                    box["victim"] = (address, [i for i in ids if i not in started][0])
-                    return True
-            return False
-
-        wait_for(holding_two, 60, "a worker holding a running and a queued experiment", poll=0.02)
-        address, queued = box["victim"]
+        address, _, queued = _worker_holding_two(client, log, within=0.5)
         victim = next(p for p in workers if p.pid == pids[address])
         victim.send_signal(signal.SIGKILL)
         before = [ln.split()[0] for ln in log.read_text().splitlines()]
@@ -296,22 +301,8 @@ def test_an_experiment_queued_behind_a_frozen_worker_times_out_instead_of_holdin
         thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
         thread.start()
 
-        def holding_two():
-            held = client.run_on_scheduler(lambda dask_scheduler: {
-                ws.address: sorted(ts.key for ts in ws.processing) for ws in dask_scheduler.workers.values()})
-            lines = [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
-            started = {hid: float(t) for hid, _, t in lines}
-            for address, keys in held.items():
-                ids = [k.split("-", 2)[2] for k in keys if k.startswith("experiment-")]
-                running = [i for i in ids if i in started]
-                if len(ids) == 2 and len(running) == 1 and time.time() - started[running[0]] < 0.4:
-                    box["victim"] = (address, running[0], [i for i in ids if i not in started][0])
-                    return True
-            return False
-
         try:
-            wait_for(holding_two, 60, "a worker holding a running and a queued experiment", poll=0.02)
-            address, running, queued = box["victim"]
+            address, running, queued = _worker_holding_two(client, log, within=0.4)
             victim = next(p for p in workers if p.pid == pids[address])
             victim.send_signal(signal.SIGSTOP)
             thread.join(240)
@@ -369,9 +360,7 @@ def test_a_crash_anywhere_in_a_queue_ahead_journal_resumes_into_the_uninterrupte
     whole = cs.scheduler(cs.LoggingRunner(None, 0.0), str(path), queue_ahead=1).run()
     expect = (summary(whole), _stats(whole))
     assert sum(1 for e in whole.events.of("dispatch") if e.data.get("ahead")) > 10
-    lines = path.read_bytes().splitlines(keepends=True)
-    cuts = [b"".join(lines[:n]) for n in range(1, len(lines))]
-    cuts += [b"".join(lines[:n]) + lines[n][:len(lines[n]) // 2] for n in range(1, len(lines), 7)]
+    cuts = cs.journal_cuts(path)
     for k, data in enumerate(cuts):
         cut = tmp_path / f"cut{k}.jsonl"
         cut.write_bytes(data)
@@ -398,14 +387,7 @@ def test_sigkill_with_queued_experiments_then_resume_equals_the_uninterrupted_ru
     path, log = str(tmp_path / "loop.jsonl"), str(tmp_path / "done.log")
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT.format(tests=str(HERE), log=log, path=path)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: os.path.exists(path) and open(path).read().count('"kind": "result"') >= 12
-                 or proc.poll() is not None, 60, "twelve results in the journal")
-        assert proc.poll() is None, proc.stderr.read()
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(30)
+    cs.run_and_kill(script, path, results=12, timeout=60)
     with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
         sched = IterationScheduler.resume(path, cs.LoggingRunner(log, 0.0), expander=cs.EXPANDER,
                                           progress=False)
