@@ -187,8 +187,10 @@ def _timed_runner(delay):
 
 def test_a_queued_experiment_starts_before_the_driver_hears_the_one_before_it(tmp_path):
     """On two one-thread ``dask worker`` processes with two slots, every experiment queued
-    ahead starts on its worker before its worker's previous result has reached the driver (no
-    driver round trip between them), and no worker ever runs two at once."""
+    ahead was in the cluster before its worker's previous result reached the driver, and most
+    start before that result does (no driver round trip between them; on a loaded machine the
+    result can reach the driver a millisecond before the worker starts the next one: the
+    stress gate saw 1.5 ms once); no worker ever runs two at once."""
     with dask_processes(tmp_path, n_workers=2) as (client, _):
         sched = IterationScheduler(_timed_runner(0.2), slots=2, client=client, queue_ahead=1,
                                    prune_floor=0.0, progress=False)
@@ -197,21 +199,23 @@ def test_a_queued_experiment_starts_before_the_driver_hears_the_one_before_it(tm
     assert report.total_runs == 12 and not report.failed
     t0 = report.events.started_at
     heard = {e.hypothesis: t0 + e.t for e in report.events.of("result")}
+    dispatched = {e.hypothesis: t0 + e.t for e in report.events.of("dispatch")}
     ahead = {e.hypothesis for e in report.events.of("dispatch") if e.data.get("ahead")}
     assert len(ahead) >= 8                              # (10: all but the first of each slot)
     by_worker: dict[int, list] = {}
     for r in report.results:
         by_worker.setdefault(r.metrics["pid"], []).append(r)
     assert len(by_worker) == 2
-    checked = 0
+    checked = early = 0
     for runs in by_worker.values():
         runs.sort(key=lambda r: r.metrics["start"])
         for before, after in zip(runs, runs[1:]):
             assert before.metrics["end"] <= after.metrics["start"]       # one at a time
             if after.hypothesis.id in ahead:
-                assert after.metrics["start"] < heard[before.hypothesis.id]
+                assert dispatched[after.hypothesis.id] < heard[before.hypothesis.id]   # waiting there
+                early += after.metrics["start"] < heard[before.hypothesis.id]
                 checked += 1
-    assert checked >= 8
+    assert checked >= 8 and early >= checked // 2, (early, checked)
 
 
 def _worker_holding_two(client, log, within):

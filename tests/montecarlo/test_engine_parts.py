@@ -218,7 +218,7 @@ def test_a_check_whose_worker_leaves_moves_to_a_live_one(loop):
                       loop=loop) as cluster, Client(cluster, set_as_default=False) as client:
         producer, verifier = sorted(client.scheduler_info()["workers"])
         limits = Limits(block=1)
-        limits.block_timeout = None             # no lateness rule: only the worker's leaving moves it
+        limits.block_timeout = limits.check_timeout = None   # no lateness rule: only the worker's leaving moves it
         checks = Checks(client, job, reducer, run_id=job.id, tag="t", poll=0.1, limits=limits,
                         emit=lambda kind, **d: events.append((kind, d)))
         assert checks.submit(0, producer)
