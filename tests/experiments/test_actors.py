@@ -398,16 +398,21 @@ def test_a_frozen_worker_times_out_the_slot_moves_and_the_thawed_one_runs_nothin
     """One slot queueing one ahead on two one-thread workers, a 2 s timeout. The actor's worker
     is frozen (SIGSTOP) as an experiment starts: it times out, the slot moves to the other
     worker, and the experiment queued behind it there runs once on the new actor. The frozen
-    worker is thawed (SIGCONT) while the run goes on: its actor starts nothing more."""
+    worker is thawed (SIGCONT) while the run goes on: its actor starts nothing more.
+
+    The freeze waits until the driver has counted h2 (h3 runs 1.5 s, within the timeout): a
+    worker frozen after h3 started but before h2's answer left it holds h2's answer too, and
+    then h2 is the one that times out (the stress gate saw that once)."""
     log = str(tmp_path / "runs.log")
     with actor_cluster(tmp_path, 2) as (client, cl):
-        sched = IterationScheduler(_logging_runner(log, 0.3), slots=1, client=client, queue_ahead=1,
-                                   timeout=2.0, transport="actors", prune_floor=0.0, progress=False)
+        sched = IterationScheduler(_logging_runner(log, 0.3, hang=("h3",), hang_for=1.5), slots=1, client=client,
+                                   queue_ahead=1, timeout=2.0, transport="actors", prune_floor=0.0, progress=False)
         sched.add([Hypothesis(f"h{k}", "a") for k in range(16)])
         box = {}
         thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
         thread.start()
-        wait_for(lambda: "h3" in _starts(log), 60, "h3 starts")
+        wait_for(lambda: "h3" in _starts(log) and sched.stats["a"].runs >= 3, 60, "h3 starts after h2 is counted",
+                 poll=0.01)
         frozen_pid = next(int(ln[2]) for ln in _lines(log) if ln[:2] == ["start", "h3"])
         frozen = next(p for p in cl.workers if p.pid == frozen_pid)
         frozen.send_signal(signal.SIGSTOP)

@@ -345,7 +345,7 @@ def test_the_router_sends_each_shard_its_own_updates_and_drops_lost_and_unknown_
     assert sorted(client.tasks) == [("tcp://w0:1", "u0", [5, 6], [0.0, 1.0]),
                                     ("tcp://w1:1", "u1", [7], [2.0])]
     assert router.counters == {"updates_queued": 6, "updates_dropped_lost": 3,
-                               "updates_applied": 3}
+                               "updates_applied": 3, "updates_unconfirmed": 0}
     assert [table.refs[i].updates_sent for i in range(3)] == [2, 1, 0]
 
 
@@ -370,6 +370,30 @@ def test_the_router_counts_updates_applied_by_earlier_shipments():
     router.ship()                                      # collects the finished first shipment
     assert router.counters["updates_applied"] == 2
     assert router.flush() == 1 and router.counters["updates_applied"] == 3
+
+
+class VanishingClient(UpdateClient):
+    """Its update tasks finish, but their replies are gone when fetched (the key cancelled
+    meanwhile: Dask then raised CancelledError, or UnboundLocalError from its sync)."""
+
+    def submit(self, *args, **kw):
+        import asyncio
+
+        f = super().submit(*args, **kw)
+        f.result = lambda timeout=None: (_ for _ in ()).throw(asyncio.CancelledError())
+        return f
+
+
+def test_an_update_whose_reply_is_gone_is_counted_unconfirmed_and_does_not_stop_the_learner():
+    router = PriorityRouter(VanishingClient(), "p", RouterTable(), interval=0.0)
+    router.queue(encode(0, [1, 2]), np.ones(2))
+    router.ship()
+    router.queue(encode(1, [3]), np.ones(1))
+    router.ship()                                      # collects the first: its reply is gone
+    assert router.counters["updates_unconfirmed"] == 2
+    assert router.flush() == 0
+    assert router.counters == {"updates_queued": 3, "updates_dropped_lost": 0, "updates_applied": 0,
+                               "updates_unconfirmed": 3}
 
 
 def test_the_router_updates_the_learners_own_shard_in_process():

@@ -7,10 +7,14 @@ queued, one ``shard_ops.update_priorities`` task per owning shard pinned to its 
 learner's own shard is updated in process), at most every ``interval`` seconds unless forced;
 updates for lost shards are dropped and counted; :meth:`PriorityRouter.flush` ships and waits
 until the shards applied them (a shard applies only keys it still holds: stale ones count as
-not applied).
+not applied). An update task that ran but whose reply cannot be fetched (its key was cancelled
+or its worker left meanwhile: seen once under load, where Dask's ``Future.result`` then raised
+``UnboundLocalError`` in the learner's delivery thread) counts as ``updates_unconfirmed``.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -59,10 +63,11 @@ class PriorityRouter:
         self.name = name
         self.table = table
         self.interval = float(interval)
-        self.counters = {"updates_queued": 0, "updates_dropped_lost": 0, "updates_applied": 0}
+        self.counters = {"updates_queued": 0, "updates_dropped_lost": 0, "updates_applied": 0,
+                         "updates_unconfirmed": 0}
         self._lock = threading.RLock()
         self._updates: list[tuple[np.ndarray, np.ndarray]] = []
-        self._futures: list[Any] = []
+        self._futures: list[tuple[Any, int]] = []     # (update task, how many updates it carries)
         self._last_ship: float | None = None     # time.monotonic() of the last shipment; None: never
 
     def queue(self, indices: np.ndarray, priorities: np.ndarray) -> int:
@@ -87,11 +92,11 @@ class PriorityRouter:
             pr = np.concatenate([u[1] for u in ups])
             sids, keys = decode(idx)
             keep = []
-            for f in self._futures:
+            for f, n in self._futures:
                 if f.status == "pending":
-                    keep.append(f)
+                    keep.append((f, n))
                 elif f.status == "finished":
-                    self.counters["updates_applied"] += f.result()
+                    self.counters["updates_applied"] += self._reply(f, n)
             self._futures = keep
             jobs = []
             for sid in np.unique(sids):
@@ -107,10 +112,10 @@ class PriorityRouter:
             if self.table.is_local(ref):
                 self.counters["updates_applied"] += self.table.local_shard().update(ref.uid, k, p)
                 continue
-            submitted.append(self.client.submit(
+            submitted.append((self.client.submit(
                 shard_ops.update_priorities, self.name, ref.uid, k, p, workers=[ref.address],
                 allow_other_workers=False, pure=False,
-                key=f"replay-update-{self.name}-{uuid.uuid4().hex}"))
+                key=f"replay-update-{self.name}-{uuid.uuid4().hex}"), len(k)))
         # Under the lock: a flush in the learner's thread racing a shipment from the delivery
         # thread must see every future (or it returns before that update is applied).
         with self._lock:
@@ -123,7 +128,17 @@ class PriorityRouter:
         with self._lock:
             futs, self._futures = self._futures, []
         if futs:
-            wait_all(futs, timeout)
-        applied = sum(f.result() for f in futs if f.status == "finished")
-        self.counters["updates_applied"] += applied
+            wait_all([f for f, _ in futs], timeout)
+        with self._lock:
+            applied = sum(self._reply(f, n) for f, n in futs if f.status == "finished")
+            self.counters["updates_applied"] += applied
         return applied
+
+    def _reply(self, future: Any, n: int) -> int:
+        """How many of its ``n`` updates a finished task applied; 0, counted as unconfirmed,
+        when its reply cannot be fetched any more."""
+        try:
+            return int(future.result(timeout=60))
+        except (Exception, asyncio.CancelledError, concurrent.futures.CancelledError):
+            self.counters["updates_unconfirmed"] += n
+            return 0
