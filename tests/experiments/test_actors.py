@@ -12,6 +12,7 @@ back; timeouts count from an experiment's start; the run's deadline cancels; a d
 ``gen_cluster`` (workers in this process), the faults on real ``dask worker`` processes. No
 assertion bounds a wall-clock time from above.
 """
+import asyncio
 import contextlib
 import os
 import pathlib
@@ -158,6 +159,10 @@ async def test_an_actor_timeout_counts_from_the_start_and_the_slot_moves(c, s, a
     assert sorted(ran) == sorted(["n0", "n1", "n2", "n3", "hang", "n4"])      # each once
     assert ran.index("n4") > ran.index("hang")
     assert s.task_prefixes["experiment-actor"].state_counts["memory"] == 2   # the slot moved once
+    for _ in range(1000):                      # the actors' cancel reaches the scheduler a turn later
+        if not s.tasks:
+            break
+        await asyncio.sleep(0.01)
     assert not s.tasks                                                       # all released
 
 
