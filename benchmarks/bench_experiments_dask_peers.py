@@ -60,7 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import LoadMonitor, print_table, require, update_results, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, load_averages, print_table, require, update_results, write_results  # noqa: E402
 
 TRIALS = {0.005: 120, 0.05: 60, 0.5: 10}          # per trial time; 0.5 s: 10 per slot
 IDLE_SECONDS = 5.0                                 # the idle floor is measured over this long
@@ -237,14 +237,6 @@ def _other_runs() -> tuple[dict[str, Any], dict[str, Any]]:
     return kept, {k: v for k, v in old.get("updated", {}).items() if k in kept}
 
 
-def _uptime() -> str:
-    """The load averages (``/proc/loadavg``), to record beside the figures."""
-    try:
-        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     require("optuna", "optuna_integration", "optuna_distributed",
             benchmark="bench_experiments_dask_peers")
@@ -273,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = args.methods.split(",")
     figures: dict[str, Any] = {"cells": {}, "idle_scheduler_cpu_ms_per_s": {},
                                "queue_ahead": "default" if QUEUE_AHEAD is None else QUEUE_AHEAD,
-                               "uptime": {"before": _uptime()}}
+                               "uptime": {"before": load_averages()}}
     rows = []
     with LoadMonitor() as load:
         for n in (int(x) for x in args.slots.split(",")):
@@ -301,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      f"{f['decisions_per_s']:.1f}"))
                         print(*rows[-1], sep="  ", flush=True)
     figures["machine_busy"] = load.machine_busy
-    figures["uptime"]["after"] = _uptime()
+    figures["uptime"]["after"] = load_averages()
     print_table(rows, ("method", "slots", "trial", "trials", "occupancy", "client CPU ms/trial",
                        "scheduler CPU ms/trial", "net of idle", "trials/s"))
     ratios = _ratios(figures["cells"])

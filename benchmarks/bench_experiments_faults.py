@@ -55,7 +55,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import print_table, require, update_results, write_results  # noqa: E402
+from benchmarks.harness import load_averages, print_table, require, update_results, write_results  # noqa: E402
 
 TRIALS = 24
 DELAY = 0.4
@@ -267,14 +267,6 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
     return _figures(counted, lost, starts, ahead)
 
 
-def _uptime() -> str:
-    """The load averages (``/proc/loadavg``), to record beside the figures."""
-    try:
-        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict:
     require("optuna", "optuna_integration", "optuna_distributed", benchmark="bench_experiments_faults")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -292,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    uptime_before = _uptime()
+    uptime_before = load_averages()
     cases = {(fault, name): (fn, system) for fault, name, fn, system in (
         ("worker killed", "ours", worker_kill, "ours"),
         ("worker killed", "ours (actors)", worker_kill, "ours-actors"),
@@ -312,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(*rows[-1], sep="  ", flush=True)
     print_table(rows, ("fault", "system", "trials done", "beyond budget", "stale or lost records", "objective runs",
                        "runs not counted", "run twice", "ahead"))
-    figures["uptime"] = {"before": uptime_before, "after": _uptime()}
+    figures["uptime"] = {"before": uptime_before, "after": load_averages()}
     if not args.no_write and len(systems) < 3:      # some systems again: merge their cases
         try:
             old = json.loads((ROOT / "benchmarks" / "results" / "bench_experiments_faults.json").read_text())

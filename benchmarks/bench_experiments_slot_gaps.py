@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import LoadMonitor, print_table, write_results  # noqa: E402
+from benchmarks.harness import LoadMonitor, load_averages, print_table, write_results  # noqa: E402
 
 
 def _runner(delay: float) -> Any:
@@ -78,13 +78,6 @@ def one_run(client: Any, transport: str, queue_ahead: Any, n: int, delay: float,
             "per_worker": sorted(len(v) for v in by.values())}
 
 
-def _uptime() -> str:
-    try:
-        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict:
     from distributed import Client
 
@@ -103,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     settings = [q if q == "auto" else int(q) for q in args.queue_ahead.split(",")]
     n = args.slots
     figures: dict[str, Any] = {"slots": n, "delay_s": args.delay, "per_slot": args.per_slot, "runs": {},
-                               "uptime": {"before": _uptime()}}
+                               "uptime": {"before": load_averages()}}
     rows = []
     with LoadMonitor() as load, tempfile.TemporaryDirectory() as where, \
             dask_processes(pathlib.Path(where), n_workers=n) as (client, _), \
@@ -123,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  f"{f['gaps_ms']['max']:.0f}"))
                     print(*rows[-1], sep="  ", flush=True)
     figures["machine_busy"] = load.machine_busy
-    figures["uptime"]["after"] = _uptime()
+    figures["uptime"]["after"] = load_averages()
     print_table(rows, ("transport", "queue_ahead", "rep", "occupancy", "start ms", "end ms", "gaps sum ms",
                        "gap median ms", "gap max ms"))
     print(f"load: before {figures['uptime']['before']}; after {figures['uptime']['after']}")

@@ -117,6 +117,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def load_averages() -> str:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), to record beside the figures."""
+    try:
+        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def median_time(fn: Callable[[], Any], repeat: int = 3, number: int = 1) -> float:
     """Median over ``repeat`` runs of the mean seconds per call of ``fn`` (``number`` calls)."""
     times = []
