@@ -85,3 +85,28 @@ def run_and_kill(script, journal: str, results: int = 12, timeout: float = 60) -
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(30)
+
+
+def resume_killed(journal: str, log: str, **kw):
+    """Resume the run a test killed (its journal lock names a dead process: one warning)."""
+    import pytest
+
+    from dask_research.experiments.lock import JournalLockWarning
+
+    with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
+        return IterationScheduler.resume(journal, LoggingRunner(log, 0.0), expander=EXPANDER,
+                                         progress=False, **kw)
+
+
+def run_twice(report, log: str, **kw) -> set[str]:
+    """Check that a resumed run made the uninterrupted run's decisions (``kw``: that run's
+    settings) and that every hypothesis it counted ran; the ids that ran more than once."""
+    from exp_scenarios import summary
+    from test_checkpoint_resume import _stats
+
+    whole = scheduler(LoggingRunner(None, 0.0), **kw).run()
+    assert summary(report) == summary(whole) and _stats(report) == _stats(whole)
+    with open(log) as f:
+        done = f.read().split()
+    assert sorted(set(done)) == sorted(r.hypothesis.id for r in report.results)
+    return {h for h in done if done.count(h) > 1}

@@ -452,7 +452,6 @@ def test_a_killed_driver_resumes_on_actors_into_the_uninterrupted_run(tmp_path):
     """The driver (a subprocess on a real cluster, one slot queueing ahead in its actor) is
     killed with SIGKILL after twelve results; resumed on actors it makes the uninterrupted
     run's decisions, and nothing that had not been in flight runs twice."""
-    from test_checkpoint_resume import _stats
 
     path, log = str(tmp_path / "loop.jsonl"), str(tmp_path / "done.log")
     with actor_cluster(tmp_path, 1, import_tests=True) as (client, _):
@@ -460,16 +459,10 @@ def test_a_killed_driver_resumes_on_actors_into_the_uninterrupted_run(tmp_path):
         script.write_text(textwrap.dedent(DRIVER.format(tests=str(HERE), address=client.scheduler.address,
                                                         log=log, path=path)))
         cs.run_and_kill(script, path, results=12, timeout=120)
-        with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
-            sched = IterationScheduler.resume(path, cs.LoggingRunner(log, 0.0), expander=cs.EXPANDER,
-                                              progress=False, client=client)
+        sched = cs.resume_killed(path, log, client=client)
         assert sched.transport == "actors" and sched.queue_ahead == 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", JournalLockWarning)
             report = sched.run()
-    whole = cs.scheduler(cs.LoggingRunner(None, 0.0), queue_ahead=1).run()
-    assert summary(report) == summary(whole) and _stats(report) == _stats(whole)
-    done = open(log).read().split()
-    assert sorted(set(done)) == sorted(r.hypothesis.id for r in report.results)
-    twice = {h for h in done if done.count(h) > 1}
+    twice = cs.run_twice(report, log, queue_ahead=1)
     assert len(twice) <= 2          # what was running or had just started at the kill, at most

@@ -218,6 +218,19 @@ def test_a_queued_experiment_starts_before_the_driver_hears_the_one_before_it(tm
     assert checked >= 8 and early >= checked // 2, (early, checked)
 
 
+def _start_logging_runner(log, seconds):
+    """A runner that logs ``<id> <pid> <time>`` as it starts, then sleeps ``seconds``."""
+    def runner(h):
+        import os
+        import time
+
+        with open(log, "a") as f:
+            f.write(f"{h.id} {os.getpid()} {time.time()}\n")
+        time.sleep(seconds)
+        return 0.5
+    return runner
+
+
 def _worker_holding_two(client, log, within):
     """Wait for a worker with one experiment running (it logged ``id pid time`` at its start
     under ``within`` seconds ago, so the one queued behind it cannot start before the test
@@ -243,20 +256,10 @@ def _worker_holding_two(client, log, within):
 
 def test_a_worker_killed_with_a_queued_experiment_runs_it_once_elsewhere(tmp_path):
     log = tmp_path / "starts.log"
-
-    def runner(h):
-        import os
-        import time
-
-        with open(log, "a") as f:
-            f.write(f"{h.id} {os.getpid()} {time.time()}\n")
-        time.sleep(1.0)
-        return 0.5
-
     with dask_processes(tmp_path, n_workers=2) as (client, workers):
         pids = client.run(os.getpid)
-        sched = IterationScheduler(runner, slots=2, client=client, queue_ahead=1, prune_floor=0.0,
-                                   progress=False)
+        sched = IterationScheduler(_start_logging_runner(log, 1.0), slots=2, client=client, queue_ahead=1,
+                                   prune_floor=0.0, progress=False)
         sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(8)])
         box = {}
         thread = threading.Thread(target=lambda: box.setdefault("report", sched.run()))
@@ -286,19 +289,9 @@ def test_an_experiment_queued_behind_a_frozen_worker_times_out_instead_of_holdin
     the worker up (``worker-ttl``, 5 minutes by default; an hour here)."""
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL", "1h")
     log = tmp_path / "starts.log"
-
-    def runner(h):
-        import os
-        import time
-
-        with open(log, "a") as f:
-            f.write(f"{h.id} {os.getpid()} {time.time()}\n")
-        time.sleep(0.8)
-        return 0.5
-
     with dask_processes(tmp_path, n_workers=2) as (client, workers):
         pids = client.run(os.getpid)
-        sched = IterationScheduler(runner, slots=2, client=client, queue_ahead=1, timeout=3.0,
+        sched = IterationScheduler(_start_logging_runner(log, 0.8), slots=2, client=client, queue_ahead=1, timeout=3.0,
                                    prune_floor=0.0, progress=False)
         sched.add([Hypothesis(f"h{k}", "ab"[k % 2]) for k in range(8)])
         box = {}
@@ -386,20 +379,12 @@ cs.scheduler(cs.LoggingRunner({log!r}, 0.02), {path!r}, queue_ahead=1).run()
 
 
 def test_sigkill_with_queued_experiments_then_resume_equals_the_uninterrupted_run(tmp_path):
-    from test_checkpoint_resume import _stats
 
     path, log = str(tmp_path / "loop.jsonl"), str(tmp_path / "done.log")
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT.format(tests=str(HERE), log=log, path=path)))
     cs.run_and_kill(script, path, results=12, timeout=60)
-    with pytest.warns(JournalLockWarning, match=r"its process, pid \d+ on this host, is gone"):
-        sched = IterationScheduler.resume(path, cs.LoggingRunner(log, 0.0), expander=cs.EXPANDER,
-                                          progress=False)
+    sched = cs.resume_killed(path, log)
     assert sched.queue_ahead == 1 and sum(s.pending for s in sched.stats.values()) == 2
-    report = sched.run()
-    whole = cs.scheduler(cs.LoggingRunner(None, 0.0), queue_ahead=1).run()
-    assert summary(report) == summary(whole) and _stats(report) == _stats(whole)
-    done = open(log).read().split()
-    assert sorted(set(done)) == sorted(r.hypothesis.id for r in report.results)
-    twice = {h for h in done if done.count(h) > 1}
+    twice = cs.run_twice(sched.run(), log, queue_ahead=1)
     assert len(twice) <= 1          # only the one running at the kill (the queued one never ran)
