@@ -380,12 +380,11 @@ class LoopDriver:
                     continue
                 self.timed_out.append(h.id)
                 timeout = self.run.settings.timeout
-                what = ("ran longer than" if inflight[token].started else
-                        "was queued behind another experiment in its slot and had not started")
+                what = (f"ran longer than timeout={timeout:g} s" if inflight[token].started else
+                        "was queued behind another experiment in its slot and had not started "
+                        f"timeout={timeout:g} s after that one ended (its worker may be frozen)")
                 self.settle(token, ExperimentResult.failure(h, ExperimentTimeout(
-                    f"{h.id!r} {what} timeout={timeout:g} s"
-                    + ("" if inflight[token].started else " after that one ended (its worker may be frozen)")
-                    + " and was cancelled (research.experiments.timeout)"), timeout))
+                    f"{h.id!r} {what} and was cancelled (research.experiments.timeout)"), timeout))
         if self.hard is not None and inflight and rec.now() >= self.hard:
             s = self.run.settings
             # queued ones first (so none of them starts when a running one is cancelled),

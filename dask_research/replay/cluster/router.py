@@ -96,7 +96,7 @@ class PriorityRouter:
                 if f.status == "pending":
                     keep.append((f, n))
                 elif f.status == "finished":
-                    self.counters["updates_applied"] += self._reply(f, n)
+                    self._count_reply(f, n)
             self._futures = keep
             jobs = []
             for sid in np.unique(sids):
@@ -129,16 +129,17 @@ class PriorityRouter:
             futs, self._futures = self._futures, []
         if futs:
             wait_all([f for f, _ in futs], timeout)
+        return sum(self._count_reply(f, n) for f, n in futs if f.status == "finished")
+
+    def _count_reply(self, future: Any, n: int) -> int:
+        """Count how many of its ``n`` updates a finished task applied, and return it; when its
+        reply cannot be fetched any more, count the ``n`` as unconfirmed and return 0."""
+        try:
+            applied = int(future.result(timeout=60))
+        except (Exception, asyncio.CancelledError, concurrent.futures.CancelledError):
+            with self._lock:
+                self.counters["updates_unconfirmed"] += n
+            return 0
         with self._lock:
-            applied = sum(self._reply(f, n) for f, n in futs if f.status == "finished")
             self.counters["updates_applied"] += applied
         return applied
-
-    def _reply(self, future: Any, n: int) -> int:
-        """How many of its ``n`` updates a finished task applied; 0, counted as unconfirmed,
-        when its reply cannot be fetched any more."""
-        try:
-            return int(future.result(timeout=60))
-        except (Exception, asyncio.CancelledError, concurrent.futures.CancelledError):
-            self.counters["updates_unconfirmed"] += n
-            return 0
