@@ -6,7 +6,8 @@ A package module whose top-level imports need an optional dependency that is not
 here (CuPy, torch, Ray, ...) is left out of the collection (:mod:`dask_research.testing.optional`
 reads its imports), and the run ends by saying which modules it left out and why; every other
 module's examples run. A collection that takes longer than :data:`COLLECTION_LIMIT` seconds
-ends the run with every thread's stack.
+ends the run with every thread's stack. On a CPython whose ``ast.parse`` fails at random in
+threaded programs, it is guarded first (:mod:`dask_research.testing.ast_guard`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from dask_research.testing import ast_guard
 from dask_research.testing.optional import missing_dependency
+
+# CPython 3.11.7 (CI's) fails ast.parse at random when a garbage collection in the middle of
+# a parse runs a finalizer that parses too (python/cpython#106905): guard it for the whole run.
+ast_guard.install()
 
 PACKAGE = Path(__file__).resolve().parent / "dask_research"
 TESTS = Path(__file__).resolve().parent / "tests"

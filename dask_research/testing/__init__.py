@@ -9,7 +9,8 @@ Import the submodule for the capability you test, e.g.
   ``python``, stopping what a test started), :mod:`.threads` (a call in flight while the test
   acts), :mod:`.slurm`, :mod:`.browser`;
 * failure injection and workloads: :mod:`.faults`, :mod:`.pipelines`, :mod:`.rl`;
-* collection: :mod:`.optional` (which optional dependency a module needs at import).
+* collection: :mod:`.optional` (which optional dependency a module needs at import), and
+  :mod:`.ast_guard` (a CPython 3.11 bug that fails ``ast.parse`` at random).
 
 A helper two test files need goes here, with a docstring example, rather than into either file.
 """
