@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._cluster import get_client, workers_info
 from ..exceptions import InputError, StoreError
@@ -139,19 +139,21 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing
-    # Pilot, ask the store once what it holds of the job, execute the rest.
+    # Pilot, refuse what cannot run, ask the store once what it holds of the job, execute the rest.
     p = pilot if pilot is not None else _pilot(job)
-    # One writer per run: a second client of the same job on the same store waits here for the
-    # first, then resumes from what it stored (so it computes nothing the first one finished).
-    held_run = HeldRun(rs, job.id, timeout=s.lease_timeout, wait=s.lease_wait) if rs is not None else None
-    with held_run if held_run is not None else contextlib.nullcontext():
-        held = held_run.holdings(job, p) if held_run is not None else Holdings(job.shards)
-        if held.range is not None:
-            p.range = held.range
+    if s.check_merger and job.reducer is not None and len(p.states) >= 3:     # a user's merge
         reducer = job.make_reducer(p.range)
-        if s.check_merger and job.reducer is not None and len(p.states) >= 3:   # a user's merge
-            _check_merger(reducer.merge, p.states, identity=reducer.init(), rtol=s.merger_rtol)
-        result = _execute(job, client, p, reducer, s, held, held_run)
+        _check_merger(reducer.merge, p.states, identity=reducer.init(), rtol=s.merger_rtol)
+    with get_client(client) as c:
+        plan = _admit(c, job, p, s)       # every refusal before the store holds anything of the run
+        # One writer per run: a second client of the same job on the same store waits here for
+        # the first, then resumes from what it stored (so it computes nothing the first one finished).
+        held_run = HeldRun(rs, job.id, timeout=s.lease_timeout, wait=s.lease_wait) if rs is not None else None
+        with held_run if held_run is not None else contextlib.nullcontext():
+            held = held_run.holdings(job, p) if held_run is not None else Holdings(job.shards)
+            if held.range is not None:
+                p.range = held.range
+            result = _execute(job, c, p, job.make_reducer(p.range), plan, held, held_run)
     remember_job(job)
     return result
 
@@ -162,28 +164,41 @@ if run.__doc__:
         "{settings}", "\n".join("    " + line if line else line for line in parameters_doc().splitlines()))
 
 
-def _execute(job: Job, client, p: Pilot, reducer, settings: RunSettings, held: Holdings,
-             store: HeldRun | None) -> Result:
-    with get_client(client) as c:
-        workers = check_memory(c, p)
-        check_importable(c, job.pipeline, job.id)   # a module only this client has: one line, now
-        t0 = time.perf_counter()
-        threads = max(1, sum(int(info.get("nthreads") or 0) for info in workers.values()))
-        block = plan_blocks(job, p.shard_seconds, threads, settings)
-        check_bookkeeping(job, block, p, by_pilot=settings.shards_per_task is None)
-        settings = settings.for_cluster(threads)
-        bar = _progress_bar(job.shards, settings.progress, f"mc {job.name}")
-        try:
-            ex = Execution(c, job, reducer, block, settings=settings, holdings=held, store=store, progress=bar,
-                           shard_seconds=p.shard_seconds,   # the block timeout from the first block on
-                           shard_bytes=p.shard_bytes, workers=workers, threads=threads)
-            state, outcome = ex.execute()
-        finally:
-            bar.close()
-        wall = time.perf_counter() - t0
-        ex.events.emit("done", job.id, n=getattr(state, "n", None), mean=getattr(state, "mean", None),
-                       wall=wall, computed=outcome.computed, reused=outcome.reused)
-        ex.events.flush()           # the run's events, done last, are in the log when it returns
+class _Plan(NamedTuple):
+    """What the admission checks found: the workers, their threads, the task size, the settings."""
+    workers: dict
+    threads: int
+    block: int
+    settings: RunSettings
+
+
+def _admit(client, job: Job, p: Pilot, settings: RunSettings) -> _Plan:
+    """Refuse, in one line each, a job this cluster cannot run: a shard larger than a worker
+    thread's memory, a pipeline the workers cannot import, a task size whose bookkeeping cannot
+    fit the client; else the run's plan."""
+    workers = check_memory(client, p)
+    check_importable(client, job.pipeline, job.id)   # a module only this client has: one line, now
+    threads = max(1, sum(int(info.get("nthreads") or 0) for info in workers.values()))
+    block = plan_blocks(job, p.shard_seconds, threads, settings)
+    check_bookkeeping(job, block, p, by_pilot=settings.shards_per_task is None)
+    return _Plan(workers, threads, block, settings.for_cluster(threads))
+
+
+def _execute(job: Job, c, p: Pilot, reducer, plan: _Plan, held: Holdings, store: HeldRun | None) -> Result:
+    settings, block = plan.settings, plan.block
+    t0 = time.perf_counter()
+    bar = _progress_bar(job.shards, settings.progress, f"mc {job.name}")
+    try:
+        ex = Execution(c, job, reducer, block, settings=settings, holdings=held, store=store, progress=bar,
+                       shard_seconds=p.shard_seconds,   # the block timeout from the first block on
+                       shard_bytes=p.shard_bytes, workers=plan.workers, threads=plan.threads)
+        state, outcome = ex.execute()
+    finally:
+        bar.close()
+    wall = time.perf_counter() - t0
+    ex.events.emit("done", job.id, n=getattr(state, "n", None), mean=getattr(state, "mean", None),
+                   wall=wall, computed=outcome.computed, reused=outcome.reused)
+    ex.events.flush()           # the run's events, done last, are in the log when it returns
     lin = linearize(job, step=settings.finite_difference_step) if job.reducer is None else None
     result = Result(job.id, state, reducer.finalize(state), linearized=lin, pilot=p.to_dict(), wall_seconds=wall,
                     shards=job.shards, samples_per_shard=job.samples_per_shard, shards_per_task=block,
@@ -250,7 +265,7 @@ def check_bookkeeping(job: Job, block: int, p: Pilot, by_pilot: bool = False) ->
     fits = 1
     while -(-job.shards // fits) * per > BOOKKEEPING_BYTES:
         fits *= 2
-    keep = (f"{blocks:,} tasks of {job.shards:,} shards keep about {need / 2**30:.1f} GiB on the client "
+    keep = (f"{job.shards:,} shards in {blocks:,} tasks keep about {need / 2**30:.1f} GiB on the client "
             f"({state:,} bytes of folded state and {BLOCK_OVERHEAD_BYTES} of bookkeeping a task, at most "
             f"{BOOKKEEPING_BYTES / 2**30:.0f} GiB)")
     if by_pilot:

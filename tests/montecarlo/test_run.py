@@ -138,11 +138,11 @@ def test_user_reducer_for_a_vector_valued_pipeline(one_worker):
         _ = res.mean
 
 
-def test_the_merger_check_runs_on_a_user_reducer_only(one_worker, monkeypatch):
+def test_the_merger_check_runs_on_a_user_reducer_only(one_worker, monkeypatch, tmp_path):
     """check-merger property-checks a *user* reducer's merge (as the configuration says); the
     built-in moments merge is property-tested in the suite (test_accumulators.py, test_mergers.py)
     and was checked again at every run's serial start (2 ms of a 0.9 s run). A wrong user
-    merge is still refused before any block runs."""
+    merge is still refused before any block runs, and before the store holds anything of it."""
     import importlib
 
     from dask_research.exceptions import MergerError
@@ -165,7 +165,8 @@ def test_the_merger_check_runs_on_a_user_reducer_only(one_worker, monkeypatch):
 
     wrong = mc.Job(vector.pipeline, vector.inputs, shards=8, samples_per_shard=256, reducer=MeanOfMeans())
     with pytest.raises(MergerError):
-        mc.run(wrong, client=one_worker, progress=False)
+        mc.run(wrong, client=one_worker, progress=False, store=tmp_path)
+    assert not list(tmp_path.rglob(wrong.id)), sorted(map(str, tmp_path.rglob("*")))
 
 
 def test_shards_per_task_must_be_a_power_of_two(one_worker):
@@ -375,7 +376,9 @@ def test_twins_finishing_in_the_same_batch_accept_one():
     assert acceptance.root == a.state
 
 
-def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
+def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop, tmp_path):
+    """Refused before the store holds anything of the run: no run directory, manifest or lease
+    file is left for a run that never started (the refusal came after the lease once)."""
     from dask_research.exceptions import CapacityError
 
     job = mc.Job(lambda a, b: a * b, {"a": mc.Normal(0, 1), "b": mc.Normal(0, 1)}, shards=4,
@@ -385,8 +388,10 @@ def test_a_shard_that_cannot_fit_a_worker_is_refused_up_front(loop):
     with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
                       memory_limit="8 MiB") as cl, Client(cl, set_as_default=False) as c:
         with pytest.raises(CapacityError, match=r"a shard of 1,048,576 samples .* needs [\d,]+ bytes but only 8,388,608"):
-            mc.run(job, client=c, pilot=p, progress=False)
+            mc.run(job, client=c, pilot=p, progress=False, store=tmp_path / "runs")
         assert c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+    assert (tmp_path / "runs").is_dir() and not list((tmp_path / "runs").rglob(job.id)), \
+        sorted(map(str, tmp_path.rglob("*")))
 
 
 @pytest.mark.slow

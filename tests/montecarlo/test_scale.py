@@ -176,7 +176,8 @@ def test_a_large_cluster_gets_longer_tasks_so_the_client_is_not_its_ceiling():
 def test_a_task_size_whose_bookkeeping_cannot_fit_the_client_is_refused_before_any_block(tmp_path):
     """Issue 28: shards_per_task=1 on a 10^7-shard job held 1.9 GB on the client after 60 s (every
     block's bounds, place in the queue and folded state) and took ~75 s before its first block.
-    Now it is refused in one line, before the blocks are built: the client's memory stays small."""
+    Now it is refused in one line, before the blocks are built: the client's memory stays small,
+    and the store holds nothing of the run (no manifest, no lease file)."""
     import tracemalloc
 
     from dask_research.exceptions import InputError
@@ -188,7 +189,8 @@ def test_a_task_size_whose_bookkeeping_cannot_fit_the_client_is_refused_before_a
             Client(cl, set_as_default=False) as c:
         tracemalloc.start()
         try:
-            t, out = in_thread(lambda: mc.run(job, client=c, verify=0, progress=False, shards_per_task=1))
+            t, out = in_thread(lambda: mc.run(job, client=c, verify=0, progress=False, shards_per_task=1,
+                                              store=tmp_path))
             t.join(120)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
@@ -198,6 +200,7 @@ def test_a_task_size_whose_bookkeeping_cannot_fit_the_client_is_refused_before_a
     assert isinstance(err, InputError) and err.name == "shards_per_task" and err.value == 1, out
     assert "10,000,000 tasks" in str(err) and "use shards_per_task=" in str(err), str(err)
     assert peak < 200 * 2**20, peak          # the old code's bookkeeping passed 1 GB
+    assert not list(tmp_path.rglob(job.id)), sorted(map(str, tmp_path.rglob("*")))
 
 
 @pytest.mark.timeout(180, method="thread")
