@@ -72,12 +72,13 @@ def make_job(shards, n):
                   shards=shards, samples_per_shard=n, seed=SEED, bins=256, range=RANGE, name="saturating")
 
 
-def numpy_single(shards, n):
-    """(a): what a careful user writes in one process: same streams, Chan merge."""
+def numpy_states(shards, n):
+    """The moments (count, mean, M2) and histogram of ``shards`` (shard indices) of ``n`` draws,
+    computed the way a careful user writes it in one process: same streams, Chan merge."""
     key = philox.root_key(SEED)
     tot_n, tot_mean, tot_m2 = 0, 0.0, 0.0
     hist = np.zeros(256, dtype=np.int64)
-    for i in range(shards):
+    for i in shards:
         gen = np.random.Generator(np.random.Philox(key=key, counter=i << 64))
         x = [gen.standard_normal(n) * SD[j] + MU[j] for j in range(7)]
         y = saturating(*x)
@@ -85,12 +86,36 @@ def numpy_single(shards, n):
         d = y - m
         m2 = d @ d
         hist += np.histogram(y, bins=256, range=RANGE)[0]
-        delta = m - tot_mean
-        new_n = tot_n + n
-        tot_mean += delta * n / new_n
-        tot_m2 += m2 + delta * delta * tot_n * n / new_n
-        tot_n = new_n
-    return tot_mean, tot_m2 / (tot_n - 1), hist
+        tot_n, tot_mean, tot_m2 = chan_merge((tot_n, tot_mean, tot_m2), (n, m, m2))
+    return tot_n, tot_mean, tot_m2, hist
+
+
+def chan_merge(a, b):
+    """Chan's merge of two (count, mean, M2) moments."""
+    (na, ma, m2a), (nb, mb, m2b) = a, b
+    total = na + nb
+    delta = mb - ma
+    return total, ma + delta * nb / total, m2a + m2b + delta * delta * na * nb / total
+
+
+def numpy_single(shards, n):
+    """(a): single-process numpy on one core (mean, variance, histogram)."""
+    tot_n, mean, m2, hist = numpy_states(range(shards), n)
+    return mean, m2 / (tot_n - 1), hist
+
+
+def numpy_processes(pool, cores, shards, n):
+    """(a'): the same loop in ``cores`` worker processes of a started ``multiprocessing`` pool,
+    each a contiguous slice of the shards, merged in the parent: what a careful user writes to
+    use every core without Dask. Unlike ``cores x`` (a), it pays what the cores share (memory
+    bandwidth, caches, the host's scheduling of the VM's cores)."""
+    bounds = [shards * i // cores for i in range(cores + 1)]
+    parts = pool.starmap(numpy_states, [(range(bounds[i], bounds[i + 1]), n) for i in range(cores)])
+    tot, hist = (0, 0.0, 0.0), np.zeros(256, dtype=np.int64)
+    for count, mean, m2, h in parts:
+        tot = chan_merge(tot, (count, mean, m2)) if count else tot
+        hist += h
+    return tot[1], tot[2] / (tot[0] - 1), hist
 
 
 def dask_array(client, total, chunk):
@@ -191,7 +216,7 @@ def cluster_client(kw: dict | None):
         yield client
 
 
-def paired_default(job, shards, n, pairs, kw, runs_per_cluster=2, variants=None):
+def paired_default(job, shards, n, pairs, kw, runs_per_cluster=2, variants=None, peers=None):
     """(a) tuned and (b) on the embedded default shape, interleaved: a, b, b, a, b, b, ...
 
     The machine's speed drifts over minutes (identical runs differ by 10-20 % on the shared
@@ -200,17 +225,22 @@ def paired_default(job, shards, n, pairs, kw, runs_per_cluster=2, variants=None)
 
     ``variants``: more ``mc.run`` settings to time on the same fresh clusters, interleaved with
     the defaults run by run (name -> keywords; e.g. the bare run without verification and
-    speculation); their per-pair medians come back in ``others``.
+    speculation); their per-pair medians come back in ``others``. ``peers``: more calls to time
+    right after (a), with no cluster alive (name -> callable); their times too.
     """
-    variants = dict(variants or {})
+    variants, peers = dict(variants or {}), dict(peers or {})
     a_times, b_times, cpu, pair_b = [], [], [], []
-    others: dict[str, list[float]] = {name: [] for name in variants}
+    others: dict[str, list[float]] = {name: [] for name in [*variants, *peers]}
     res = stats_a = None
     with LoadMonitor() as load:
         for _ in range(pairs):
             t0 = time.perf_counter()
             stats_a = numpy_single(shards, n)
             a_times.append(time.perf_counter() - t0)
+            for name, peer in peers.items():
+                t0 = time.perf_counter()
+                peer()
+                others[name].append(time.perf_counter() - t0)
             with cluster_client(kw) as client:
                 mc.run(job, client=client, progress=False)
                 mine = []
@@ -236,31 +266,55 @@ BARE = {"verify": 0, "speculate": 0}
 
 
 def paired_only(job, shards, n, pairs, cores):
-    """``--paired-only``: just the interleaved (a)/(b) pairs, with the bare run beside the defaults."""
+    """``--paired-only``: just the interleaved (a)/(b) pairs, with the bare run beside the defaults
+    and NumPy on every core (a') beside (a)."""
+    import multiprocessing
+
     tune_malloc()
     numpy_single(shards, n)                      # warm (a) up, as the full benchmark's first timing does
     load0 = os.getloadavg()
-    a_ts, b_ts, pair_b, res, _, cpu_b, load, others = paired_default(
-        job, shards, n, pairs, None, variants={"bare (verify=0, speculate=0)": BARE})
+    parallel = f"numpy on {cores} processes"
+    with multiprocessing.get_context("fork").Pool(cores) as pool:
+        numpy_processes(pool, cores, shards, n)  # and (a'), in its started pool
+        a_ts, b_ts, pair_b, res, _, cpu_b, load, others = paired_default(
+            job, shards, n, pairs, None, variants={"bare (verify=0, speculate=0)": BARE},
+            peers={parallel: lambda: numpy_processes(pool, cores, shards, n)})
     ratios = [a / (cores * b) for a, b in zip(a_ts, pair_b)]
     bare = others["bare (verify=0, speculate=0)"]
     bare_ratios = [a / (cores * b) for a, b in zip(a_ts, bare)]
+    par = others[parallel]
+    par_ratios = [a / (cores * p) for a, p in zip(a_ts, par)]              # (a') against cores x (a)
+    vs_par = [p / b for p, b in zip(par, pair_b)]                         # defaults against (a')
+    bare_vs_par = [p / b for p, b in zip(par, bare)]
     figures = {"shards": shards, "samples_per_shard": n, "cores": cores, "pairs": pairs,
                "a_seconds": a_ts, "b_defaults_seconds_per_pair": pair_b, "b_bare_seconds_per_pair": bare,
+               "numpy_processes_seconds": par,
                "paired_ratios": ratios, "paired_ratio_median": statistics.median(ratios),
                "bare_paired_ratios": bare_ratios, "bare_paired_ratio_median": statistics.median(bare_ratios),
+               "numpy_processes_ratios": par_ratios, "numpy_processes_ratio_median": statistics.median(par_ratios),
+               "defaults_vs_numpy_processes": vs_par,
+               "defaults_vs_numpy_processes_median": statistics.median(vs_par),
+               "bare_vs_numpy_processes": bare_vs_par,
+               "bare_vs_numpy_processes_median": statistics.median(bare_vs_par),
                "shards_per_task": res.shards_per_task, "checks": res.verification["checks"] if res.verification else 0,
                "machine_busy": load.machine_busy, "loadavg_before": load0, "loadavg_after": os.getloadavg()}
     print(f"{shards} x {n:,} draws, {pairs} interleaved pairs, {res.shards_per_task} shards per task; "
           f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}; machine busy {load.machine_busy:.2f}")
-    for label, rs in (("mc.run defaults", ratios), ("mc.run bare (verify=0, speculate=0)", bare_ratios)):
+    rows = (("mc.run defaults", ratios), ("mc.run bare (verify=0, speculate=0)", bare_ratios),
+            (parallel, par_ratios))
+    for label, rs in rows:
         print(f"  {label:38s} / ({cores} x single numpy): median {statistics.median(rs):.3f}, range "
+              f"{min(rs):.3f}-{max(rs):.3f}  ({', '.join(f'{r:.3f}' for r in rs)})")
+    for label, rs in (("mc.run defaults", vs_par), ("mc.run bare (verify=0, speculate=0)", bare_vs_par)):
+        print(f"  {label:38s} / ({parallel}):     median {statistics.median(rs):.3f}, range "
               f"{min(rs):.3f}-{max(rs):.3f}  ({', '.join(f'{r:.3f}' for r in rs)})")
     size = f"{shards}" if n == 65_536 else f"{shards}x{n}"
     path = write_results(f"bench_montecarlo_{size}_paired", figures,
-                         notes="--paired-only: (a) single-process numpy, malloc tuned, and (b) mc.run on a fresh "
+                         notes="--paired-only: (a) single-process numpy, malloc tuned, (a') the same loop in "
+                               "`cores` processes of a started multiprocessing pool, and (b) mc.run on a fresh "
                                "embedded cluster per pair (one cold run, then 2 timed runs each of the defaults and "
-                               "the bare run, interleaved); ratio = a / (cores x median b of the pair)")
+                               "the bare run, interleaved); ratio = a / (cores x median b of the pair); "
+                               "vs (a') = a' / b")
     print(f"wrote {path}")
 
 

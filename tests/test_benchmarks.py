@@ -92,3 +92,23 @@ def test_the_simulation_is_deterministic_per_seed():
     a = simulate(SUITE_STRATEGIES["greedy"](SUITE_K, 3), Problem("clipped-gaussian", 3, horizon=90), 90)
     b = simulate(SUITE_STRATEGIES["greedy"](SUITE_K, 3), Problem("clipped-gaussian", 3, horizon=90), 90)
     assert a["regret"] == b["regret"] and list(a["curve"]) == list(b["curve"])
+
+
+def test_the_multiprocess_numpy_peer_computes_what_the_single_process_one_and_ours_do():
+    """bench_montecarlo's (a'), NumPy on every core, folds the same shards to the same estimate
+    as (a) and as our block kernel, so its time is a like-for-like peer."""
+    import multiprocessing
+
+    import numpy as np
+
+    from benchmarks import bench_montecarlo as bm
+    from dask_research.montecarlo.shard_compute import compute_block
+
+    single = bm.numpy_single(5, 2048)
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        parallel = bm.numpy_processes(pool, 2, 5, 2048)
+    job = bm.make_job(5, 2048)
+    ours = compute_block(job, job.make_reducer(job.range), 0, 5).state
+    for mean, var, hist in (single, parallel):
+        assert np.isclose(mean, ours.mean, rtol=1e-12) and np.isclose(var, ours.m2 / (ours.n - 1), rtol=1e-10)
+        assert (hist == ours.hist[1:-1]).all(), (hist, ours.hist)   # ours: under- and overflow at the ends
