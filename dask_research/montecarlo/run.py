@@ -2,8 +2,9 @@
 
 :func:`run` builds the run's :class:`~.run_settings.RunSettings` once from its keywords and
 ``dask.config`` (every bad value refused before anything is computed), opens the store, runs
-the pilot, holds the run's lease (:class:`~.store.held_run.HeldRun`, the one way the run reaches
-its store), asks the store once what it holds of the job, and executes the rest
+the pilot, refuses what the cluster cannot run (before the store holds anything of the run),
+holds the run's lease (:class:`~.store.held_run.HeldRun`, the one way the run reaches its
+store), asks the store once what it holds of the job, and executes the rest
 (:class:`~.engine.Execution`). The settings travel whole, and ``result.json`` records them.
 
 Examples
