@@ -97,7 +97,7 @@ def test_the_simulation_is_deterministic_per_seed():
 def test_the_multiprocess_numpy_peer_computes_what_the_single_process_one_and_ours_do():
     """bench_montecarlo's (a'), NumPy on every core, folds the same shards to the same estimate
     as (a) and as our block kernel, so its time is a like-for-like peer."""
-    import multiprocessing
+    from multiprocessing.pool import ThreadPool  # the same fold; no fork of a threaded test worker
 
     import numpy as np
 
@@ -105,7 +105,7 @@ def test_the_multiprocess_numpy_peer_computes_what_the_single_process_one_and_ou
     from dask_research.montecarlo.shard_compute import compute_block
 
     single = bm.numpy_single(5, 2048)
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    with ThreadPool(2) as pool:
         parallel = bm.numpy_processes(pool, 2, 5, 2048)
     job = bm.make_job(5, 2048)
     ours = compute_block(job, job.make_reducer(job.range), 0, 5).state

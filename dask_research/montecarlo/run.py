@@ -145,18 +145,32 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
     if s.check_merger and job.reducer is not None and len(p.states) >= 3:     # a user's merge
         reducer = job.make_reducer(p.range)
         _check_merger(reducer.merge, p.states, identity=reducer.init(), rtol=s.merger_rtol)
-    with get_client(client) as c:
+    with contextlib.ExitStack() as stack:
+        # The lease is released last, after an embedded cluster has closed (and killed what still
+        # ran on its workers), as when it was taken first; it is taken after the refusals.
+        lease = stack.enter_context(contextlib.ExitStack())
+        c = stack.enter_context(get_client(client))
         plan = _admit(c, job, p, s)       # every refusal before the store holds anything of the run
-        # One writer per run: a second client of the same job on the same store waits here for
-        # the first, then resumes from what it stored (so it computes nothing the first one finished).
-        held_run = HeldRun(rs, job.id, timeout=s.lease_timeout, wait=s.lease_wait) if rs is not None else None
-        with held_run if held_run is not None else contextlib.nullcontext():
-            held = held_run.holdings(job, p) if held_run is not None else Holdings(job.shards)
-            if held.range is not None:
-                p.range = held.range
-            result = _execute(job, c, p, job.make_reducer(p.range), plan, held, held_run)
+        held_run = None
+        if rs is not None:
+            # One writer per run: a second client of the same job on the same store waits here for
+            # the first, then resumes from what it stored (so it computes nothing the first one finished).
+            held_run = HeldRun(rs, job.id, timeout=s.lease_timeout, wait=s.lease_wait)
+            asked = time.monotonic()
+            lease.enter_context(held_run)
+            if time.monotonic() - asked > REPLAN_AFTER_WAIT:
+                plan = _admit(c, job, p, s)   # the cluster may have grown or shrunk meanwhile
+        held = held_run.holdings(job, p) if held_run is not None else Holdings(job.shards)
+        if held.range is not None:
+            p.range = held.range
+        result = _execute(job, c, p, job.make_reducer(p.range), plan, held, held_run)
     remember_job(job)
     return result
+
+
+#: Seconds of waiting for the run's lease (another client running the same job on the same store)
+#: after which the cluster is asked again for the run's plan: its workers may have changed.
+REPLAN_AFTER_WAIT = 1.0
 
 
 run.__signature__ = run_signature(run)  # type: ignore[attr-defined]

@@ -418,3 +418,70 @@ def test_embedded_process_workers_get_the_malloc_fix(monkeypatch):
     with pytest.raises(ValueError):
         default_client()
 
+
+
+@pytest.mark.timeout(240, method="thread")
+def test_a_run_that_waited_for_the_lease_plans_for_the_cluster_it_then_has(loop, tmp_path):
+    """The refusals now come before the run's lease; a second client of the same run waits for
+    that lease (as long as the holder lives), and its cluster may grow meanwhile. A run that
+    waited plans again: its window is 8 blocks per thread of the cluster it runs on."""
+    from distributed import Worker
+
+    from dask_research.montecarlo import RunStore
+    from dask_research.montecarlo.store import HeldRun
+    from dask_research.testing.threads import in_thread
+
+    job = _job(shards=16, samples_per_shard=256)
+    store = RunStore(str(tmp_path)).prepare()
+    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl, Client(cl, set_as_default=False) as c:
+        holder = HeldRun(store, job.id, timeout=30)
+        holder.__enter__()                      # another client runs this job on this store
+        big = None
+        try:
+            t, out = in_thread(lambda: mc.run(job, client=c, store=str(tmp_path), progress=False))
+            time.sleep(2.0)                     # past REPLAN_AFTER_WAIT; the run waits for the lease
+            assert t.is_alive(), out
+            big = c.sync(Worker, cl.scheduler.address, nthreads=7, dashboard_address=None)
+            deadline = time.monotonic() + 60
+            while sum(w["nthreads"] for w in c.scheduler_info()["workers"].values()) < 8:
+                assert time.monotonic() < deadline, c.scheduler_info()
+                time.sleep(0.05)
+            holder.__exit__(None, None, None)
+            t.join(120)
+            assert not t.is_alive(), "the run did not end once the lease was free"
+        finally:
+            holder.__exit__(None, None, None)   # (releasing twice is a no-op)
+            if big is not None:
+                c.sync(big.close)
+    result = out.get("result")
+    assert result is not None, out
+    assert result.settings.window == 8 * 8, result.settings          # 1 + 7 threads, not 1
+
+
+def test_the_lease_is_released_after_the_embedded_cluster_closes(tmp_path, monkeypatch):
+    """As when the lease was taken first: a run's blocks still running on an embedded cluster's
+    worker processes end with the cluster, before another client can take the run's lease."""
+    import contextlib
+    import importlib
+
+    from dask_research.montecarlo.store import HeldRun
+
+    run_module = importlib.import_module("dask_research.montecarlo.run")
+    order = []
+    real_get_client = run_module.get_client
+
+    @contextlib.contextmanager
+    def get_client(client):
+        with real_get_client(client) as c:
+            yield c
+        order.append("cluster closed")
+
+    real_exit = HeldRun.__exit__
+    monkeypatch.setattr(run_module, "get_client", get_client)
+    monkeypatch.setattr(HeldRun, "__exit__", lambda self, *exc: order.append("lease released") or real_exit(self, *exc))
+    import dask
+
+    with dask.config.set({"research.cluster.dashboard-address": None}):
+        mc.run(_job(shards=4, samples_per_shard=256), store=str(tmp_path), progress=False)
+    assert order == ["cluster closed", "lease released"], order
