@@ -91,12 +91,12 @@ class PriorityRouter:
             idx = np.concatenate([u[0] for u in ups])
             pr = np.concatenate([u[1] for u in ups])
             sids, keys = decode(idx)
-            keep = []
+            keep, finished = [], []
             for f, n in self._futures:
                 if f.status == "pending":
                     keep.append((f, n))
                 elif f.status == "finished":
-                    self._count_reply(f, n)
+                    finished.append((f, n))
             self._futures = keep
             jobs = []
             for sid in np.unique(sids):
@@ -107,10 +107,14 @@ class PriorityRouter:
                     continue
                 ref.updates_sent += int(m.sum())
                 jobs.append((ref, keys[m], pr[m]))
+        for f, n in finished:            # fetched outside the lock, as flush() does
+            self._count_reply(f, n)
         submitted = []
         for ref, k, p in jobs:
             if self.table.is_local(ref):
-                self.counters["updates_applied"] += self.table.local_shard().update(ref.uid, k, p)
+                applied = self.table.local_shard().update(ref.uid, k, p)
+                with self._lock:
+                    self.counters["updates_applied"] += applied
                 continue
             submitted.append((self.client.submit(
                 shard_ops.update_priorities, self.name, ref.uid, k, p, workers=[ref.address],
