@@ -364,7 +364,6 @@ cs.scheduler(cs.LoggingRunner({log!r}, 0.02), {path!r}, queue_ahead=1).run()
 
 
 def test_sigkill_with_queued_experiments_then_resume_equals_the_uninterrupted_run(tmp_path):
-
     path, log = str(tmp_path / "loop.jsonl"), str(tmp_path / "done.log")
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT.format(tests=str(HERE), log=log, path=path)))

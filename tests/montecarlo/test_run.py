@@ -419,7 +419,6 @@ def test_embedded_process_workers_get_the_malloc_fix(monkeypatch):
         default_client()
 
 
-
 @pytest.mark.timeout(240, method="thread")
 def test_a_run_that_waited_for_the_lease_plans_for_the_cluster_it_then_has(loop, tmp_path):
     """The refusals now come before the run's lease; a second client of the same run waits for
