@@ -10,12 +10,12 @@ processes, no nanny: a killed worker stays dead). A study has a budget of ``TRIA
 returns, ``end <id>`` to a log (one ``write`` each, ``O_APPEND``), so what ran is counted by
 the objective itself, not by the system under test.
 
-- **worker killed**: SIGKILL one worker once a quarter of the budget has ended; the study goes
-  on on the other. Ours: ``IterationScheduler(runner, slots=2, client=client,
+- **worker killed**: SIGKILL one worker once a given share of the budget has ended (the kill
+  point); the study goes on on the other. Ours: ``IterationScheduler(runner, slots=2, client=client,
   max_experiments=TRIALS)``. Peer: Optuna with ``optuna_integration.DaskStorage`` and trials
   as ``client.submit(study.optimize, objective, n_trials=1)`` (the pattern of Optuna's docs).
-- **driver killed, then resumed**: the driver is a process of its own, SIGKILLed once a third
-  of the budget has ended, then started again to finish the budget. Ours: a checkpoint
+- **driver killed, then resumed**: the driver is a process of its own, SIGKILLed at the kill
+  point, then started again to finish the budget. Ours: a checkpoint
   journal, ``IterationScheduler.resume(path, runner, client=...)``. Peer: Optuna's RDB storage
   on SQLite (``create_study(storage="sqlite:///...", load_if_exists=True)``), the storage Optuna
   documents for resuming, driven by ``optuna_distributed`` (trials as Dask futures), the
@@ -28,7 +28,14 @@ dispatches that were queued ahead. ``ours (actors)`` is ours with ``transport="a
 actor per slot, called directly: its client is made with ``direct_to_workers=True``, as a user of
 that transport makes it); after the worker's death its two slots share the one actor left.
 
-Figures per system and fault: trials the system counts as done (``COMPLETE`` for Optuna,
+Each fault is repeated at several kill points (``--kill-at``: shares of the budget ended,
+default a quarter, a half and three quarters) and in two phases (``--phases``): ``end``, the
+moment a trial's end is logged (experiments that started together end together, and a queued
+one starts then), and ``mid``, half a trial later (every slot in the middle of a trial);
+``--repeats`` runs of each, every system in turn before the next run, so that the machine's
+drift falls on all alike.
+
+Figures per system and fault, per run and summed up over the runs: trials the system counts as done (``COMPLETE`` for Optuna,
 results for ours) and how many of them lie beyond the budget; *stale or lost* records (trials
 the system recorded as started that never finish: Optuna leaves them ``RUNNING`` for ever, ours
 would show a dispatch without an outcome); objective runs, and runs not counted (work done
@@ -40,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import pathlib
 import signal
@@ -55,7 +61,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import load_averages, print_table, require, update_results, write_results  # noqa: E402
+from benchmarks.harness import load_averages, print_table, require, write_results  # noqa: E402
 
 TRIALS = 24
 DELAY = 0.4
@@ -131,7 +137,17 @@ def _figures(counted: int, lost: int, starts: collections.Counter, ahead: int | 
 
 
 # -- a worker killed --------------------------------------------------------------------------
-def worker_kill(system: str, where: pathlib.Path) -> dict:
+def _wait_kill_point(log: str, kill_after: int, phase: str, alive: Any = lambda: True,
+                     deadline: float = 300.0) -> None:
+    """Return at the kill point: ``kill_after`` trials ended (``end``), or half a trial after (``mid``)."""
+    stop = time.monotonic() + deadline
+    while ended(log) < kill_after and alive() and time.monotonic() < stop:
+        time.sleep(0.01)
+    if phase == "mid":
+        time.sleep(DELAY / 2)
+
+
+def worker_kill(system: str, where: pathlib.Path, kill_after: int = TRIALS // 4, phase: str = "end") -> dict:
     import threading
 
     from dask_research.testing.processes import process_cluster
@@ -141,8 +157,7 @@ def worker_kill(system: str, where: pathlib.Path) -> dict:
         client = cluster.client
 
         def killer() -> None:
-            while ended(log) < TRIALS // 4:
-                time.sleep(0.02)
+            _wait_kill_point(log, kill_after, phase)
             cluster.workers[1].send_signal(signal.SIGKILL)
 
         t = threading.Thread(target=killer, daemon=True)
@@ -224,7 +239,7 @@ def drive(system: str, client: Any, log: str, state: str, resume: bool) -> None:
                                                                           n_jobs=2)
 
 
-def driver_kill(system: str, where: pathlib.Path) -> dict:
+def driver_kill(system: str, where: pathlib.Path, kill_after: int = TRIALS // 3, phase: str = "end") -> dict:
     from dask_research.testing.processes import process_cluster, subprocess_env
 
     log = str(where / "trials.log")
@@ -240,9 +255,7 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
             proc = subprocess.Popen([sys.executable, str(script)], env=subprocess_env(), cwd=where,
                                     stdout=subprocess.DEVNULL, stderr=open(where / f"driver_{int(resume)}.log", "wb"))
             if not resume:
-                deadline = time.monotonic() + 300
-                while ended(log) < TRIALS // 3 and proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                _wait_kill_point(log, kill_after, phase, alive=lambda p=proc: p.poll() is None)
                 proc.send_signal(signal.SIGKILL)
             proc.wait(300)
         time.sleep(2 * DELAY)           # experiments the killed driver left running end on their workers
@@ -267,6 +280,54 @@ def driver_kill(system: str, where: pathlib.Path) -> dict:
     return _figures(counted, lost, starts, ahead)
 
 
+FAULTS = {"worker killed": worker_kill, "driver killed, resumed": driver_kill}
+SYSTEMS = {"ours": ("ours", "ours"), "ours-actors": ("ours (actors)", "ours (actors)"),
+           "optuna": ("optuna-daskstorage", "optuna-rdb-sqlite")}     # per fault: worker, driver
+
+
+def summarize(runs: list[dict], by: tuple[str, ...] = ("fault", "system")) -> dict:
+    """Per ``fault|system`` (or the fields ``by``), the runs' figures summed up: what every run
+    kept and the worst of them; ``extra_runs`` are the objective's runs beyond the budget.
+
+    >>> run = {"counted": 24, "over_budget": 0, "lost": 0, "executions": 26, "wasted_runs": 2,
+    ...        "run_twice": ["h7", "h8"], "budget_met": True}
+    >>> s = summarize([{"fault": "f", "system": "s", "figures": run},
+    ...                {"fault": "f", "system": "s", "figures": {**run, "wasted_runs": 4, "executions": 28}}])
+    >>> s["f|s"]["runs"], s["f|s"]["wasted_runs"], s["f|s"]["budget_met_in"], s["f|s"]["over_budget_max"]
+    (2, [2, 3.0, 4], '2 of 2', 0)
+    >>> summarize([{"fault": "f", "system": "s", "phase": "mid", "figures": run}], by=("system", "phase"))["s|mid"]["extra_runs"]
+    [2, 2, 2]
+    """
+    import statistics
+
+    out: dict = {}
+    def key_of(r: dict) -> str:
+        return "|".join(str(r[b]) for b in by)
+
+    for key in dict.fromkeys(key_of(r) for r in runs):
+        figs = [{**r["figures"], "extra_runs": r["figures"]["executions"] - TRIALS} for r in runs if key_of(r) == key]
+
+        def span(name: str, figs: list = figs) -> list:
+            vals = [f[name] for f in figs]
+            return [min(vals), statistics.median(vals), max(vals)]
+
+        out[key] = {"runs": len(figs), "counted": span("counted"), "over_budget_max": max(f["over_budget"] for f in figs),
+                    "runs_over_budget": sum(f["over_budget"] > 0 for f in figs),
+                    "lost": span("lost"), "executions": span("executions"), "extra_runs": span("extra_runs"),
+                    "wasted_runs": span("wasted_runs"),
+                    "budget_met_in": f"{sum(f['budget_met'] for f in figs)} of {len(figs)}",
+                    "runs_with_a_trial_run_twice": sum(bool(f["run_twice"]) for f in figs),
+                    "max_run_twice": max(len(f["run_twice"]) for f in figs)}
+        if all("ahead_dispatches" in f for f in figs):
+            out[key]["ahead_dispatches"] = span("ahead_dispatches")
+    return out
+
+
+def _span(v: list) -> str:
+    lo, mid, hi = (f"{x:g}" for x in v)
+    return lo if lo == hi else f"{lo}-{hi} (median {mid})"
+
+
 def main(argv: list[str] | None = None) -> dict:
     require("optuna", "optuna_integration", "optuna_distributed", benchmark="bench_experiments_faults")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -275,8 +336,25 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--systems", default="ours,ours-actors,optuna",
                     help="which of ours, ours-actors, optuna to run")
+    ap.add_argument("--faults", default="worker,driver", help="which of worker, driver to run")
+    ap.add_argument("--kill-at", default="0.25,0.5,0.75",
+                    help="kill points: shares of the budget ended before the kill (default 0.25,0.5,0.75)")
+    ap.add_argument("--phases", default="end,mid",
+                    help="end: as a trial's end is logged; mid: half a trial later (default both)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of every case (default 3)")
+    ap.add_argument("--name", default=None,
+                    help="results file under benchmarks/results/ (default bench_experiments_faults; "
+                         "a run of some systems or faults only: bench_experiments_faults_partial)")
     args = ap.parse_args(argv)
     systems = args.systems.split(",")
+    faults = [f for f in FAULTS if f.split()[0] in args.faults.split(",")]
+    kill_at = [float(x) for x in args.kill_at.split(",")]
+    phases = args.phases.split(",")
+    bad = ([s for s in systems if s not in SYSTEMS] + [p for p in phases if p not in ("end", "mid")]
+           + [str(k) for k in kill_at if not 0 < k < 1])
+    if bad or not faults or args.repeats < 1:
+        ap.error(f"not valid: {', '.join(bad) or args.faults or args.repeats} (systems: {', '.join(SYSTEMS)}; "
+                 "faults: worker, driver; phases: end, mid; kill points between 0 and 1; repeats >= 1)")
     global QUEUE_AHEAD
     QUEUE_AHEAD = (None if args.queue_ahead is None else
                    args.queue_ahead if args.queue_ahead == "auto" else int(args.queue_ahead))
@@ -284,41 +362,42 @@ def main(argv: list[str] | None = None) -> dict:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    uptime_before = load_averages()
-    cases = {(fault, name): (fn, system) for fault, name, fn, system in (
-        ("worker killed", "ours", worker_kill, "ours"),
-        ("worker killed", "ours (actors)", worker_kill, "ours-actors"),
-        ("worker killed", "optuna-daskstorage", worker_kill, "optuna"),
-        ("driver killed, resumed", "ours", driver_kill, "ours"),
-        ("driver killed, resumed", "ours (actors)", driver_kill, "ours-actors"),
-        ("driver killed, resumed", "optuna-rdb-sqlite", driver_kill, "optuna")) if system in systems}
-    figures: dict = {"trials": TRIALS, "trial_seconds": DELAY, "cases": {},
-                     "queue_ahead": "default" if QUEUE_AHEAD is None else QUEUE_AHEAD}
-    rows = []
-    for (fault, system), (fn, which) in cases.items():
-        with tempfile.TemporaryDirectory() as where:
-            f = fn(which, pathlib.Path(where))
-        figures["cases"][f"{fault}|{system}"] = f
-        rows.append((fault, system, f"{f['counted']}/{TRIALS}", f["over_budget"], f["lost"], f["executions"],
-                     f["wasted_runs"], ",".join(f["run_twice"]) or "-", f.get("ahead_dispatches", "-")))
-        print(*rows[-1], sep="  ", flush=True)
-    print_table(rows, ("fault", "system", "trials done", "beyond budget", "stale or lost records", "objective runs",
-                       "runs not counted", "run twice", "ahead"))
-    figures["uptime"] = {"before": uptime_before, "after": load_averages()}
-    if not args.no_write and len(systems) < 3:      # some systems again: merge their cases
-        try:
-            old = json.loads((ROOT / "benchmarks" / "results" / "bench_experiments_faults.json").read_text())
-            figures["cases"] = {**old["figures"]["cases"], **figures["cases"]}
-        except (OSError, ValueError, KeyError):
-            pass
-        figures[f"uptime_{'_'.join(systems)}"] = figures.pop("uptime")
-        path = update_results("bench_experiments_faults", {"cases": figures["cases"],
-                                                           f"uptime_{'_'.join(systems)}": figures[f"uptime_{'_'.join(systems)}"]})
-        print(f"\nmerged into {path}")
-    elif not args.no_write:
-        path = write_results("bench_experiments_faults", figures, notes=(
-            "Real dask scheduler + 2 one-thread dask workers (no nanny) per case; trials sleep; "
-            "counts from the objective's own log and each system's records"))
+    load_before = load_averages()
+    runs: list[dict] = []
+    for fault in faults:
+        for share in kill_at:
+            for phase in phases:
+                for repeat in range(args.repeats):
+                    for system in systems:      # every system in turn: the machine's drift falls on all alike
+                        name = SYSTEMS[system][0 if fault == "worker killed" else 1]
+                        with tempfile.TemporaryDirectory() as where:
+                            f = FAULTS[fault](system, pathlib.Path(where), kill_after=round(share * TRIALS),
+                                              phase=phase)
+                        runs.append({"fault": fault, "system": name, "kill_at": share, "phase": phase,
+                                     "repeat": repeat, "figures": f})
+                        print(fault, name, share, phase, repeat, f"{f['counted']}/{TRIALS}", f["over_budget"],
+                              f["lost"], f["executions"], f["wasted_runs"], ",".join(f["run_twice"]) or "-",
+                              f.get("ahead_dispatches", "-"), sep="  ", flush=True)
+    summary = summarize(runs)
+    print()
+    print_table([(*key.split("|"), v["runs"], v["budget_met_in"], v["over_budget_max"], _span(v["lost"]),
+                  _span(v["executions"]), _span(v["wasted_runs"]), v["runs_with_a_trial_run_twice"])
+                 for key, v in summary.items()],
+                ("fault", "system", "runs", "budget met", "most beyond budget", "stale or lost records",
+                 "objective runs", "runs not counted", "runs with a trial run twice"))
+    figures: dict = {"trials": TRIALS, "trial_seconds": DELAY, "kill_at": kill_at, "phases": phases,
+                     "repeats": args.repeats, "queue_ahead": "default" if QUEUE_AHEAD is None else QUEUE_AHEAD,
+                     "summary": summary,
+                     "summary_by_phase": summarize(runs, ("fault", "system", "phase")),
+                     "summary_by_kill_point": summarize(runs, ("fault", "system", "kill_at")), "runs": runs,
+                     "load_average": {"before": load_before, "after": load_averages()}}
+    if not args.no_write:
+        partial = len(systems) < len(SYSTEMS) or len(faults) < len(FAULTS)
+        name = args.name or ("bench_experiments_faults_partial" if partial else "bench_experiments_faults")
+        path = write_results(name, figures, notes=(
+            "Real dask scheduler + 2 one-thread dask workers (no nanny) per run; trials sleep; "
+            "counts from the objective's own log and each system's records; every case at each kill point "
+            "and phase, repeated, systems interleaved"))
         print(f"\nwrote {path}")
     return figures
 

@@ -112,3 +112,28 @@ def test_the_multiprocess_numpy_peer_computes_what_the_single_process_one_and_ou
     for mean, var, hist in (single, parallel):
         assert np.isclose(mean, ours.mean, rtol=1e-12) and np.isclose(var, ours.m2 / (ours.n - 1), rtol=1e-10)
         assert (hist == ours.hist[1:-1]).all(), (hist, ours.hist)   # ours: under- and overflow at the ends
+
+
+def test_the_fault_benchmark_sums_up_its_runs_per_system_phase_and_kill_point():
+    """bench_experiments_faults repeats every fault at several kill points and phases; its summary
+    keeps each group's best, median and worst, and counts runs beyond the budget as extra."""
+    import collections
+
+    from benchmarks import bench_experiments_faults as bf
+
+    def run(system, phase, kill_at, executions, counted=24, lost=0, twice=()):
+        return {"fault": "worker killed", "system": system, "phase": phase, "kill_at": kill_at,
+                "figures": bf._figures(counted, lost, collections.Counter(
+                    {f"h{i}": 1 + (f"h{i}" in twice) for i in range(executions - len(twice))}))}
+
+    runs = [run("ours", "end", 0.25, 25, twice=("h3",)), run("ours", "mid", 0.75, 26, twice=("h3", "h4")),
+            run("peer", "end", 0.25, 27, counted=27), run("peer", "mid", 0.75, 34, counted=33, lost=1)]
+    total = bf.summarize(runs)
+    assert set(total) == {"worker killed|ours", "worker killed|peer"}
+    ours, peer = total["worker killed|ours"], total["worker killed|peer"]
+    assert ours["extra_runs"] == [1, 1.5, 2] and ours["over_budget_max"] == 0 and ours["max_run_twice"] == 2
+    assert ours["budget_met_in"] == "2 of 2" and ours["runs_with_a_trial_run_twice"] == 2
+    assert peer["over_budget_max"] == 9 and peer["runs_over_budget"] == 2 and peer["lost"] == [0, 0.5, 1]
+    assert peer["extra_runs"] == [3, 6.5, 10] and peer["runs_with_a_trial_run_twice"] == 0
+    by_point = bf.summarize(runs, ("system", "kill_at"))
+    assert by_point["peer|0.75"]["extra_runs"] == [10, 10, 10] and by_point["ours|0.25"]["runs"] == 1
