@@ -201,7 +201,10 @@ class Checks:
         submitted or after verification began waiting, whichever is later (a check submitted
         early may legitimately wait behind the run's blocks). A late check is submitted again on
         a worker not yet tried; the first attempt to finish wins. With no worker left, the
-        client recomputes the shard itself.
+        client recomputes the shard itself. A check with an attempt that finished is not moved
+        while that result is being fetched (a moved check's first attempt, pinned to a worker
+        that left, stays pending for ever: it must not make the one that ran look lost); a fetch
+        that outlives its bound (a frozen holder) lets it move again.
         """
         results: dict[int, tuple[Any, str]] = {}
         began = time.monotonic()
@@ -226,6 +229,8 @@ class Checks:
                 if s in results:
                     continue
                 attempts = self.attempts[s]
+                if any(g.status == "finished" and g.key not in self.arrivals.unfetched for g, _, _ in attempts):
+                    continue    # it ran: its result is on its way (a fetch has its own bound)
                 fut, target, submitted = attempts[-1]
                 errored = [g for g, _, _ in attempts if g.status == "error"]
                 late = limit is not None and now - max(submitted, began) > limit
