@@ -178,6 +178,12 @@ class Arrivals:
             values_by.update(zip(futs, values))
         return values_by
 
+    def outstanding(self, fut: Any) -> bool:
+        """Whether ``fut`` has not returned: running, waiting, or finished with a result that
+        could not be fetched in time. A finished one whose fetch is in flight (or not begun)
+        has returned: its result is on its way, and the fetch has its own bound."""
+        return fut.status != "finished" or fut.key in self.unfetched
+
     def suspects(self) -> set[str]:
         """Workers that hold results that cannot be fetched: the ones every such result has in
         common (a result copied to a frozen worker is held by a good one too), else all of them.

@@ -104,13 +104,10 @@ class BlockWatch:
         pending, attempts = self.window.pending, self.window.attempts
         processing = self.stragglers.watch(now, pending, ending=ending)
         if processing is not None:       # what runs where was read now: time the blocks in flight
-            self.stragglers.check_hung(now, pending, attempts, self._out, rescue=self._rescue,
+            self.stragglers.check_hung(now, pending, attempts, self.arrivals.outstanding, rescue=self._rescue,
                                        silent=self._silent(now))
-        self.stragglers.speculate_copies(now, processing, ending, finished, attempts, self._copy, self._out)
-
-    def _out(self, fut: Any) -> bool:
-        """Whether ``fut`` has not returned: running, waiting, or finished with a result not fetched."""
-        return fut.status != "finished" or fut.key in self.arrivals.unfetched
+        self.stragglers.speculate_copies(now, processing, ending, finished, attempts, self._copy,
+                                         self.arrivals.outstanding)
 
     def _silent(self, now: float) -> set[str]:
         """Workers that missed their heartbeats (frozen, most likely), read at most once a second."""

@@ -229,7 +229,7 @@ class Checks:
                 if s in results:
                     continue
                 attempts = self.attempts[s]
-                if any(g.status == "finished" and g.key not in self.arrivals.unfetched for g, _, _ in attempts):
+                if not all(self.arrivals.outstanding(g) for g, _, _ in attempts):
                     continue    # it ran: its result is on its way (a fetch has its own bound)
                 fut, target, submitted = attempts[-1]
                 errored = [g for g, _, _ in attempts if g.status == "error"]

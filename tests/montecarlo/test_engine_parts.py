@@ -261,14 +261,14 @@ def test_a_moved_check_that_ran_is_not_moved_again_while_its_result_is_fetched()
     checks.checks[0] = ({"shard": 0, "producer": "tcp://p", "verifier": "tcp://p", "moved_from": ["tcp://v"]}, new)
     checks.attempts[0] = [(old, "tcp://v", time.monotonic()), (new, "tcp://p", time.monotonic())]
     turns = iter([([], {}), ([], {}), ([new], {new: ("state", "tcp://p")})])
-    checks.arrivals = SimpleNamespace(collect_sync=lambda owner, poll: next(turns), unfetched={})
+    checks.arrivals.collect_sync = lambda owner, poll: next(turns)
     checks._alive = lambda now: {"tcp://p"}
     checks.submit = lambda *a, **k: moved.append(a) or True
     assert checks.gather() == {0: ("state", "tcp://p")}
     assert moved == [] and events == [] and cancelled == [old]
     # a fetch that outlived its bound (a frozen holder) lets the check move again
-    checks.arrivals = SimpleNamespace(collect_sync=lambda owner, poll: ([], {}),
-                                      unfetched={new.key: (time.monotonic(), 5.0)})
+    checks.arrivals.collect_sync = lambda owner, poll: ([], {})
+    checks.arrivals.unfetched[new.key] = (time.monotonic(), 5.0)
     checks.submit = lambda *a, **k: moved.append(a) or False          # no worker left: the client
     assert checks.gather() == {0: (mc.compute_shard(job, 0, reducer=checks.reducer), "client")}
     assert events == ["check-moved"] and len(moved) == 1
