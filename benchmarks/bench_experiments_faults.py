@@ -323,6 +323,47 @@ def summarize(runs: list[dict], by: tuple[str, ...] = ("fault", "system")) -> di
     return out
 
 
+def selection(systems: str, faults: str, kill_at: str, phases: str, repeats: int,
+              queue_ahead: str | None = None) -> dict:
+    """The runs the command line asks for, checked; ``ValueError`` names what is not valid.
+
+    >>> selection("ours,ours", "driver", "0.5", "mid", 1)["systems"], selection("ours", "worker", "0.5", "end", 1)["faults"]
+    (['ours'], ['worker killed'])
+    >>> selection("ours", "worker,bogus", "0.5,x,0.99", "end", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: not valid: fault bogus (worker, driver); kill point x, 0.99 (a share of the budget with at least one trial before and after it: 0.04-0.96 of 24); repeats 0 (at least 1)
+    """
+    bad = []
+    names = list(dict.fromkeys(systems.split(",")))
+    bad += [f"system {n} ({', '.join(SYSTEMS)})" for n in names if n not in SYSTEMS]
+    wanted = list(dict.fromkeys(faults.split(",")))
+    bad += [f"fault {n} (worker, driver)" for n in wanted if n not in ("worker", "driver")]
+    shares, wrong = [], []
+    for text in dict.fromkeys(kill_at.split(",")):
+        try:
+            ok = 1 <= round(float(text) * TRIALS) <= TRIALS - 1
+        except ValueError:
+            ok = False
+        (shares if ok else wrong).append(float(text) if ok else text)
+    if wrong:
+        bad.append(f"kill point {', '.join(wrong)} (a share of the budget with at least one trial before and "
+                   f"after it: {1 / TRIALS:.2f}-{1 - 1 / TRIALS:.2f} of {TRIALS})")
+    kinds = list(dict.fromkeys(phases.split(",")))
+    bad += [f"phase {n} (end, mid)" for n in kinds if n not in ("end", "mid")]
+    if repeats < 1:
+        bad.append(f"repeats {repeats} (at least 1)")
+    ahead: Any = None
+    if queue_ahead is not None:
+        ahead = queue_ahead if queue_ahead == "auto" else int(queue_ahead) if queue_ahead.isdigit() else None
+        if ahead is None:
+            bad.append(f"queue-ahead {queue_ahead} (auto, or a count: 0, 1, ...)")
+    if bad:
+        raise ValueError("not valid: " + "; ".join(bad))
+    return {"systems": names, "faults": [f for f in FAULTS if f.split()[0] in wanted], "kill_at": shares,
+            "phases": kinds, "queue_ahead": ahead}
+
+
 def _span(v: list) -> str:
     lo, mid, hi = (f"{x:g}" for x in v)
     return lo if lo == hi else f"{lo}-{hi} (median {mid})"
@@ -344,20 +385,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3, help="runs of every case (default 3)")
     ap.add_argument("--name", default=None,
                     help="results file under benchmarks/results/ (default bench_experiments_faults; "
-                         "a run of some systems or faults only: bench_experiments_faults_partial)")
+                         "a run of other than every system, fault, kill point, phase and the default "
+                         "repeats: bench_experiments_faults_partial)")
     args = ap.parse_args(argv)
-    systems = args.systems.split(",")
-    faults = [f for f in FAULTS if f.split()[0] in args.faults.split(",")]
-    kill_at = [float(x) for x in args.kill_at.split(",")]
-    phases = args.phases.split(",")
-    bad = ([s for s in systems if s not in SYSTEMS] + [p for p in phases if p not in ("end", "mid")]
-           + [str(k) for k in kill_at if not 0 < k < 1])
-    if bad or not faults or args.repeats < 1:
-        ap.error(f"not valid: {', '.join(bad) or args.faults or args.repeats} (systems: {', '.join(SYSTEMS)}; "
-                 "faults: worker, driver; phases: end, mid; kill points between 0 and 1; repeats >= 1)")
+    try:
+        choice = selection(args.systems, args.faults, args.kill_at, args.phases, args.repeats, args.queue_ahead)
+    except ValueError as e:
+        ap.error(str(e))
+    systems, faults, kill_at, phases = choice["systems"], choice["faults"], choice["kill_at"], choice["phases"]
     global QUEUE_AHEAD
-    QUEUE_AHEAD = (None if args.queue_ahead is None else
-                   args.queue_ahead if args.queue_ahead == "auto" else int(args.queue_ahead))
+    QUEUE_AHEAD = choice["queue_ahead"]
     warnings.simplefilter("ignore")
     import optuna
 
@@ -392,7 +429,8 @@ def main(argv: list[str] | None = None) -> dict:
                      "summary_by_kill_point": summarize(runs, ("fault", "system", "kill_at")), "runs": runs,
                      "load_average": {"before": load_before, "after": load_averages()}}
     if not args.no_write:
-        partial = len(systems) < len(SYSTEMS) or len(faults) < len(FAULTS)
+        partial = (len(systems) < len(SYSTEMS) or len(faults) < len(FAULTS) or args.repeats != 3
+                   or args.kill_at != "0.25,0.5,0.75" or args.phases != "end,mid")
         name = args.name or ("bench_experiments_faults_partial" if partial else "bench_experiments_faults")
         path = write_results(name, figures, notes=(
             "Real dask scheduler + 2 one-thread dask workers (no nanny) per run; trials sleep; "

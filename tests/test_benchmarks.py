@@ -137,3 +137,25 @@ def test_the_fault_benchmark_sums_up_its_runs_per_system_phase_and_kill_point():
     assert peer["extra_runs"] == [3, 6.5, 10] and peer["runs_with_a_trial_run_twice"] == 0
     by_point = bf.summarize(runs, ("system", "kill_at"))
     assert by_point["peer|0.75"]["extra_runs"] == [10, 10, 10] and by_point["ours|0.25"]["runs"] == 1
+    by_phase = bf.summarize(runs, ("system", "phase"))
+    assert by_phase["ours|mid"]["max_run_twice"] == 2 and by_phase["peer|end"]["over_budget_max"] == 3
+    assert "ahead_dispatches" not in ours          # only where every run counted them
+    for r in runs[:2]:
+        r["figures"]["ahead_dispatches"] = 22
+    assert bf.summarize(runs)["worker killed|ours"]["ahead_dispatches"] == [22, 22, 22]
+
+
+def test_the_fault_benchmark_refuses_a_selection_in_one_line_naming_each_bad_value():
+    import pytest
+
+    from benchmarks import bench_experiments_faults as bf
+
+    ok = bf.selection("ours,optuna,ours", "driver,worker", "0.25,0.75", "mid", 2, "1")
+    assert ok == {"systems": ["ours", "optuna"], "faults": ["worker killed", "driver killed, resumed"],
+                  "kill_at": [0.25, 0.75], "phases": ["mid"], "queue_ahead": 1}
+    with pytest.raises(ValueError) as e:
+        bf.selection("ours,nope", "worker,bogus", "0.5,x,0.01", "end,late", 0, "some")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("not valid: ")
+    for part in ("system nope", "fault bogus", "kill point x, 0.01", "phase late", "repeats 0", "queue-ahead some"):
+        assert part in msg, (part, msg)

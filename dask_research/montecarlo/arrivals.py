@@ -249,7 +249,11 @@ class Arrivals:
                         ended.append(f)
                         values[f] = got[f]
                 elif f.status != "finished":    # cancelled or lost while it was fetched: say so now
-                    self._ended.pop(f, None)
+                    if f.status in ("cancelled", "error"):
+                        self._ended.pop(f, None)
+                    # else lost (its data went with its worker, or Dask's gather reset it): it
+                    # stays tracked and is fetched when it finishes again (``as_completed``
+                    # reports a future once; dropped here, it was never fetched again)
                     if f in wanted:
                         ended.append(f)
         return ended, values

@@ -201,10 +201,10 @@ class Checks:
         submitted or after verification began waiting, whichever is later (a check submitted
         early may legitimately wait behind the run's blocks). A late check is submitted again on
         a worker not yet tried; the first attempt to finish wins. With no worker left, the
-        client recomputes the shard itself. A check with an attempt that finished is not moved
-        while that result is being fetched (a moved check's first attempt, pinned to a worker
-        that left, stays pending for ever: it must not make the one that ran look lost); a fetch
-        that outlives its bound (a frozen holder) lets it move again.
+        client recomputes the shard itself. A check with an attempt that finished is not taken
+        for gone while that result is fetched (a moved check's first attempt, pinned to a worker
+        that left, stays pending for ever: it must not make the one that ran look lost); it can
+        still be late, and a fetch that outlives its bound (a frozen holder) lets it move too.
         """
         results: dict[int, tuple[Any, str]] = {}
         began = time.monotonic()
@@ -229,13 +229,13 @@ class Checks:
                 if s in results:
                     continue
                 attempts = self.attempts[s]
-                if not all(self.arrivals.outstanding(g) for g, _, _ in attempts):
-                    continue    # it ran: its result is on its way (a fetch has its own bound)
                 fut, target, submitted = attempts[-1]
                 errored = [g for g, _, _ in attempts if g.status == "error"]
                 late = limit is not None and now - max(submitted, began) > limit
                 gone = False
                 if not late and len(errored) < len(attempts):
+                    if not all(self.arrivals.outstanding(g) for g, _, _ in attempts):
+                        continue    # it ran: its result is on its way (lateness still applies)
                     waiting = [t for g, t, _ in attempts if g.status == "pending"]
                     alive = self._alive(now) if waiting else set()
                     gone = bool(waiting) and all(t not in alive for t in waiting)

@@ -271,7 +271,7 @@ def test_a_moved_check_that_ran_is_not_moved_again_while_its_result_is_fetched()
     checks.arrivals.unfetched[new.key] = (time.monotonic(), 5.0)
     checks.submit = lambda *a, **k: moved.append(a) or False          # no worker left: the client
     assert checks.gather() == {0: (mc.compute_shard(job, 0, reducer=checks.reducer), "client")}
-    assert events == ["check-moved"] and len(moved) == 1
+    assert events == ["check-moved"] and len(moved) == 1 and cancelled[1:] == [old, new]
 
 
 # -- checks' judgement -------------------------------------------------------------------------------
@@ -371,6 +371,31 @@ def test_a_result_cancelled_while_it_is_fetched_is_handed_back_as_ended():
     arrivals._ended[f] = None                   # as_completed handed it out
     assert asyncio.run(arrivals.collect({f: 0}, 0.01)) == ([f], {}) and f.status == "cancelled"
     assert arrivals.unfetched == {}
+
+
+def test_a_result_lost_while_it_was_fetched_is_fetched_when_it_finishes_again():
+    """Dask's gather resets a future whose holder fails to answer (the key is recomputed or
+    reported again) and the fetch's bound can end while it is pending: it is handed back as
+    ended without a result, and ``as_completed`` never reports it again, so it must stay tracked
+    and be fetched once it finishes again (dropped, a block or a check waited for ever)."""
+    f = Fut("mc-block-t-0-1", "finished")
+    calls = []
+
+    async def gather(futures, asynchronous=True):
+        calls.append(f.status)
+        if len(calls) <= 2:                      # the first fetch and its one-holder-at-a-time retry
+            f.status = "pending"                 # Dask reset it (its holder failed to answer) and
+            await asyncio.sleep(60)              # waits for it to finish again: the bound ends it
+        return ["state"]
+
+    arrivals = Arrivals(SimpleNamespace(gather=gather), bound=lambda: 0.2)
+    arrivals._ended[f] = None                   # as_completed handed it out, once
+    assert asyncio.run(arrivals.collect({f: 0}, 5.0)) == ([f], {})      # ended, no result
+    assert arrivals.unfetched == {}             # not a timeout: nothing to wait out
+    assert asyncio.run(arrivals.collect({f: 0}, 0.01)) == ([], {})      # still pending: nothing
+    f.status = "finished"                       # recomputed
+    assert asyncio.run(arrivals.collect({f: 0}, 5.0)) == ([f], {f: "state"})
+    assert calls == ["finished", "pending", "finished"] and not arrivals._ended
 
 
 def test_a_result_a_frozen_worker_holds_is_retried_with_doubling_bounds_below_dasks_connect_timeout(monkeypatch):
