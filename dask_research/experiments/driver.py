@@ -341,7 +341,9 @@ class LoopDriver:
                     waits.append(max(0.0, s.max_seconds - now))
                 timeout = min((w for w in waits if w is not None), default=None)
                 for token, outcome in await backend.wait(timeout):
-                    if token in inflight:       # not yet settled by the completion hook
+                    # not yet settled by the completion hook; after a failed booking nothing
+                    # more is booked (the hook stops too): the run ends with that error
+                    if token in inflight and not self.crashed:
                         self.settle(token, outcome)
                 if self.crashed:
                     raise self.crashed[0]

@@ -522,6 +522,39 @@ def test_an_error_in_the_bookkeeping_ends_the_run_and_frees_the_scheduler(monkey
     assert report.stop_reason == "queue_empty"
 
 
+def test_an_experiment_that_ends_after_a_failed_booking_is_not_booked(monkeypatch):
+    # The stress gate caught the test above booking a third result: an experiment that ended
+    # after the failed booking, but before the driver woke, was settled by the driver's own
+    # loop (its completion hook had stopped, as it should). Here a2 ends right after a1's
+    # booking fails, every time.
+    state = {"crashed": False}
+
+    async def runner(h):
+        if h.id == "a1":
+            await asyncio.sleep(0.05)
+        elif h.id != "a0":                      # a2 ends right after a1's booking fails
+            while not state["crashed"]:
+                await asyncio.sleep(0)
+        return 0.5
+
+    sched = IterationScheduler(runner, slots=2, progress=False)
+    sched.add(_hyps("a", 6))
+    booked = []
+    real = Run.apply
+
+    def flaky(self, *args, **kwargs):
+        booked.append(args[0].id)
+        if len(booked) == 2:
+            state["crashed"] = True
+            raise OSError("disk full (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "apply", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        sched.run()
+    assert booked == ["a0", "a1"]
+
+
 def test_async_runners_on_worker_threads_reuse_one_loop_and_leave_nothing_behind():
     # execute_sync (what a Dask worker thread runs) keeps one event loop per thread instead of
     # asyncio.run per experiment; tasks a runner leaves behind are cancelled after each call,
