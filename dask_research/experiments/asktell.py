@@ -122,7 +122,11 @@ class AskTellSession:
                              if res.error else "a usable reward", where=f"tell({hid!r})")
         del self.pending[h.id]
         self.told.add(h.id)
-        run.apply(h, None, res)
+        try:
+            run.apply(h, None, res)
+        except BaseException:
+            run.recorder.discard()          # a step an error cut short is never written
+            raise
         run.recorder.commit()               # the outcome with its gates' decisions, as one step
         return res
 

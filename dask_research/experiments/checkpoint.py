@@ -548,6 +548,11 @@ class Journal:
             self.open()
         self._write([self._line({**rec, "more": True}) for rec, _ in staged[:-1]] + [staged[-1][1]])
 
+    def discard(self) -> None:
+        """Drop the step being made, unwritten: an error cut it short (a result staged without
+        the decisions that go with it must never be written; its experiment runs again on resume)."""
+        self._staged = []
+
     def append(self, rec: dict[str, Any]) -> None:
         """Append one record as a step of its own, with whatever was staged before it."""
         self.stage(rec)

@@ -313,6 +313,9 @@ class IterationScheduler:
             bar = (ProgressBar(s.max_experiments, self._books.outcomes, self.ledger.total_queued)
                    if s.progress else None)
             return await driver.drive(bar)
+        except BaseException:
+            self._recorder.discard()     # a step an error cut short is never written
+            raise
         finally:
             if self._recorder.journal is not None:
                 self._recorder.journal.close()

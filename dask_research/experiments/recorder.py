@@ -114,6 +114,11 @@ class Recorder:
         if self.journal is not None:
             self.journal.commit()
 
+    def discard(self) -> None:
+        """Drop the current step unwritten (an error cut it short; see :meth:`Journal.discard`)."""
+        if self.journal is not None:
+            self.journal.discard()
+
 
 def log_records(trace: Trace, start: int, run_id: str) -> list[dict]:
     """Events ``trace[start:]`` as Dask log records in the project's vocabulary

@@ -235,3 +235,35 @@ def test_a_step_is_kept_whole_or_not_at_all(tmp_path):
     bad.write_bytes(lines[0] + (_encode({"kind": "output", "branch": "e", "output": 5, "more": 1}) + "\n").encode())
     with pytest.raises(CheckpointError, match=r"line 2 holds more=1; a journal record carries more=true or nothing"):
         Journal(bad).load()
+
+
+@pytest.mark.parametrize("drive", ["run", "ask/tell"])
+def test_a_step_an_error_cut_short_is_not_written_by_the_close_that_follows(tmp_path, drive):
+    """A result whose follow-ups cannot be journaled (here a hyps record over the line limit)
+    ends the run or the tell with that error; closing the journal afterwards must not commit the
+    result staged without them: on resume the experiment runs again, its follow-ups with it
+    (found by review: the close committed the half step, and resume lost the follow-ups)."""
+    import dask
+
+    path = tmp_path / "loop.jsonl"
+
+    def expander(res):
+        return [Hypothesis(res.hypothesis.id + "-child", "a", {"blob": "x" * 20000})] if res.hypothesis.id == "a1" else []
+
+    with dask.config.set({"research.experiments.journal-max-line-bytes": 10000}):
+        sched = IterationScheduler((lambda h: 0.5) if drive == "run" else None, slots=1, progress=False,
+                                   expander=expander, prune_floor=0.0, checkpoint=path)
+        sched.add([Hypothesis(f"a{i}", "a") for i in range(3)])
+        with pytest.raises(CheckpointError, match="more than the 10,000"):
+            if drive == "run":
+                sched.run()
+            else:
+                for _ in range(2):
+                    sched.tell(sched.ask(), 0.5)
+        if drive == "ask/tell":
+            sched.report()                  # closes the journal, as run() did
+    events = [(r["e"]["kind"], r["e"].get("hypothesis")) for r in Journal(path).load().records if r["kind"] == "event"]
+    assert ("result", "a0") in events and ("dispatch", "a1") in events and ("result", "a1") not in events
+    resumed = IterationScheduler.resume(path, (lambda h: 0.5) if drive == "run" else None, expander=lambda res: [])
+    assert [r.hypothesis.id for r in resumed._books.results] == ["a0"]
+    assert [x.id for x in resumed._books.retry] == ["a1"]       # runs again on resume
