@@ -225,10 +225,13 @@ class LocalBackend:
     async def wait(self, timeout: float | None) -> list[Outcome]:
         done, _ = await asyncio.wait(self._tasks, timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
-        out = []
+        out: list[Outcome] = []
         for task in done:
             self._tasks.discard(task)
-            if not task.cancelled():
+            if task.cancelled():    # not by cancel() (it forgets its token first): the runner
+                out.append((task, RuntimeError(     # raised CancelledError; its slot is not lost
+                    "the experiment was cancelled from inside its runner (asyncio.CancelledError)")))
+            else:
                 out.append((task, task.exception() or task.result()))
         return out
 
@@ -418,5 +421,10 @@ class DaskBackend(ClusterSideJobs):
             if hub is not None:
                 hub.remove(self._notice[1])
         self._keys.clear()
-        self._futures.clear()       # dropping the futures releases them on the cluster
+        left, self._futures = list(self._futures), set()
+        if left:                    # a run that failed: what it queued must not start (dropping
+            try:                    # the futures does not release them: as_completed holds them)
+                await self.client.cancel(left, asynchronous=True, reason="dask-research: the run ended")
+            except Exception:  # noqa: BLE001 - a lost scheduler: released with the client
+                pass
         await self._outbox.drain()      # best effort: a failed shipment is logged, not raised

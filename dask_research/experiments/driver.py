@@ -367,6 +367,11 @@ class LoopDriver:
         finally:
             if bar is not None:             # 100 % of what was done, whatever stopped it
                 bar.finish(books.outcomes, self.stop_reason)
+            writing = [fut for fut in self.side if not fut.done()]
+            for fut in writing:             # a run that failed: its paper writers stop with it
+                fut.cancel()                # (one that finished after would write to a closed journal)
+            if writing:
+                await asyncio.wait(writing, timeout=1.0)
             await backend.close()
         return run.report(self.stop_reason, self.dispatched, cancelled=self.cancelled,
                           timed_out=self.timed_out)

@@ -172,3 +172,49 @@ async def test_a_payload_that_does_not_pickle_names_the_hypothesis(c, s, a, b):
     with pytest.raises(ExperimentError, match=r"could not start hypothesis 'locked' on branch "
                                               r"'b'.*runner and every payload must pickle"):
         await sched.run_async()
+
+
+_LOG: list = []
+
+
+def _logged_sleep(h):
+    _LOG.append(("start", h.id))
+    import time
+    time.sleep(0.05 if h.id == "a0" else 2.0)
+    _LOG.append(("end", h.id))
+    return 0.5
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=90)
+async def test_a_failed_run_leaves_nothing_queued_on_the_cluster(c, s, a):
+    """A run that fails (here its first booking) cancels what it queued on the cluster: the
+    experiments queued ahead never start (found by review: dropping the futures did not release
+    them, as_completed held them, and they ran after run() had raised)."""
+    from dask_research.experiments.scheduler_run import Run
+
+    def boom(self, *args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    real, Run.apply = Run.apply, boom
+    _LOG.clear()
+    try:
+        sched = IterationScheduler(_logged_sleep, slots=1, client=c, progress=False, queue_ahead=2,
+                                   prune_floor=0.0)
+        sched.add([Hypothesis(f"a{i}", "a") for i in range(6)])
+        try:
+            await sched.run_async()
+        except OSError:
+            pass
+        else:
+            raise AssertionError("the run did not fail")
+    finally:
+        Run.apply = real
+    deadline = asyncio.get_running_loop().time() + 60
+    while any(str(k).startswith("experiment") for k in s.tasks):
+        assert asyncio.get_running_loop().time() < deadline, sorted(map(str, s.tasks))
+        await asyncio.sleep(0.05)
+    while ("start", "a1") in _LOG and ("end", "a1") not in _LOG:     # one running when it failed ends
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert not {("start", "a2"), ("start", "a3")} & set(_LOG), _LOG

@@ -555,6 +555,66 @@ def test_an_experiment_that_ends_after_a_failed_booking_is_not_booked(monkeypatc
     assert booked == ["a0", "a1"]
 
 
+def test_a_paper_writer_still_writing_when_the_run_fails_stops_with_it(monkeypatch, tmp_path):
+    # Found by review: the run raised, closed its journal and gave up its lease, but its paper
+    # writer went on in the caller's loop (a notebook, an async client) and, when it finished,
+    # wrote its output to the closed journal, taking the lease again for good.
+    path = tmp_path / "loop.jsonl"
+    release = asyncio.Event()
+    real = Run.apply
+    booked = []
+
+    def flaky(self, *args, **kwargs):
+        booked.append(args[0].id)
+        if len(booked) == 2:
+            raise OSError("disk full (simulated)")
+        return real(self, *args, **kwargs)
+
+    async def writer(branch, stats, best):
+        await release.wait()
+        return "paper-of-" + branch
+
+    async def runner(h):
+        await asyncio.sleep(0)
+        return 0.9
+
+    async def main():
+        sched = IterationScheduler(runner, slots=1, progress=False, paper_writer=writer, paper_threshold=0.5,
+                                   prune_floor=0.0, checkpoint=path)
+        sched.add(_hyps("a", 4))
+        with pytest.raises(OSError, match="disk full"):
+            await sched.run_async()
+        assert any(e.kind == "paper.trigger" for e in sched._recorder.trace)     # it was writing
+        release.set()                                   # the writer would finish now
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return sched
+
+    monkeypatch.setattr(Run, "apply", flaky)
+    sched = asyncio.run(main())
+    assert '"output"' not in path.read_text() and not (tmp_path / "loop.jsonl.lease").exists()
+    assert not any(e.kind == "paper.done" for e in sched._recorder.trace)
+    monkeypatch.setattr(Run, "apply", real)
+    IterationScheduler.resume(path, runner)             # nothing holds the journal in this process
+
+
+def test_a_runner_that_raises_cancelled_error_is_a_failure_not_a_lost_slot():
+    # Found by review: the task ended cancelled, so its completion hook never ran and the wait
+    # dropped it with its token still in flight; the run then failed with "Set of Tasks/Futures
+    # is empty" and the experiment was never booked.
+    async def runner(h):
+        if h.id == "a1":
+            raise asyncio.CancelledError()      # e.g. it awaited a future someone else cancelled
+        await asyncio.sleep(0.01)
+        return 0.5
+
+    sched = IterationScheduler(runner, slots=2, progress=False, prune_floor=0.0)
+    sched.add(_hyps("a", 5))
+    report = sched.run()
+    assert report.stop_reason == "queue_empty" and report.total_runs == 4 and report.failures == 1
+    assert [r.hypothesis.id for r in report.failed] == ["a1"] and "CancelledError" in report.failed[0].error
+
+
 def test_async_runners_on_worker_threads_reuse_one_loop_and_leave_nothing_behind():
     # execute_sync (what a Dask worker thread runs) keeps one event loop per thread instead of
     # asyncio.run per experiment; tasks a runner leaves behind are cancelled after each call,
