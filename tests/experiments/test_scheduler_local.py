@@ -497,6 +497,22 @@ def test_each_freed_slot_is_refilled_before_the_next_result_is_booked():
     assert checked == 18 - 3            # every result while work was queued
 
 
+def _fail_second_booking(monkeypatch, on_fail=lambda: None) -> list:
+    """Make the run's second booking fail (a failing journal write, simulated); the ids booked."""
+    booked = []
+    real = Run.apply
+
+    def flaky(self, *args, **kwargs):
+        booked.append(args[0].id)
+        if len(booked) == 2:
+            on_fail()
+            raise OSError("disk full (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "apply", flaky)
+    return booked
+
+
 def test_an_error_in_the_bookkeeping_ends_the_run_and_frees_the_scheduler(monkeypatch):
     # results are booked inside the finished experiment's task (the completion hook); an
     # error there (here: a failing journal write, simulated) must surface from run(), not be
@@ -504,16 +520,8 @@ def test_an_error_in_the_bookkeeping_ends_the_run_and_frees_the_scheduler(monkey
     sched = IterationScheduler(make_deterministic_runner({"a": 0.5}, delay_ms=1), slots=2,
                                progress=False)
     sched.add(_hyps("a", 6))
-    booked = []
     real = Run.apply
-
-    def flaky(self, *args, **kwargs):
-        booked.append(args[0].id)
-        if len(booked) == 2:
-            raise OSError("disk full (simulated)")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Run, "apply", flaky)
+    booked = _fail_second_booking(monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         sched.run()
     assert len(booked) == 2              # nothing was booked after the failure
@@ -539,17 +547,7 @@ def test_an_experiment_that_ends_after_a_failed_booking_is_not_booked(monkeypatc
 
     sched = IterationScheduler(runner, slots=2, progress=False)
     sched.add(_hyps("a", 6))
-    booked = []
-    real = Run.apply
-
-    def flaky(self, *args, **kwargs):
-        booked.append(args[0].id)
-        if len(booked) == 2:
-            state["crashed"] = True
-            raise OSError("disk full (simulated)")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Run, "apply", flaky)
+    booked = _fail_second_booking(monkeypatch, on_fail=lambda: state.update(crashed=True))
     with pytest.raises(OSError, match="disk full"):
         sched.run()
     assert booked == ["a0", "a1"]
@@ -562,13 +560,6 @@ def test_a_paper_writer_still_writing_when_the_run_fails_stops_with_it(monkeypat
     path = tmp_path / "loop.jsonl"
     release = asyncio.Event()
     real = Run.apply
-    booked = []
-
-    def flaky(self, *args, **kwargs):
-        booked.append(args[0].id)
-        if len(booked) == 2:
-            raise OSError("disk full (simulated)")
-        return real(self, *args, **kwargs)
 
     async def writer(branch, stats, best):
         await release.wait()
@@ -590,7 +581,7 @@ def test_a_paper_writer_still_writing_when_the_run_fails_stops_with_it(monkeypat
             await asyncio.sleep(0)
         return sched
 
-    monkeypatch.setattr(Run, "apply", flaky)
+    _fail_second_booking(monkeypatch)
     sched = asyncio.run(main())
     assert '"output"' not in path.read_text() and not (tmp_path / "loop.jsonl.lease").exists()
     assert not any(e.kind == "paper.done" for e in sched._recorder.trace)
