@@ -124,8 +124,8 @@ class AskTellSession:
         self.told.add(h.id)
         try:
             run.apply(h, None, res)
-        except BaseException:
-            run.recorder.discard()          # a step an error cut short is never written
+        except BaseException as exc:
+            run.recorder.discard(exc)       # a step an error cut short is never written
             raise
         run.recorder.commit()               # the outcome with its gates' decisions, as one step
         return res

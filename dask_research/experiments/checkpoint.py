@@ -548,10 +548,12 @@ class Journal:
             self.open()
         self._write([self._line({**rec, "more": True}) for rec, _ in staged[:-1]] + [staged[-1][1]])
 
-    def discard(self) -> None:
+    def discard(self) -> bool:
         """Drop the step being made, unwritten: an error cut it short (a result staged without
-        the decisions that go with it must never be written; its experiment runs again on resume)."""
-        self._staged = []
+        the decisions that go with it must never be written; its experiment runs again on
+        resume). Whether anything was dropped."""
+        dropped, self._staged = bool(self._staged), []
+        return dropped
 
     def append(self, rec: dict[str, Any]) -> None:
         """Append one record as a step of its own, with whatever was staged before it."""

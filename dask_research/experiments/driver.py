@@ -105,6 +105,7 @@ class LoopDriver:
         self.timed_out: list[str] = []
         self.side: list[asyncio.Future] = []
         self.crashed: list[BaseException] = []
+        self.closing = False                # the run is over: a task that ends now is not booked
         self.ship = s.log_events and client is not None
         if paper_writer is not None:
             run.on_trigger = self.start_paper
@@ -270,7 +271,7 @@ class LoopDriver:
     def on_finish(self, token: Any, outcome: Any) -> None:
         """Completion hook of the local backend: runs inside the finished experiment's own
         task, so the slot is refilled without waiting for the driver to wake up."""
-        if self.crashed or token not in self.inflight:
+        if self.crashed or self.closing or token not in self.inflight:
             return
         try:
             self.settle(token, outcome)
@@ -327,6 +328,7 @@ class LoopDriver:
                     if reason is not None:
                         self.stop_reason = reason
                         rec.emit("stop", reason=reason, in_flight=len(inflight))
+                rec.commit()        # decisions alone (a stop, an exhausted source): never held across a wait
                 if self.ship:
                     backend.ship(log_records(run.trace, shipped, run.run_id))
                     shipped = len(run.trace)
@@ -355,6 +357,7 @@ class LoopDriver:
             if self.stop_reason is None:
                 self.stop_reason = "queue_empty"
                 rec.emit("stop", reason=self.stop_reason, in_flight=0)
+                rec.commit()
             if self.side:                   # paper writers, within the run's deadline
                 left = None if self.hard is None else max(0.0, self.hard - rec.now())
                 _, late = await asyncio.wait(self.side, timeout=left)
@@ -365,6 +368,7 @@ class LoopDriver:
             if self.ship:
                 backend.ship(log_records(run.trace, shipped, run.run_id))
         finally:
+            self.closing = True
             if bar is not None:             # 100 % of what was done, whatever stopped it
                 bar.finish(books.outcomes, self.stop_reason)
             writing = [fut for fut in self.side if not fut.done()]

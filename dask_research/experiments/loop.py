@@ -193,6 +193,7 @@ class IterationScheduler:
         With a checkpoint, payloads must be JSON values, and hypotheses already in the
         checkpoint (same id and branch) are skipped, so re-adding the same list resumes.
         """
+        self._recorder.check_whole()
         if isinstance(hypotheses, (Hypothesis, Branch)):
             hypotheses = [hypotheses]
         batch = self._sources.take_branches(self.ledger, hypotheses,
@@ -277,6 +278,7 @@ class IterationScheduler:
         return await asyncio.wrap_future(cf)
 
     def _check_runnable(self) -> None:
+        self._recorder.check_whole()
         if self.runner is None:
             raise ExperimentError("this scheduler has no runner (runner=None); drive it with "
                                   "ask() and tell(), or create it with a runner to run()")
@@ -313,8 +315,8 @@ class IterationScheduler:
             bar = (ProgressBar(s.max_experiments, self._books.outcomes, self.ledger.total_queued)
                    if s.progress else None)
             return await driver.drive(bar)
-        except BaseException:
-            self._recorder.discard()     # a step an error cut short is never written
+        except BaseException as exc:
+            self._recorder.discard(exc)  # a step an error cut short is never written
             raise
         finally:
             if self._recorder.journal is not None:
@@ -331,6 +333,7 @@ class IterationScheduler:
         if self._running:
             raise ExperimentError("run() is in progress; ask() is for schedulers your own loop "
                                   "drives")
+        self._recorder.check_whole()
         if self._session is None:
             self._session = AskTellSession(self._new_run(), self.paper_writer)
         return self._session.ask()
@@ -340,6 +343,7 @@ class IterationScheduler:
         """Record the outcome of an asked hypothesis (or its id): a reward, a
         ``(reward, metrics)`` pair or a :class:`Result` (``Result.failure(h, exc)`` for a
         failed experiment). Applies the gates as :meth:`run` does; returns the Result."""
+        self._recorder.check_whole()
         if self._session is None:
             raise ExperimentError(f"tell for {getattr(hypothesis, 'id', hypothesis)!r} before "
                                   "any ask(); ask() first")

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..exceptions import ExperimentError
 from .checkpoint import Journal
 from .decision_trace import Event, Trace, _jsonable, top_scores
 from .ledger import BranchLedger
@@ -61,6 +62,7 @@ class Recorder:
         self._header = header or dict
         self.trace: Trace | None = None
         self._t0: float | None = None       # time.perf_counter() at the run's start; None: not begun
+        self.lost_step: str | None = None   # why a step was dropped unwritten (see discard)
 
     def begin(self, events: list[Event], elapsed: float) -> Trace:
         """A new trace holding ``events`` (restored ones); the clock starts at ``elapsed``."""
@@ -114,10 +116,21 @@ class Recorder:
         if self.journal is not None:
             self.journal.commit()
 
-    def discard(self) -> None:
-        """Drop the current step unwritten (an error cut it short; see :meth:`Journal.discard`)."""
-        if self.journal is not None:
-            self.journal.discard()
+    def discard(self, why: BaseException) -> None:
+        """Drop the current step unwritten: ``why`` cut it short (see :meth:`Journal.discard`).
+        The scheduler's memory is then ahead of its journal, so it goes no further
+        (:meth:`check_whole`): its journal, resumed, is where it goes on."""
+        if self.journal is not None and self.journal.discard():
+            self.lost_step = f"{type(why).__name__}: {why}"
+
+    def check_whole(self) -> None:
+        """Raise :class:`ExperimentError` if a step was dropped unwritten (:meth:`discard`)."""
+        if self.lost_step is not None:
+            assert self.journal is not None
+            raise ExperimentError(
+                f"this scheduler could not write a step to its checkpoint {self.journal.url} "
+                f"({self.lost_step[:300]}), so what it holds in memory is ahead of the checkpoint; "
+                "go on from the checkpoint: IterationScheduler.resume(path, runner)")
 
 
 def log_records(trace: Trace, start: int, run_id: str) -> list[dict]:

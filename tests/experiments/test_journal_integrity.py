@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from dask_research.exceptions import CheckpointError
+from dask_research.exceptions import CheckpointError, ExperimentError
 from dask_research.experiments import Hypothesis, IterationScheduler
 from dask_research.experiments.checkpoint import Journal, JournalLegacyWarning, _encode
 
@@ -264,6 +264,76 @@ def test_a_step_an_error_cut_short_is_not_written_by_the_close_that_follows(tmp_
             sched.report()                  # closes the journal, as run() did
     events = [(r["e"]["kind"], r["e"].get("hypothesis")) for r in Journal(path).load().records if r["kind"] == "event"]
     assert ("result", "a0") in events and ("dispatch", "a1") in events and ("result", "a1") not in events
+    # its memory holds a1's result, its checkpoint does not: it goes no further (review: a second
+    # run() counted a1, a later tell committed on top of it); the checkpoint is where it goes on
+    for go_on in (sched.run, sched.ask, lambda: sched.tell("a1", 0.5), lambda: sched.add(Hypothesis("z", "a"))):
+        with pytest.raises(ExperimentError, match="ahead of the checkpoint; go on from the checkpoint"):
+            go_on()
     resumed = IterationScheduler.resume(path, (lambda h: 0.5) if drive == "run" else None, expander=lambda res: [])
     assert [r.hypothesis.id for r in resumed._books.results] == ["a0"]
     assert [x.id for x in resumed._books.retry] == ["a1"]       # runs again on resume
+
+
+def test_a_run_cancelled_while_its_paper_is_written_keeps_its_stop_in_the_journal(tmp_path):
+    """Decisions alone (the final stop) are committed before the run waits on anything, so an
+    interruption while it waits for a paper writer loses none of them (review: the stop was
+    staged across that wait and dropped with the interrupted step)."""
+    import asyncio
+    import contextlib
+
+    path = tmp_path / "loop.jsonl"
+
+    async def writer(branch, stats, best):
+        await asyncio.Event().wait()            # still writing when the run is interrupted
+
+    async def main():
+        sched = IterationScheduler(lambda h: 0.9, slots=1, progress=False, paper_writer=writer,
+                                   paper_threshold=0.5, prune_floor=0.0, checkpoint=path)
+        sched.add([Hypothesis(f"a-{k}", "a") for k in range(2)])
+        task = asyncio.ensure_future(sched.run_async())
+        while not (sched._recorder.trace and any(e.kind == "stop" for e in sched._recorder.trace)):
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    kinds = [r["e"]["kind"] for r in Journal(path).load().records if r["kind"] == "event"]
+    assert "paper.trigger" in kinds and kinds[-1] == "stop", kinds
+
+
+def test_a_runner_that_swallows_its_cancellation_books_nothing_after_the_run(tmp_path):
+    """An interrupted run cancels its experiments; one whose runner swallows the cancellation and
+    returns must not be booked into the journal the run has closed (review: its completion hook
+    did, and took the journal's lease again)."""
+    import asyncio
+    import contextlib
+
+    path = tmp_path / "loop.jsonl"
+
+    async def main():
+        started = asyncio.Event()
+
+        async def runner(h):
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass                            # swallowed: it returns a reward anyway
+            return 0.9
+
+        sched = IterationScheduler(runner, slots=1, progress=False, prune_floor=0.0, checkpoint=path)
+        sched.add([Hypothesis("a-0", "a")])
+        task = asyncio.ensure_future(sched.run_async())
+        await started.wait()
+        task.cancel()                           # Ctrl-C in a notebook
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for _ in range(20):                     # the swallowed one returns now
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    kinds = [r["e"]["kind"] for r in Journal(path).load().records if r["kind"] == "event"]
+    assert "dispatch" in kinds and "result" not in kinds, kinds
+    assert not (tmp_path / "loop.jsonl.lease").exists()

@@ -180,7 +180,7 @@ _LOG: list = []
 def _logged_sleep(h):
     _LOG.append(("start", h.id))
     import time
-    time.sleep(0.05 if h.id == "a0" else 2.0)
+    time.sleep(0.05 if h.id == "a0" else 5.0)     # a2 would start 5 s after a0: far after the cancel
     _LOG.append(("end", h.id))
     return 0.5
 
