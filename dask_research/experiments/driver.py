@@ -358,13 +358,9 @@ class LoopDriver:
                 self.stop_reason = "queue_empty"
                 rec.emit("stop", reason=self.stop_reason, in_flight=0)
                 rec.commit()
-            if self.side:                   # paper writers, within the run's deadline
+            if self.side:                   # paper writers, within the run's deadline (then stopped below)
                 left = None if self.hard is None else max(0.0, self.hard - rec.now())
-                _, late = await asyncio.wait(self.side, timeout=left)
-                for fut in late:
-                    fut.cancel()
-                if late:
-                    await asyncio.wait(late, timeout=1.0)
+                await asyncio.wait(self.side, timeout=left)
             if self.ship:
                 backend.ship(log_records(run.trace, shipped, run.run_id))
         finally:
@@ -372,8 +368,8 @@ class LoopDriver:
             if bar is not None:             # 100 % of what was done, whatever stopped it
                 bar.finish(books.outcomes, self.stop_reason)
             writing = [fut for fut in self.side if not fut.done()]
-            for fut in writing:             # a run that failed: its paper writers stop with it
-                fut.cancel()                # (one that finished after would write to a closed journal)
+            for fut in writing:             # past the run's deadline, or the run failed: its paper writers
+                fut.cancel()                # stop with it (one finishing later would write to a closed journal)
             if writing:
                 await asyncio.wait(writing, timeout=1.0)
             await backend.close()
