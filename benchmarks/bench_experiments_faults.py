@@ -345,7 +345,10 @@ def selection(systems: str, faults: str, kill_at: str, phases: str, repeats: int
             ok = 1 <= round(float(text) * TRIALS) <= TRIALS - 1
         except ValueError:
             ok = False
-        (shares if ok else wrong).append(float(text) if ok else text)
+        if ok:
+            shares.append(float(text))
+        else:
+            wrong.append(text)
     if wrong:
         bad.append(f"kill point {', '.join(wrong)} (a share of the budget with at least one trial before and "
                    f"after it: {1 / TRIALS:.2f}-{1 - 1 / TRIALS:.2f} of {TRIALS})")
@@ -429,8 +432,8 @@ def main(argv: list[str] | None = None) -> dict:
                      "summary_by_kill_point": summarize(runs, ("fault", "system", "kill_at")), "runs": runs,
                      "load_average": {"before": load_before, "after": load_averages()}}
     if not args.no_write:
-        partial = (len(systems) < len(SYSTEMS) or len(faults) < len(FAULTS) or args.repeats != 3
-                   or args.kill_at != "0.25,0.5,0.75" or args.phases != "end,mid")
+        partial = (len(systems) < len(SYSTEMS) or len(faults) < len(FAULTS)
+                   or any(getattr(args, k) != ap.get_default(k) for k in ("kill_at", "phases", "repeats")))
         name = args.name or ("bench_experiments_faults_partial" if partial else "bench_experiments_faults")
         path = write_results(name, figures, notes=(
             "Real dask scheduler + 2 one-thread dask workers (no nanny) per run; trials sleep; "
