@@ -252,12 +252,8 @@ def test_a_moved_check_that_ran_is_not_moved_again_while_its_result_is_fetched()
     limits.block_timeout = limits.check_timeout = None
     checks = Checks(SimpleNamespace(cancel=cancelled.extend), job, job.make_reducer(job.range), run_id=job.id,
                     tag="t", poll=0.01, limits=limits, emit=lambda kind, **d: events.append(kind))
-    class Attempt:                                                      # a check's future, as gather reads it
-        def __init__(self, key, status):
-            self.key, self.status = key, status
-
-    old = Attempt("mc-verify-t-0", "pending")           # pinned to the worker that left: never runs
-    new = Attempt("mc-verify-t-0-m1", "finished")       # ran; its fetch is in flight
+    old = Fut("mc-verify-t-0", "pending")               # pinned to the worker that left: never runs
+    new = Fut("mc-verify-t-0-m1", "finished")           # ran; its fetch is in flight
     checks.checks[0] = ({"shard": 0, "producer": "tcp://p", "verifier": "tcp://p", "moved_from": ["tcp://v"]}, new)
     checks.attempts[0] = [(old, "tcp://v", time.monotonic()), (new, "tcp://p", time.monotonic())]
     turns = iter([([], {}), ([], {}), ([new], {new: ("state", "tcp://p")})])
