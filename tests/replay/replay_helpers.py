@@ -14,3 +14,17 @@ def make_batch(n, start=0, seed=0):
             "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
             "done": rng.random(n) < 0.1}
 
+
+
+def plane_events(client, plane, kind, timeout=60.0):
+    """The events ``kind`` of ``plane`` in the scheduler's log, once at least one is there: a plane
+    ships its events in the background (batched, behind the call that made them), so a read right
+    after that call can come before them on a busy machine (the stress gate saw it once)."""
+    from dask_research.testing.processes import wait_for
+
+    def found():
+        return [m for _, m in client.get_events("research.replay")
+                if m.get("plane") == plane.name and m.get("event") == kind]
+
+    wait_for(lambda: bool(found()), timeout, f"a {kind!r} event of plane {plane.name!r}")
+    return found()

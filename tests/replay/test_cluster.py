@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
-from replay_helpers import CARTPOLE, make_batch
+from replay_helpers import CARTPOLE, make_batch, plane_events
 
 from dask_research import replay
 from dask_research._cluster import workers_info
@@ -125,8 +125,7 @@ def test_rebalance_moves_the_oldest_of_a_full_shard_to_the_empty_one(client):
     # (2,000 draws missed one in ~4 % of runs)
     got = client.submit(shard_ops.sample, plane.name, 20_000, workers=[addrs[1]]).result()
     assert got["records"]["action"].min() == 0 and got["records"]["action"].max() == 499
-    events = [m for _, m in client.get_events("research.replay") if m["plane"] == plane.name]
-    assert any(e["event"] == "rebalance" and e["moved"] == 500 for e in events)
+    assert any(e["moved"] == 500 for e in plane_events(client, plane, "rebalance"))
     plane.close(drop=True)
 
 

@@ -13,7 +13,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client
-from replay_helpers import CARTPOLE, make_batch
+from replay_helpers import CARTPOLE, make_batch, plane_events
 
 from dask_research import replay
 from dask_research._cluster import workers_info
@@ -89,8 +89,7 @@ def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(re
     assert [sh["id"] for sh in lost] == [victim_id]
     assert lost[0]["lost_size"] == 2500 and lost[0]["checkpoint"]["size"] == 2000
     assert s["live_shards"] == 1 and s["size"] == 2000
-    events = [m for _, m in client.get_events("research.replay") if m.get("plane") == plane.name]
-    gone = [e for e in events if e["event"] == "shard-lost"]
+    gone = plane_events(client, plane, "shard-lost")
     assert len(gone) == 1 and gone[0]["shard"] == victim_id and gone[0]["size"] == 2500
     assert gone[0]["checkpointed"] == 2000
 
@@ -102,7 +101,7 @@ def test_sigkill_a_shard_worker_delivery_continues_and_a_replacement_restores(re
     assert s["restored"] == 2000 and s["live_shards"] == 2 and s["size"] == 4000
     b = plane.sample(512)
     assert len(set(decode(b.indices)[0].tolist())) == 2
-    assert any(e["event"] == "shard-restored" for _, e in client.get_events("research.replay"))
+    assert plane_events(client, plane, "shard-restored")
     plane.close(drop=True)
 
 
