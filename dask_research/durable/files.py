@@ -200,6 +200,7 @@ class Files:
                 if create:
                     try:
                         os.mkdir(part, 0o777, dir_fd=fd)
+                        _fsync(fd)       # the new directory's name, durable before anything in it is
                     except FileExistsError:
                         pass
                     except OSError as e:
@@ -638,7 +639,11 @@ class AppendFile:
         try:
             _write_all(self.fd, data)
         except OSError as e:
-            raise self.files.fail(self.path, f"could not be written ({oserror(e)})") from None
+            # A full disk can take part of the record before it refuses the rest: cut that torn
+            # part off again, so that nothing was written (the next record is not glued to it).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, size)
+            raise self.files.fail(self.path, f"could not be written ({oserror(e)}); nothing was written") from None
         return size + len(data)
 
     def truncate(self, size: int) -> None:

@@ -3,11 +3,11 @@
 :func:`dumps` writes what :func:`loads` reads back: compact, no ``NaN``/``Infinity`` (JSON has
 none), nesting no deeper than :data:`MAX_DEPTH`. :func:`loads` refuses what the project never
 writes before anything uses it: invalid UTF-8 or JSON, the non-standard constants ``NaN``,
-``Infinity`` and ``-Infinity``, integers of more than :data:`MAX_INT_DIGITS` digits, nesting
-deeper than ``max_depth`` (a state nested 600 deep would otherwise reach ``RecursionError`` in
-the first recursive reader). Every refusal is one :class:`Malformed` (a ``ValueError``) whose
-message says what was wrong; :class:`~.files.Files` turns it into the capability's own error
-naming the file.
+``Infinity`` and ``-Infinity`` (and numbers such as ``1e400``, which would read as infinity),
+integers of more than :data:`MAX_INT_DIGITS` digits, nesting deeper than ``max_depth`` (a state
+nested 600 deep would otherwise reach ``RecursionError`` in the first recursive reader).
+Every refusal is one :class:`Malformed` (a ``ValueError``) whose message says what was wrong;
+:class:`~.files.Files` turns it into the capability's own error naming the file.
 
 Examples
 --------
@@ -54,6 +54,14 @@ def _int(text: str) -> int:
     return int(text)
 
 
+def _float(text: str) -> float:
+    value = float(text)
+    if value - value != 0:        # a literal too large for a float (1e400) reads as infinity
+        raise Malformed(f"holds the number {text[:40]}, too large for a float (it would read as infinity, "
+                        "which the project never writes)")
+    return value
+
+
 def depth(obj: Any, limit: int = MAX_DEPTH) -> int:
     """How deeply ``obj`` nests lists, tuples and dicts, counted without recursion.
 
@@ -96,7 +104,8 @@ def loads(raw: bytes | str, max_depth: int = MAX_DEPTH, constants: bool = False)
         except UnicodeDecodeError as e:
             raise Malformed(f"is not UTF-8 text (byte {e.start}); the project's files are UTF-8 JSON") from None
     try:
-        doc = json.loads(raw, parse_constant=None if constants else _constant, parse_int=_int)
+        doc = json.loads(raw, parse_constant=None if constants else _constant, parse_int=_int,
+                         parse_float=None if constants else _float)
     except Malformed:
         raise
     except RecursionError:

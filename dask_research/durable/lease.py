@@ -19,11 +19,11 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
   this host, one that is torn or empty (an empty file is how earlier versions released a
   lock). A lease is alive once the waiter has seen it change.
 - **Taking over** a stale lease renames it aside under a brief ``flock`` of a separate lock
-  file (which the heartbeat's read-check-write holds too) and goes on only if the file renamed
-  is the one judged stale (else it is put back): two takers never both win, and a holder that
-  beat meanwhile keeps its lease. The taker then leaves a note, ``<lease>.taken`` (the token it
-  took over and who took it), so that a writer woken after its taker has finished can still say
-  who took its lease.
+  file (which the heartbeat's read-check-write holds too), only if it still is the one judged
+  stale when read under that lock, and goes on only if the file renamed is that one (else it is
+  put back): two takers never both win, and a holder that beat meanwhile keeps its lease.
+  The taker then leaves a note, ``<lease>.taken`` (the token it took over and who took it),
+  so that a writer woken after its taker has finished can still say who took its lease.
 - **Waiting**: while a live holder has it, :meth:`Lease.acquire` waits at most ``wait`` seconds
   (``None``: as long as the holder lives; ``0``: refuse as soon as the holder is shown alive),
   saying once who holds it; with ``wait=0`` a second lease object of this process on the same
@@ -283,6 +283,12 @@ class Lease:
                 return True
             return False
         with files.flock(self.lock_path):
+            # Under the lock a lease changes only by its holder's beat or release, or by another
+            # taker: if it is not the one judged stale (a taker paused since it judged, and the
+            # lease taken over and held anew meanwhile), leave it in place. Renaming it aside to
+            # look would leave the name free for a moment, and a waiter could create a second lease.
+            if self._raw() != seen:
+                return False
             folder, name = posixpath.split(self.path)
             aside = posixpath.join(folder, f"{name}.stale-{uuid.uuid4().hex[:8]}")
             try:

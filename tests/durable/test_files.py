@@ -89,6 +89,7 @@ def test_a_read_is_bounded_and_the_writer_refuses_what_its_reader_would(tmp_path
 @pytest.mark.parametrize("raw, problem", [
     (b'{"x": NaN}', "NaN"), (b'{"x": -Infinity}', "Infinity"), (b"[" * 600 + b"]" * 600, "nested"),
     (b"[" * 5000 + b"]" * 5000, "nested"), (b"1" * 400, "digits"), (b"\xff\xfe", "UTF-8"), (b"{", "JSON"),
+    (b'{"x": 1e400}', "too large for a float"), (b"[-1e999]", "too large for a float"),
 ])
 def test_documents_the_project_never_writes_are_refused_naming_the_file(tmp_path, raw, problem):
     (tmp_path / "doc.json").write_bytes(raw)
@@ -214,3 +215,47 @@ def test_schema_refuses_retyped_and_non_finite_values():
                        ({"range": [0, 1]}, "no 'shards'")]:
         with pytest.raises(schema.Invalid, match=where.replace("[", r"\[").replace("]", r"\]")):
             schema.check(bad, manifest)
+
+
+def test_an_append_cut_short_by_a_full_disk_leaves_nothing_of_the_record(tmp_path, monkeypatch):
+    """ENOSPC can come after the kernel took part of a record: that torn part is cut off again,
+    so the next record is not glued to it (reproduced on a 64 KiB tmpfs)."""
+    files = _files(tmp_path)
+    fh = files.open_append(files.join("j.jsonl"), cap=1 << 20)
+    try:
+        fh.write(b'{"header":1}\n')
+        real_write = os.write
+
+        def full_after_some(fd, data):
+            if fd != fh.fd:
+                return real_write(fd, data)
+            if len(data) > 4:
+                return real_write(fd, bytes(data[:4]))        # the disk takes a little, then is full
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full_after_some)
+        with pytest.raises(StoreError, match="ENOSPC.*nothing was written"):
+            fh.write(b'{"record":2}\n')
+        monkeypatch.undo()
+        assert fh.size == 13
+        fh.write(b'{"record":3}\n')
+    finally:
+        fh.close()
+    assert (tmp_path / "j.jsonl").read_bytes() == b'{"header":1}\n{"record":3}\n'
+
+
+def test_each_directory_a_write_creates_is_synced_in_its_parent(tmp_path, monkeypatch):
+    """A file synced into a new directory is lost to a power cut unless the new directory's
+    name is synced too, in every parent a write created a directory in."""
+    files = _files(tmp_path)
+    synced: set = set()
+    real_fsync = os.fsync
+
+    def recording(fd):
+        synced.add(os.fstat(fd).st_ino)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    assert files.write_bytes(files.join("runs", "ab12", "doc.json"), b"{}", cap=10)
+    for directory in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "ab12"):
+        assert directory.stat().st_ino in synced, directory

@@ -305,3 +305,27 @@ def test_a_release_run_by_a_finalizer_during_registration_does_not_deadlock(tmp_
         assert not (tmp_path / "old.json").exists() and (tmp_path / "new.json").exists()
     finally:
         new.release()
+
+
+def test_a_taker_paused_since_it_judged_leaves_the_lease_held_meanwhile_in_place(tmp_path, holders, monkeypatch):
+    """A taker frozen after judging an old lease stale wakes when another has taken it over and
+    holds it anew: it must not move the new lease aside even for a moment, or a waiter polling
+    then creates a second one and two processes hold the lease."""
+    first = holders(tmp_path, timeout=3600)
+    token = first.expect("held").split()[1]
+    files = _files(tmp_path)
+    taker, waiter = _lease(files, timeout=3600), _lease(_files(tmp_path), timeout=3600)
+    created: list = []
+    rename = files.rename
+
+    def rename_while_a_waiter_polls(src, dst):
+        rename(src, dst)
+        created.append(waiter._try_create())        # the waiter's poll in that moment
+
+    monkeypatch.setattr(files, "rename", rename_while_a_waiter_polls)
+    judged = b'{"token": "' + b"0" * 32 + b'"}'        # the lease it judged stale, long gone
+    assert taker._take_over(judged) is False
+    assert True not in created
+    assert json.loads((tmp_path / "lease.json").read_text())["token"] == token
+    first.send("check")
+    first.expect("ok")
