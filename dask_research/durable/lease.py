@@ -7,8 +7,9 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
 
 - **Taking it** creates the file exclusively (written whole to a temporary name, then
   hard-linked into place: it is whole or absent, and of two creators exactly one wins).
-- **Holding it**: a daemon thread rewrites it every quarter of ``timeout`` (atomically; ``beats``
-  counts up, so its content changes at every beat whatever any clock says). Before each write
+- **Holding it**: a daemon thread rewrites it every quarter of ``timeout``, at most
+  :data:`MAX_BEAT` seconds apart (atomically; ``beats`` counts up, so its content changes at
+  every beat whatever any clock says), and writes that interval into the lease as ``beat``. Before each write
   into what it guards, the holder calls :meth:`Lease.check_held`, which re-reads the file when
   its last look is older than half a beat (so always after this process was paused) and stops
   the writer with the capability's error if the lease now carries another token.
@@ -17,7 +18,10 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
   the future, ``NaN`` or an hour ahead holds nothing): a lease whose bytes have not changed for
   ``timeout`` seconds of the waiter's observation is stale; so is one whose process is dead on
   this host, one that is torn or empty (an empty file is how earlier versions released a
-  lock). A lease is alive once the waiter has seen it change.
+  lock). A lease is alive once the waiter has seen it change. A waiter set to a shorter
+  ``timeout`` than four of the holder's beats waits that long instead (the lease's ``beat``, at
+  most :data:`MAX_BEAT`): a live holder is never taken for dead because the two processes were
+  configured differently, and a forged ``beat`` delays a waiter by at most ``4 * MAX_BEAT``.
 - **Taking over** a stale lease renames it aside under a brief ``flock`` of a separate lock
   file (which the heartbeat's read-check-write holds too), only if it still is the one judged
   stale when read under that lock, and goes on only if the file renamed is that one (else it is
@@ -63,12 +67,15 @@ from typing import Any
 from . import jsondoc
 from .files import Files
 
-__all__ = ["Lease", "pid_alive", "describe_holder", "LEASE_CAP", "POLL"]
+__all__ = ["Lease", "pid_alive", "describe_holder", "LEASE_CAP", "MAX_BEAT", "POLL"]
 
 #: Most bytes a lease file may have (its writer refuses more, its readers read no more).
 LEASE_CAP = 64 * 1024
 #: Seconds between two looks of a waiting process.
 POLL = 0.25
+#: Longest interval between a holder's heartbeats (seconds), whatever its ``timeout``: a waiter
+#: set to a shorter timeout than the holder's must still see a live holder's lease change.
+MAX_BEAT = 5.0
 
 # Leases held by this process, by file: a second lease on the same file is refused at once.
 _HELD: dict[str, weakref.ref] = {}
@@ -188,7 +195,7 @@ class Lease:
         self.lock_path = lock_path if lock_path is not None else path + ".lock"
         self.wait, self.fmt, self.extra, self.hint = wait, fmt, dict(extra or {}), hint
         self.announce = announce or _say
-        self.interval = self.timeout / 4
+        self.interval = min(self.timeout / 4, MAX_BEAT)
         self.token = uuid.uuid4().hex
         self.held = False
         self.lost: dict[str, Any] | None = None     # the lease file found instead of ours, once lost
@@ -220,7 +227,7 @@ class Lease:
         self._beats += 1
         return {"format": self.fmt, **self.extra, "token": self.token, "owner": user,
                 "host": socket.gethostname(), "pid": os.getpid(), "started": self._started,
-                "heartbeat": time.time(), "beats": self._beats}
+                "heartbeat": time.time(), "beats": self._beats, "beat": self.interval}
 
     def _raw(self) -> bytes | None:
         """The lease file's bytes (``None``: no lease)."""
@@ -248,6 +255,24 @@ class Lease:
 
     describe = staticmethod(describe_holder)
 
+    def limit(self, h: dict[str, Any] | None) -> float:
+        """Seconds the lease ``h`` must stay unchanged to be stale: this lease's ``timeout``, or four
+        of the holder's beats if that is longer (its ``beat``, at most :data:`MAX_BEAT`).
+
+        >>> import tempfile
+        >>> from dask_research.exceptions import StoreError
+        >>> files = Files(tempfile.mkdtemp(), error=StoreError)
+        >>> lease = Lease(files, files.join("lease.json"), label="x", timeout=2)
+        >>> lease.limit({"beat": 5.0}), lease.limit({"beat": 0.1}), lease.limit({"beat": 1e300})
+        (20.0, 2.0, 20.0)
+        >>> lease.limit({}), lease.limit({"beat": "5"})          # no beat: an earlier version's lease
+        (2.0, 2.0)
+        """
+        beat = (h or {}).get("beat")
+        if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not beat > 0:
+            return self.timeout
+        return max(self.timeout, 4 * min(float(beat), MAX_BEAT))
+
     def _stale(self, h: dict[str, Any], raw: bytes) -> str | None:
         """Why the lease ``h`` (bytes ``raw``) is stale, by this process's clock; ``None``: not (yet)."""
         if h.get("empty"):
@@ -256,7 +281,7 @@ class Lease:
         if self._seen is None or self._seen[0] != raw:
             self._seen = (raw, now)        # new content: its holder was alive as of now
         unchanged = now - self._seen[1]
-        if unchanged >= self.timeout:
+        if unchanged >= self.limit(h):
             return f"it has not changed for {unchanged:.0f} s by this process's clock"
         pid = _valid_pid(h.get("pid"))
         if h.get("host") == socket.gethostname() and pid is not None and pid != os.getpid() and not pid_alive(pid):
@@ -355,7 +380,7 @@ class Lease:
                 self.waited = h
                 self.announce("wait", f"{self.label} is held by {describe_holder(h)}; "
                               + ("waiting for it" if self.wait != 0 else "checking that it is alive")
-                              + f" (its lease is taken over if it does not change for {self.timeout:g} s)")
+                              + f" (its lease is taken over if it does not change for {self.limit(h):g} s)")
                 said = True
             waited = time.monotonic() - t0
             if self.wait is not None and (alive or self.wait > 0) and waited >= self.wait:
@@ -447,7 +472,7 @@ class Lease:
             now = (describe_holder(self.lost) if taker is None
                    else f"nobody: it was taken over by {describe_holder(taker)}, which has let it go since")
             raise self.files.fail(path or self.path, f"not written: this writer lost the lease of {self.label} "
-                                  f"(presumed dead and taken over: no heartbeat seen for {self.timeout:g} s, was "
+                                  f"(presumed dead and taken over: its lease had not changed for the taker's timeout, was "
                                   f"this process paused?); held now by {now}. It stops here; what it wrote is kept")
 
     def release(self) -> None:

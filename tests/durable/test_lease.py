@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dask_research.durable import Files, Lease, describe_holder
+from dask_research.durable.lease import MAX_BEAT
 from dask_research.exceptions import CheckpointError, StoreError
 from dask_research.testing.processes import LineProcess, line_processes
 
@@ -329,3 +330,29 @@ def test_a_taker_paused_since_it_judged_leaves_the_lease_held_meanwhile_in_place
     assert json.loads((tmp_path / "lease.json").read_text())["token"] == token
     first.send("check")
     first.expect("ok")
+
+
+
+def test_a_waiter_set_to_a_shorter_timeout_does_not_take_a_live_holder_for_dead(tmp_path, holders):
+    """A holder set to a 3600 s timeout beat every 900 s; a process set to 2 s took it for dead
+    after 2 s, and the live holder went on writing for up to 450 s (two holders). A holder now
+    beats at most MAX_BEAT apart and says so in the lease, and a waiter waits four such beats."""
+    first = holders(tmp_path, timeout=3600)
+    token = first.expect("held").split()[1]
+    said: list = []
+    with pytest.raises(StoreError, match="whose lease is alive"):
+        _lease(_files(tmp_path), timeout=2, wait=0, said=said).acquire()
+    assert said and said[0][0] == "wait" and f"does not change for {4 * MAX_BEAT:g} s" in said[0][1], said
+    assert json.loads((tmp_path / "lease.json").read_text())["token"] == token
+    first.send("check")
+    first.expect("ok")
+
+
+def test_a_forged_beat_delays_a_waiter_by_four_beats_at_most(tmp_path):
+    """A lease file left with an absurd beat (a bug, or someone hostile) makes a waiter wait at
+    most 4 * MAX_BEAT, and a beat that is not a positive number is ignored."""
+    lease = _lease(_files(tmp_path), timeout=2)
+    assert lease.limit({"beat": 1e300}) == lease.limit({"beat": float("inf")}) == 4 * MAX_BEAT
+    for junk in ("5", None, True, float("nan"), -5, [5]):
+        assert lease.limit({"beat": junk}) == 2
+    assert lease.limit({"beat": 0.1}) == 2 and _lease(_files(tmp_path), timeout=60).limit({"beat": 5}) == 60
