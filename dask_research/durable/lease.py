@@ -9,10 +9,11 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
   hard-linked into place: it is whole or absent, and of two creators exactly one wins).
 - **Holding it**: a daemon thread rewrites it every quarter of ``timeout``, at most
   :data:`MAX_BEAT` seconds apart (atomically; ``beats`` counts up, so its content changes at
-  every beat whatever any clock says), and writes that interval into the lease as ``beat``. Before each write
-  into what it guards, the holder calls :meth:`Lease.check_held`, which re-reads the file when
-  its last look is older than half a beat (so always after this process was paused) and stops
-  the writer with the capability's error if the lease now carries another token.
+  every beat whatever any clock says), and writes that interval into the lease as ``beat``.
+  Before each write into what it guards, the holder calls :meth:`Lease.check_held`, which
+  re-reads the file when its last look is older than half a beat (so always after this process
+  was paused, or its machine suspended: :func:`clock`) and stops the writer with the
+  capability's error if the lease now carries another token.
 - **Judging a holder** happens only by the *waiting* process's own monotonic clock, never by the
   heartbeat the file claims (another host's clock, or a forged or skewed value: a heartbeat in
   the future, ``NaN`` or an hour ahead holds nothing): a lease whose bytes have not changed for
@@ -73,6 +74,22 @@ __all__ = ["Lease", "pid_alive", "describe_holder", "LEASE_CAP", "MAX_BEAT", "PO
 LEASE_CAP = 64 * 1024
 #: Seconds between two looks of a waiting process.
 POLL = 0.25
+
+
+def clock() -> float:
+    """Seconds on a clock that goes on while the machine is suspended (``CLOCK_BOOTTIME`` on
+    Linux; ``time.monotonic`` elsewhere). A holder asks it whether its last look at its lease is
+    recent: after a suspend, ``time.monotonic`` says it is, while another host may have taken
+    the lease over meanwhile.
+
+    >>> a = clock(); clock() >= a
+    True
+    """
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
 #: Longest interval between a holder's heartbeats (seconds), whatever its ``timeout``: a waiter
 #: set to a shorter timeout than the holder's must still see a live holder's lease change.
 MAX_BEAT = 5.0
@@ -203,7 +220,7 @@ class Lease:
         self._lost_flag = False
         self._started = time.time()
         self._beats = 0
-        self._verified: float | None = None          # monotonic time of the last look that found ours
+        self._verified: float | None = None          # clock() of the last look that found ours
         self._seen: tuple[bytes, float] | None = None
         self.note_path = path + ".taken"
         self._victim: str | None = None              # the token of the lease being taken over
@@ -390,7 +407,7 @@ class Lease:
                                       + (f"; {self.hint}" if self.hint else ""))
             time.sleep(POLL)
         self.held, self.lost, self._lost_flag = True, None, False
-        self._verified = time.monotonic()
+        self._verified = clock()
         victim, self._victim = self._victim, None
         if victim is not None:
             self._leave_note(victim)
@@ -436,7 +453,7 @@ class Lease:
                 # Not synced: a heartbeat lost to a power cut only makes the lease look stale, and
                 # the flock others wait on is held microseconds instead of an fsync's milliseconds.
                 self.files.write_bytes(self.path, jsondoc.dumps(self._doc()), cap=LEASE_CAP, replace=True, sync=False)
-            self._verified = time.monotonic()
+            self._verified = clock()
             return True
 
     def _lose(self, h: dict[str, Any] | None) -> None:
@@ -459,14 +476,14 @@ class Lease:
         what was to be written.
         """
         if self.held and (fresh or self._verified is None
-                          or time.monotonic() - self._verified > self.interval / 2):
+                          or clock() - self._verified > self.interval / 2):
             with self._mutex:
                 if self.held:
                     h = self.holder()
                     if h is None or h.get("token") != self.token:
                         self._lose(h)
                     else:
-                        self._verified = time.monotonic()
+                        self._verified = clock()
         if self._lost_flag:
             taker = self._taker() if self.lost is None else None
             now = (describe_holder(self.lost) if taker is None

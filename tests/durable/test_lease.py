@@ -356,3 +356,23 @@ def test_a_forged_beat_delays_a_waiter_by_four_beats_at_most(tmp_path):
     for junk in ("5", None, True, float("nan"), -5, [5]):
         assert lease.limit({"beat": junk}) == 2
     assert lease.limit({"beat": 0.1}) == 2 and _lease(_files(tmp_path), timeout=60).limit({"beat": 5}) == 60
+
+
+def test_a_holder_whose_machine_was_suspended_looks_at_its_lease_again(tmp_path, monkeypatch):
+    """``time.monotonic`` stands still while a machine is suspended: a holder that judged its last
+    look recent by it wrote on after a suspend during which another host took its lease over.
+    The holder's clock goes on through a suspend (CLOCK_BOOTTIME)."""
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        pytest.skip("no CLOCK_BOOTTIME on this platform")
+    files = _files(tmp_path)
+    with _lease(files, timeout=30) as lease:
+        lease.check_held()                               # a fresh look: ours
+        doc = json.loads((tmp_path / "lease.json").read_text())
+        (tmp_path / "lease.json").write_text(json.dumps({**doc, "token": "f" * 32}))   # taken over
+        frozen, real = time.monotonic(), time.clock_gettime
+        monkeypatch.setattr(time, "monotonic", lambda: frozen)        # suspended: stood still
+        monkeypatch.setattr(time, "clock_gettime",
+                            lambda which: real(which) + (600.0 if which == time.CLOCK_BOOTTIME else 0.0))
+        with pytest.raises(StoreError, match="lost the lease"):
+            lease.check_held()
+        monkeypatch.undo()
