@@ -39,6 +39,7 @@ dask_research.exceptions.StoreError: .../runs/a/doc.json: would be 2,008 bytes, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -448,7 +449,9 @@ class Files:
 
     @staticmethod
     def _link_into_place(pfd: int, tmp: str, name: str) -> bool:
-        """Hard-link ``tmp`` to ``name`` (False: ``name`` exists); renames on file systems without links."""
+        """Hard-link ``tmp`` to ``name`` (False: ``name`` exists). On a file system without hard
+        links it renames with ``RENAME_NOREPLACE``, as exclusive; only where that is refused too
+        does it check, then rename, and two racing creators could then both win."""
         try:
             os.link(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd, follow_symlinks=False)
             return True
@@ -457,7 +460,11 @@ class Files:
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
                 raise
-        if Files._lstat_at(pfd, name) is not None:     # no hard links here: check, then rename
+        # No hard links here: a rename that refuses an existing name is just as exclusive.
+        created = _rename_noreplace(pfd, tmp, name)
+        if created is not None:
+            return created
+        if Files._lstat_at(pfd, name) is not None:     # neither: check, then rename (best effort)
             return False
         os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
         return True
@@ -614,6 +621,36 @@ class Files:
             yield
         finally:
             os.close(fd)          # closing drops the lock
+
+
+def _renameat2() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):        # not Linux, or a libc without it
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace(dir_fd: int, src: str, dst: str) -> bool | None:
+    """Rename ``src`` to ``dst`` in ``dir_fd`` only if ``dst`` does not exist, atomically
+    (Linux's ``renameat2(RENAME_NOREPLACE)``): ``True`` renamed, ``False`` ``dst`` exists,
+    ``None`` not supported here (no such call, or a file system that refuses the flag)."""
+    if _RENAMEAT2 is None:
+        return None
+    if _RENAMEAT2(dir_fd, os.fsencode(src), dir_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return None
+    raise OSError(err, os.strerror(err), dst)
 
 
 class AppendFile:

@@ -1,6 +1,7 @@
 """durable.Files on real files: links, FIFOs, devices, caps on both sides, atomic writes under SIGKILL."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -259,3 +260,32 @@ def test_each_directory_a_write_creates_is_synced_in_its_parent(tmp_path, monkey
     assert files.write_bytes(files.join("runs", "ab12", "doc.json"), b"{}", cap=10)
     for directory in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "ab12"):
         assert directory.stat().st_ino in synced, directory
+
+
+def test_without_hard_links_of_two_racing_creators_one_wins(tmp_path, monkeypatch):
+    """On a file system without hard links (vfat, some FUSE and SMB mounts) an exclusive create
+    fell back to check-then-rename, and two racing creators both won (two lease holders). It
+    now renames with RENAME_NOREPLACE: here the other creator's file appears between the check
+    and the rename, and this one must lose without replacing it."""
+    from dask_research.durable import files as files_module
+
+    if files_module._RENAMEAT2 is None:
+        pytest.skip("no renameat2 in this libc")
+
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    files = _files(tmp_path)
+    real_lstat = files_module.Files._lstat_at
+
+    def other_creator_wins_meanwhile(dir_fd, name):
+        seen = real_lstat(dir_fd, name)
+        if name == "lease.json" and seen is None:
+            (tmp_path / "lease.json").write_bytes(b"theirs")       # right after this look
+        return seen if name != "lease.json" else None
+
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(files_module.Files, "_lstat_at", staticmethod(other_creator_wins_meanwhile))
+    assert files.write_bytes(files.join("lease.json"), b"ours", cap=100) is False
+    assert (tmp_path / "lease.json").read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["lease.json"]        # no temporary left
