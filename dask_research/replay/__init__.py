@@ -24,7 +24,7 @@ Examples
 """
 from .adapter import ReplayBufferAdapter
 from .batch import Batch
-from .experience_plane import EmptyPlaneError, ExperiencePlane
+from .experience_plane import EmptyPlaneError, ExperiencePlane, PlaneClosedError
 from .local_delivery import BatchIterator, DeliveryStats
 from .rate_limiter import RateLimiter
 from .samplers import PrioritizedSampler, RecentSampler, Sampler, UniformSampler
@@ -45,7 +45,7 @@ from .tier_placement import Placement, PlacementReport
 from .transforms import Normalize, NStepReturn
 
 __all__ = [
-    "ExperienceSpec", "Field", "ExperiencePlane", "EmptyPlaneError", "Batch",
+    "ExperienceSpec", "Field", "ExperiencePlane", "EmptyPlaneError", "PlaneClosedError", "Batch",
     "Storage", "HostStorage", "DeviceStorage", "DiskStorage", "TieredStorage",
     "Tier", "HostTier", "DeviceTier", "DiskTier",
     "Placement", "PlacementReport",

@@ -56,14 +56,14 @@ from .rate_limiter import RateLimiter
 from .ring import Ring, fit_batch
 from .samplers import Sampler, UniformSampler
 from .snapshot import FORMAT, FORMAT_VERSION
-from .source import Draw, EmptyPlaneError
+from .source import Draw, EmptyPlaneError, PlaneClosedError
 from .spec import ExperienceSpec, add_checks, priority_arrays
 from .stats import PlaneCounters, PlaneStats
 from .storages import HostStorage, Tier, TieredStorage
 from .storages.host import _check_host_memory
 from .tier_placement import Placement, PlacementReport, single_tier_report
 
-__all__ = ["ExperiencePlane", "EmptyPlaneError", "FORMAT", "FORMAT_VERSION", "DRAW_BYTES"]
+__all__ = ["ExperiencePlane", "EmptyPlaneError", "PlaneClosedError", "FORMAT", "FORMAT_VERSION", "DRAW_BYTES"]
 
 #: Bytes a drawn transition costs beyond its record while a batch is drawn (the random numbers,
 #: slots, keys and weights); a batch whose records and these exceed the memory available is
@@ -130,7 +130,8 @@ class ExperiencePlane:
                  migrate_batch: int | None = None, client: Any = None, name: str | None = None,
                  publish_interval: float | None = None):
         self.spec = spec if isinstance(spec, ExperienceSpec) else ExperienceSpec(spec)
-        if capacity is not None and (not isinstance(capacity, (int, np.integer)) or capacity < 1):
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer))
+                                     or capacity < 1):
             raise InputError("capacity", capacity, "a positive number of transitions",
                              where="ExperiencePlane")
         migrate = config.resolve("replay.migrate", migrate)
@@ -144,6 +145,8 @@ class ExperiencePlane:
         if not isinstance(self.sampler, Sampler):
             raise InputError("sampler", sampler, "a Sampler (UniformSampler(), "
                              "PrioritizedSampler(alpha, beta), RecentSampler(window))")
+        # the seed is checked before tiers are built: bad input leaves no disk file behind
+        self.rng = np.random.default_rng(seed_sequence(seed, where="ExperiencePlane"))
         if tiers is None:
             if capacity is None:
                 raise InputError("capacity", None, "a number of transitions, e.g. "
@@ -155,17 +158,28 @@ class ExperiencePlane:
             self._placement = Placement(self.storage, self.sampler)
         self.capacity = int(self.storage.rows)
         self.ring = Ring(self.capacity)
+        try:
+            self._setup(rate_limiter, migrate, migrate_interval, migrate_batch, client,
+                        name, publish_interval)
+        except BaseException:            # bad input found late leaves no disk file behind
+            self.storage.close()
+            raise
+
+    def _setup(self, rate_limiter: RateLimiter | None, migrate: str, migrate_interval: float,
+               migrate_batch: int, client: Any, name: str | None,
+               publish_interval: float | None) -> None:
+        """The rest of ``__init__``, once the storage exists (which an error here closes)."""
         self.sampler.attach(self.capacity)
         # add(): per-field checks for the one-transition fast path (host storage only)
         self._add_plan = add_checks(self.spec) if type(self.storage) is HostStorage else None
         self.rate_limiter = rate_limiter
-        self.rng = np.random.default_rng(seed_sequence(seed, where="ExperiencePlane"))
         self._lock = threading.RLock()
         self.migrate = migrate
         self._migrator = (Migrator(self.rebalance, self.rebalance_pending, migrate_interval,
                                    migrate_batch) if self._placement is not None else None)
         self._counters = PlaneCounters()
         self._deliveries: list[Any] = []
+        self._closed = False              # set by close(), under the lock
         if name is None:
             import uuid
 
@@ -200,6 +214,11 @@ class ExperiencePlane:
         return self.ring.cursor
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the plane then refuses ingest and sampling)."""
+        return self._closed
+
+    @property
     def lock(self) -> threading.RLock:
         """The plane's (re-entrant) lock: held for each copy in or out of the ring."""
         return self._lock
@@ -228,6 +247,8 @@ class ExperiencePlane:
         if self.rate_limiter is not None:
             self.rate_limiter.await_insert(n, timeout)
         with self._lock:
+            if self._closed:
+                raise PlaneClosedError(self.name, "ingest")
             ring = self.ring
             ring.skip(skip)               # keys of the dropped oldest: inserted and overwritten
             m = n - skip
@@ -271,6 +292,8 @@ class ExperiencePlane:
             rl.await_insert(1, None)
         t0 = time.perf_counter()
         with self._lock:
+            if self._closed:
+                raise PlaneClosedError(self.name, "add")
             ring = self.ring
             c = ring.total % ring.capacity
             views = self.storage._views      # type: ignore[union-attr]  # _add_plan: host only
@@ -324,6 +347,8 @@ class ExperiencePlane:
         """
         batch_size = self._batch_size(batch_size)
         with self._lock:
+            if self._closed:
+                raise PlaneClosedError(self.name, "sample")
             t0 = time.perf_counter()
             size = self.ring.size
             if size == 0:
@@ -390,6 +415,8 @@ class ExperiencePlane:
         """
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         with self._lock:
+            if self._closed:
+                raise PlaneClosedError(self.name, "gather_keys")
             ring = self.ring
             if ring.size == 0:
                 raise EmptyPlaneError()
@@ -583,7 +610,9 @@ class ExperiencePlane:
             self._publisher.stop()
         if self._migrator is not None:
             self._migrator.close()
-        self.storage.close()
+        with self._lock:                  # an ingest or draw in flight finishes first
+            self._closed = True
+            self.storage.close()
         with self._writers_guard:
             _close_writers(self._writers)
 

@@ -58,6 +58,22 @@ __all__ = ["BatchIterator", "DeliveryStats", "PrefetchingIterator", "make_conver
            "tensordict_output"]
 
 
+def seconds(name: str, value: Any) -> float:
+    """``value`` as a float if it is a number of seconds > 0; else an :class:`InputError`."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not value > 0:
+        raise InputError(name, value, "a number of seconds > 0", where="batches")
+    return float(value)
+
+
+def whole_number(name: str, value: Any, least: int, expected: str) -> int:
+    """``value`` as an int if it is a whole number >= ``least`` (not a bool, not 2.5, not a
+    string); else an :class:`InputError` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise InputError(name, value, expected, where="batches")
+    return int(value)
+
+
 class BatchIterator(PrefetchingIterator):
     """Iterator over prefetched batches; see :meth:`ExperiencePlane.batches`.
 
@@ -82,16 +98,15 @@ class BatchIterator(PrefetchingIterator):
                  bool_as: Any = None):
         self.source = source
         self.bool_as = None if bool_as is None else bool_as_dtype(bool_as)
-        self.batch_size = int(config.resolve("replay.batch-size", batch_size))
-        self.prefetch = int(config.resolve("replay.prefetch", prefetch))
-        if self.batch_size < 1:
-            raise InputError("batch_size", batch_size, "a positive integer", where="batches")
-        if self.prefetch < 0:
-            raise InputError("prefetch", prefetch, "an integer >= 0", where="batches")
+        self.batch_size = whole_number("batch_size", config.resolve("replay.batch-size", batch_size),
+                                       1, "a positive integer")
+        self.prefetch = whole_number("prefetch", config.resolve("replay.prefetch", prefetch), 0,
+                                     "an integer >= 0")
         if timeout is None and source.rate_limiter is not None:
             timeout = source.rate_limiter.timeout       # the limiter's own, not the global one
-        self.timeout = float(config.resolve("replay.rate-timeout", timeout))
-        self.max_batches = max_batches
+        self.timeout = seconds("timeout", config.resolve("replay.rate-timeout", timeout))
+        self.max_batches = (None if max_batches is None else
+                            whole_number("max_batches", max_batches, 0, "None or an integer >= 0"))
         self.transforms = list(transforms)
         for f in self.transforms:
             if not callable(f):

@@ -126,7 +126,16 @@ class PrefetchingIterator:
             self._took_ready = False
             self._waiting = True
             try:
-                item = self._queue.get()
+                while True:
+                    try:
+                        item = self._queue.get(timeout=0.1)
+                        break
+                    except queue.Empty:
+                        # closed from another thread (plane.close()): the producer puts
+                        # nothing more, so waiting on would block the learner for ever
+                        if self._stop.is_set():
+                            item = _STOP
+                            break
             finally:
                 self._waiting = False
             lock = self._taken_lock

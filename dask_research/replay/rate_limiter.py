@@ -65,6 +65,8 @@ class RateLimiter:
         self.tolerance = float(tolerance)
         self.min_size_to_sample = int(min_size_to_sample)
         self.timeout = float(config.resolve("replay.rate-timeout", timeout))
+        if not self.timeout > 0:
+            raise InputError("timeout", timeout, "a number of seconds > 0", where="RateLimiter")
         centre = self.samples_per_insert * self.min_size_to_sample
         self.min_diff = centre - self.tolerance
         self.max_diff = centre + self.tolerance

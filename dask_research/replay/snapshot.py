@@ -86,12 +86,20 @@ class Restorable(Snapshotted, Protocol):
     def close(self) -> None: ...
 
 
+def _check_open(plane: Any) -> None:
+    if getattr(plane, "closed", False):
+        from .source import PlaneClosedError
+
+        raise PlaneClosedError(getattr(plane, "name", "?"), "snapshot")
+
+
 def take(plane: Snapshotted, chunk: int = 16_384) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A consistent copy of ``plane``: ``(meta, arrays)`` (see ``ExperiencePlane.snapshot``)."""
     chunk = max(1, int(chunk))
     ring, lock, sampler = plane.ring, plane.lock, plane.sampler
     cap = ring.capacity
     with lock:
+        _check_open(plane)
         total0, size0 = ring.total, ring.size
         free0 = cap - size0
         sampler_meta = {k: v for k, v in sampler.state_dict().items()
@@ -103,6 +111,7 @@ def take(plane: Snapshotted, chunk: int = 16_384) -> tuple[dict[str, Any], dict[
     hi, lo_valid = size0, 0
     while hi > lo_valid:
         with lock:
+            _check_open(plane)            # closed by another thread meanwhile
             overwritten = max(0, (ring.total - total0) - free0)
             lo_valid = max(lo_valid, overwritten)
             lo = max(hi - chunk, lo_valid)
@@ -317,6 +326,7 @@ def commit(plane: Restorable, path: str | os.PathLike[str], chunk: int = 16_384,
         except (jsondoc.Malformed, TypeError, ValueError) as e:
             raise InputError("extra", f"{str(extra)[:60]}", f"a JSON-able mapping (it {e})",
                              where="checkpoint") from None
+    _check_open(plane)                   # a closed plane would take the lease and keep it
     writer = plane.checkpoint_writer(path).acquire()     # a second writer is refused before the copy
     meta, arrays = plane.snapshot(chunk)
     if extra is not None:

@@ -28,7 +28,7 @@ from ..exceptions import ResearchError
 from .rate_limiter import RateLimiter
 from .spec import ExperienceSpec
 
-__all__ = ["EmptyPlaneError", "Draw", "BatchSource"]
+__all__ = ["EmptyPlaneError", "PlaneClosedError", "Draw", "BatchSource"]
 
 
 class EmptyPlaneError(ResearchError, LookupError):
@@ -36,6 +36,19 @@ class EmptyPlaneError(ResearchError, LookupError):
 
     def __str__(self) -> str:
         return "cannot sample from an empty experience plane; ingest transitions first"
+
+
+class PlaneClosedError(ResearchError, RuntimeError):
+    """Using a plane after its ``close()`` (its tiers and their files are released)."""
+
+    def __init__(self, name: str, doing: str):
+        self.name = name
+        self.doing = doing
+        super().__init__(name, doing)
+
+    def __str__(self) -> str:
+        return (f"{self.doing}: experience plane {self.name!r} is closed (its tiers are released); "
+                "make a new plane, or restore one from a checkpoint")
 
 
 class Draw(NamedTuple):

@@ -30,6 +30,7 @@ dask_research.exceptions.SpecError: field 'obs': shape (8, 3) is neither one tra
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,10 @@ def _field(name: Any, desc: Any) -> Field:
         raise SpecError(name, f"dtype {dtype!r} is not a numpy dtype")
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise SpecError(name, f"dtype {dt} is not a plain numeric or bool dtype")
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes >= 2**31:                   # numpy's limit for a record field
+        raise SpecError(name, f"shape {shape} of {dt} is {nbytes:,} bytes per transition; a "
+                        "field holds less than 2 GiB")
     return Field(name, shape, dt.newbyteorder("=") if dt.byteorder == ">" else dt)
 
 
@@ -303,6 +308,10 @@ class ExperienceSpec:
             raise SpecError(None, "a spec is a non-empty mapping of field name -> (shape, dtype)")
         self.fields: dict[str, Field] = {n: _field(n, d) for n, d in fields.items()}
         self.names: tuple[str, ...] = tuple(self.fields)
+        total = sum(math.prod(f.shape) * f.dtype.itemsize + 16 for f in self.fields.values())
+        if total >= 2**31:                # numpy's record offsets would wrap round
+            raise SpecError(None, f"a transition of these fields is about {total:,} bytes; a "
+                            "record holds less than 2 GiB")
         self.record_dtype = np.dtype(
             [(f.name, f.dtype, f.shape) if f.shape else (f.name, f.dtype)
              for f in self.fields.values()], align=True)

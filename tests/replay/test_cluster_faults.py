@@ -7,6 +7,7 @@ checkpoint restored automatically.
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import dask
@@ -148,3 +149,76 @@ def test_every_shard_worker_sigkilled_is_reported_at_once(real_cluster, tmp_path
         with pytest.raises(replay.ShardsLostError, match="every shard is lost"):
             plane.ingest(make_batch(10))
         it.close()
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_a_move_whose_destination_worker_died_does_not_stop_rebalancing(real_cluster):
+    """A move is in flight to a SIGSTOPped worker, which is then SIGKILLed: its accept task,
+    pinned to the gone worker, stays pending for ever, and every later rebalance() used to
+    return 0 without planning (the full shard never gave to a new, empty one)."""
+    client, sfile, procs = real_cluster
+    with dask.config.set({"research.replay.cluster.refresh-interval": 0.2}):
+        plane = replay.ClusterPlane({"x": ((4,), "float32")}, client=client,
+                                    capacity_per_worker=1000, name="moves")
+    addr = {w["name"]: a for a, w in workers_info(client).items()}
+    full = {"x": np.ones((1000, 4), np.float32)}
+    plane.ingest(full, worker=addr["w0"])
+    plane.refresh()
+    procs[2].send_signal(signal.SIGSTOP)                          # w1: the move's destination
+    assert plane.rebalance(wait=False) == 500
+    _wait_for(lambda: plane._move_futures[0][3].status == "finished", 30, "the eviction on w0")
+    procs[2].send_signal(signal.SIGKILL)
+    procs[2].send_signal(signal.SIGCONT)
+    procs[2].wait(timeout=10)
+    _wait_for(lambda: (plane.refresh() or True) and any(r.lost for r in plane.shards), 30,
+              "the loss to be noticed")
+    procs.append(_worker(sfile, "w2"))                            # a new, empty worker
+    client.wait_for_workers(2, timeout=30)
+    _wait_for(lambda: (plane.refresh() or True) and len(plane.shards) == 3, 30, "the new shard")
+    plane.ingest(full, worker=addr["w0"])                         # w0 is full again
+    plane.refresh()
+    assert plane.rebalance() == 500                               # w0 gives to the new shard
+    plane.refresh()
+    assert sorted(r.size for r in plane.shards if not r.lost) == [500, 500]
+    plane.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_rebalance_gives_up_a_move_once_its_destination_worker_left(real_cluster):
+    """rebalance() waits for its moves; a destination SIGKILLed mid-move (SIGSTOPped first, so
+    the move cannot finish) used to keep it waiting its whole 120 s on a task pinned to the
+    gone worker, which then stayed pending. Now the move is cancelled once the worker left."""
+    client, sfile, procs = real_cluster
+    plane = replay.ClusterPlane({"x": ((4,), "float32")}, client=client,
+                                capacity_per_worker=1000, name="moves-wait")
+    addr = {w["name"]: a for a, w in workers_info(client).items()}
+    plane.ingest({"x": np.ones((1000, 4), np.float32)}, worker=addr["w0"])
+    plane.refresh()
+    submitted = []
+    submit = client.submit
+
+    def recording_submit(*args, **kwargs):
+        submitted.append(submit(*args, **kwargs))
+        return submitted[-1]
+
+    procs[2].send_signal(signal.SIGSTOP)                          # w1: the move's destination
+
+    def kill_w1():
+        _wait_for(lambda: len(submitted) == 2 and submitted[0].status == "finished", 60,
+                  "the eviction on w0")
+        procs[2].send_signal(signal.SIGKILL)
+        procs[2].send_signal(signal.SIGCONT)
+
+    killer = threading.Thread(target=kill_w1, daemon=True)
+    killer.start()
+    client.submit = recording_submit
+    try:
+        assert plane.rebalance() == 0                             # the move failed
+    finally:
+        client.submit = submit
+    killer.join(10)
+    assert submitted[1].status == "cancelled"                     # not left pending for ever
+    plane.close()

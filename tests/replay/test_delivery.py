@@ -90,6 +90,17 @@ def test_errors_reach_the_learner():
         empty.batches(prefetch=-1)
 
 
+@pytest.mark.parametrize("kwargs", [{"batch_size": 2.5}, {"batch_size": "a"}, {"batch_size": True},
+                                    {"prefetch": 1.5}, {"prefetch": "x"}, {"max_batches": -1},
+                                    {"max_batches": "x"}, {"timeout": "x"}, {"timeout": -1}])
+def test_bad_batches_arguments_are_refused_naming_the_value(plane, kwargs):
+    """2.5 used to become 2, strings raised int()'s ValueError, max_batches='x' a TypeError
+    from the first next()."""
+    (name, value), = kwargs.items()
+    with pytest.raises(InputError, match=f"batches: {name}={value!r} is invalid; expected"):
+        plane.batches(**kwargs)
+
+
 def test_close_stops_the_thread(plane):
     it = plane.batches(batch_size=8, prefetch=2)
     next(it)
@@ -99,6 +110,54 @@ def test_close_stops_the_thread(plane):
         next(it)
     names = [t.name for t in threading.enumerate()]
     assert "replay-delivery" not in names
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_close_from_another_thread_wakes_a_waiting_learner():
+    """A learner blocked in next() (the rate limiter waits for actors) gets StopIteration when
+    the plane is closed from another thread; it used to wait on the queue for ever."""
+    from dask_research.replay import RateLimiter
+
+    p = ExperiencePlane(CARTPOLE, capacity=100, rate_limiter=RateLimiter(
+        samples_per_insert=1.0, tolerance=1.0, min_size_to_sample=10, timeout=3600))
+    it = p.batches(batch_size=4, prefetch=2)
+    got = []
+
+    def learner():
+        try:
+            next(it)
+            got.append("batch")
+        except StopIteration:
+            got.append("stop")
+
+    t = threading.Thread(target=learner, daemon=True)
+    t.start()
+    time.sleep(0.3)                      # the learner is waiting in next()
+    p.close()
+    t.join(10)
+    assert not t.is_alive() and got == ["stop"]
+
+
+def test_a_closed_plane_refuses_use_and_takes_no_checkpoint_lease(tmp_path):
+    """After close(), one transition used to be "ingested" into the released tier (the size
+    grew), sampling and snapshots failed with numpy IndexErrors, and checkpoint() took the
+    directory's lease and kept it, so no other plane could checkpoint there."""
+    from dask_research.replay import PlaneClosedError
+
+    p = ExperiencePlane(CARTPOLE, capacity=100)
+    p.ingest(make_batch(10))
+    p.close()
+    one = {k: v[0] for k, v in make_batch(1).items()}
+    for call in (lambda: p.ingest(one), lambda: p.add(**one), lambda: p.sample(2),
+                 lambda: next(p.batches(batch_size=2, prefetch=0)), lambda: p.snapshot(),
+                 lambda: p.checkpoint(tmp_path / "ck")):
+        with pytest.raises(PlaneClosedError, match="is closed"):
+            call()
+    assert len(p) == 10
+    other = ExperiencePlane(CARTPOLE, capacity=100)
+    other.ingest(make_batch(5))
+    other.checkpoint(tmp_path / "ck")            # the directory is free
+    other.close()
 
 
 def _nstep_reference(rew, done, nxt, keys, total, n, gamma):

@@ -274,3 +274,13 @@ def test_add_refuses_an_integer_that_a_float_field_would_round(value):
     np.testing.assert_array_equal(plane.contents()["id"], [16777216, -5])
     with pytest.raises(SpecError, match="field 'obs': is a masked array"):
         plane.add(id=1, obs=np.ma.array([1.0, 300.0], mask=[False, True]))
+
+
+def test_a_field_or_record_of_2_gib_or_more_is_refused_in_one_line():
+    """numpy refused the field with its own ValueError, and a record of several large fields
+    wrapped its offsets round (a negative itemsize, then a MemoryError of -1 GiB)."""
+    with pytest.raises(SpecError, match=r"field 'x': shape \(536870912,\) of float64 is "
+                                        r"4,294,967,296 bytes per transition"):
+        ExperienceSpec({"x": ((2**29,), "float64")})
+    with pytest.raises(SpecError, match="a record holds less than 2 GiB"):
+        ExperienceSpec({k: ((2**28,), "float32") for k in "xyz"})

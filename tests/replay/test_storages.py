@@ -1,4 +1,6 @@
 """Storages behave alike (host, disk, device through ``xp``); tiers never exceed capacity."""
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -146,3 +148,64 @@ def test_a_tier_never_exceeds_its_capacity(tmp_path_factory, caps, sizes, rebala
     np.testing.assert_array_equal(plane.contents()["action"],
                                   np.arange(start)[-plane.capacity:])
     plane.close()
+
+
+def test_a_plane_refused_after_its_tiers_were_built_leaves_no_disk_file(tmp_path):
+    """A tier that cannot be built, or bad input checked after the tiers (a seed), used to
+    leave the disk tier's ``.records`` file behind."""
+    with pytest.raises(CapacityError, match="host tier"):
+        ExperiencePlane(CARTPOLE, tiers=[DiskTier(tmp_path, "1MiB", bandwidth=1e9),
+                                         HostTier(2**62, bandwidth=1e10)])
+    with pytest.raises(InputError, match="seed='abc' is invalid"):
+        ExperiencePlane(CARTPOLE, tiers=[DiskTier(tmp_path, "1MiB", bandwidth=1e9)], seed="abc")
+    with pytest.raises(InputError, match="publish_interval=-1 is invalid"):
+        ExperiencePlane(CARTPOLE, tiers=[DiskTier(tmp_path, "1MiB", bandwidth=1e9)],
+                        client=object(), publish_interval=-1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_tier_paths_that_cannot_hold_its_file_are_refused_in_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for bad in (afile, afile / "sub"):
+        with pytest.raises(InputError, match=r"disk tier 'disk': path=.* is invalid; expected a "
+                                             r"directory this process can create files in \("):
+            DiskStorage(SPEC, 4, bad)
+    with pytest.raises(InputError, match="DiskTier 'disk': path=None is invalid"):
+        DiskTier(None)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
+def test_disk_tier_larger_than_the_free_space_is_refused(tmp_path):
+    """Its sparse file would outgrow the disk during ingest, and the process die of SIGBUS."""
+    import shutil
+
+    rows = 2 * shutil.disk_usage(tmp_path).free // SPEC.itemsize + 1
+    with pytest.raises(CapacityError, match=r"disk tier 'disk' of .* transitions under .* needs"):
+        DiskStorage(SPEC, rows, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_tier_maps_the_file_it_created_not_a_link_put_in_its_place(tmp_path, monkeypatch):
+    """Whoever can write to a shared tier directory may swap the fresh file for a symbolic link
+    before it is mapped; the tier used to reopen it by name, truncating the link's target."""
+    import tempfile
+
+    from dask_research.replay.storages import disk
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    shared = tmp_path / "shared"
+    real = tempfile.mkstemp
+
+    def racing_mkstemp(*args, **kwargs):
+        fd, name = real(*args, **kwargs)
+        os.unlink(name)                          # the other user wins the race
+        os.symlink(victim, name)
+        return fd, name
+
+    monkeypatch.setattr(disk.tempfile, "mkstemp", racing_mkstemp)
+    s = DiskStorage(SPEC, 4, shared, keep=True)
+    s.write_fields(0, {"reward": np.ones(4, np.float32)})
+    s.close()
+    assert victim.read_bytes() == b"precious"

@@ -51,10 +51,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import config
-from ...exceptions import InputError
 from ..batch import Batch
 from ..experience_plane import EmptyPlaneError
-from ..local_delivery import _STOP, DeliveryStats, PrefetchingIterator, _acquire_switch_interval, make_converter
+from ..local_delivery import (
+    _STOP,
+    DeliveryStats,
+    PrefetchingIterator,
+    _acquire_switch_interval,
+    make_converter,
+    whole_number,
+)
 from .router import PriorityRouter
 from .table import ShardTable
 from .waiting import wait_all
@@ -127,19 +133,17 @@ class ClusterBatchIterator(PrefetchingIterator):
         self.table = table
         self.router = router
         self.upkeep = upkeep if upkeep is not None else table.maybe_refresh
-        self.batch_size = int(config.resolve("replay.batch-size", batch_size))
-        self.prefetch = int(config.resolve("replay.prefetch", prefetch))
-        if self.batch_size < 1:
-            raise InputError("batch_size", batch_size, "a positive integer", where="batches")
-        if self.prefetch < 1:
-            raise InputError("prefetch", prefetch, "an integer >= 1 (cluster delivery always "
-                             "fetches ahead; use plane.sample() for one synchronous batch)",
-                             where="batches")
+        self.batch_size = whole_number("batch_size", config.resolve("replay.batch-size", batch_size),
+                                       1, "a positive integer")
+        self.prefetch = whole_number("prefetch", config.resolve("replay.prefetch", prefetch), 1,
+                                     "an integer >= 1 (cluster delivery always fetches ahead; use "
+                                     "plane.sample() for one synchronous batch)")
         self.max_in_flight = int(config.resolve("replay.cluster.max-in-flight", max_in_flight))
         self.max_bytes = float(config.resolve("replay.cluster.max-in-flight-bytes"))
         self.stall = float(config.resolve("replay.cluster.stall"))
         self.timeout = float(config.resolve("replay.rate-timeout"))
-        self.max_batches = max_batches
+        self.max_batches = (None if max_batches is None else
+                            whole_number("max_batches", max_batches, 0, "None or an integer >= 0"))
         self.convert = make_converter(table.spec, to, device, self.prefetch + 2, self.batch_size)
         self.stats = DeliveryStats(self.prefetch)
         self.max_group = int(config.resolve("replay.cluster.max-group"))

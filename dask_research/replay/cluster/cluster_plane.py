@@ -330,6 +330,10 @@ class ClusterPlane:
         self._last_rebalance = time.monotonic()
         table = self.table
         with self._lock, table.lock:
+            for m in self._move_futures:
+                if m[-1].status == "pending" and (table[m[0]].lost or table[m[1]].lost):
+                    for f in m[-2:]:      # its worker left: the task would wait for it for ever
+                        f.cancel()
             if any(m[-1].status == "pending" for m in self._move_futures):
                 return 0                  # the table is stale until those moves are done
             self._move_futures = []
@@ -354,9 +358,9 @@ class ClusterPlane:
                 self.events.emit("rebalance", moves=planned, moved=None)
             return sum(n for _, _, n in moves)
         moved = 0
-        for src, dst, n, _ev, acc in futs:
+        for src, dst, n, ev, acc in futs:
             try:
-                info = acc.result(timeout=120)
+                info = self._move_result(ev, acc, (refs[src].address, refs[dst].address))
             except Exception as e:  # a worker died mid-move: those transitions are lost
                 logger.warning("replay plane %r: move %d -> %d failed: %s", self.name, src, dst, e)
                 continue
@@ -371,6 +375,24 @@ class ClusterPlane:
             self.events.emit("rebalance", moves=planned, moved=moved)
             self.refresh()
         return moved
+
+    def _move_result(self, ev: Any, acc: Any, workers: tuple[str, str], timeout: float = 120.0) -> Any:
+        """The accept task's result; gives up (cancelling the move) as soon as either worker
+        has left the scheduler: its task, pinned there, would wait for it for ever."""
+        from ..._cluster import workers_info
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return acc.result(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                gone = set(workers) - set(workers_info(self.client))
+                if gone:
+                    ev.cancel()
+                    acc.cancel()
+                    raise RuntimeError(f"worker {sorted(gone)[0]} left during the move") from None
 
     # --- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, root: str | os.PathLike | None = None) -> dict[int, dict]:

@@ -23,6 +23,8 @@ import tempfile
 
 import numpy as np
 
+from ...durable import oserror
+from ...exceptions import CapacityError, InputError
 from ..spec import ExperienceSpec
 from .base import Storage
 from .host import HostStorage
@@ -49,14 +51,38 @@ class DiskStorage(HostStorage):
 
     def __init__(self, spec: ExperienceSpec, rows: int, path: str | os.PathLike,
                  name: str | None = None, keep: bool = False):
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError("path", path, "a directory path (str or path-like)", where="DiskStorage")
         self.path = pathlib.Path(path)
         self.keep = keep
         super(HostStorage, self).__init__(spec, rows, name)
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd, fname = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".records", dir=self.path)
-        os.close(fd)                        # a unique file: planes may share a directory
+        where = f"disk tier {self.name!r}"
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            # a unique file (planes may share a directory), mapped through the descriptor
+            # mkstemp opened: reopening it by name would follow a link put in its place
+            fd, fname = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".records", dir=self.path)
+        except OSError as e:
+            raise InputError("path", os.fspath(path), "a directory this process can create files "
+                             f"in ({oserror(e)})", where=where) from None
         self.file = pathlib.Path(fname)
-        mm = np.memmap(self.file, dtype=self.spec.record_dtype, mode="w+", shape=(max(self.rows, 1),))
+        nbytes = max(self.rows, 1) * self.spec.itemsize
+        try:
+            try:
+                st = os.fstatvfs(fd)
+                free = st.f_bavail * st.f_frsize
+                if nbytes > free:   # its pages would outgrow the disk: SIGBUS in mid-ingest
+                    raise CapacityError(f"{where} of {self.rows:,} transitions under {self.path}",
+                                        nbytes, free)
+                f = os.fdopen(fd, "r+b")
+            except BaseException:
+                os.close(fd)
+                raise
+            with f:
+                mm = np.memmap(f, dtype=self.spec.record_dtype, mode="r+", shape=(max(self.rows, 1),))
+        except BaseException:
+            self.file.unlink(missing_ok=True)
+            raise
         self._bind(mm[: self.rows])
 
     def close(self) -> None:

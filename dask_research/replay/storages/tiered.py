@@ -75,7 +75,7 @@ class Tier:
                  name: str | None = None):
         self.name = name or self.kind
         self.capacity = _parse_capacity(capacity, f"{type(self).__name__} {self.name!r}")
-        if bandwidth is not None and not bandwidth > 0:
+        if bandwidth is not None and (isinstance(bandwidth, (bool, str)) or not bandwidth > 0):
             raise InputError("bandwidth", bandwidth, "a positive number of bytes/s",
                              where=f"{type(self).__name__} {self.name!r}")
         self.bandwidth = bandwidth
@@ -128,6 +128,9 @@ class DiskTier(Tier):
     def __init__(self, path: str | os.PathLike, capacity: int | str | None = None,
                  bandwidth: float | None = None, name: str | None = None):
         super().__init__(capacity, bandwidth, name)
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError("path", path, "a directory path (str or path-like)",
+                             where=f"DiskTier {self.name!r}")
         self.path = path
 
     def build(self, spec: ExperienceSpec, rows: int) -> Storage:
@@ -215,9 +218,21 @@ class TieredStorage:
             raise CapacityError(f"a plane of {capacity:,} transitions of {item} bytes",
                                 capacity * item, total * item)
         self.capacity = capacity
-        built = [t.build(spec, r) for t, r in zip(tiers, sized)]
-        bws = [t.bandwidth if t.bandwidth is not None else s.measure_bandwidth()
-               for t, s in zip(tiers, built)]
+        built: list[Storage] = []
+        try:
+            for t, r in zip(tiers, sized):
+                built.append(t.build(spec, r))
+            bws = [t.bandwidth if t.bandwidth is not None else s.measure_bandwidth()
+                   for t, s in zip(tiers, built)]
+            self._place(tiers, built, bws, sized)
+        except BaseException:
+            for s in built:          # a tier that cannot be built leaves no disk file behind
+                s.close()
+            raise
+
+    def _place(self, tiers: list[Tier], built: list[Storage], bws: list[float],
+               sized: list[int]) -> None:
+        capacity = self.capacity
         self.bandwidth_declared = [t.bandwidth is not None for t in tiers]
         order = sorted(range(len(tiers)), key=lambda i: -bws[i])          # stable: ties keep order
         self.tiers = [tiers[i] for i in order]
