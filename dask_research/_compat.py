@@ -30,7 +30,7 @@ __all__ = [
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
     "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous", "actor_call",
-    "worker_context", "scheduler_workers", "actor_released", "dask_worker_command",
+    "worker_context", "scheduler_workers", "actor_released", "dask_worker_command", "run_each",
 ]
 
 
@@ -118,6 +118,48 @@ def scheduler_identity(client: Any) -> dict:
         return dict(client.sync(client.scheduler.identity, n_workers=-1))
     except TypeError:   # distributed before n_workers= existed: identity() has every worker
         return dict(client.sync(client.scheduler.identity))
+
+
+def run_each(client: Any, fn: Callable[..., Any], *args: Any, within: float,
+             asked: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """``client.run(fn, *args)`` on each worker the scheduler lists, each answer awaited at most
+    ``within`` seconds (a synchronous client): ``({address: result or exception}, {addresses
+    still to answer})``.
+
+    One ``client.run`` waits for every worker, so one frozen worker (SIGSTOP, a VM pause) held
+    it until the scheduler dropped that worker, minutes later. Here each worker is asked on its
+    own; one that has not answered keeps its call in ``asked`` (address -> the call, kept by the
+    caller between calls): it is not asked again, nor waited for again, until it answers, and
+    its answer is taken by a later call. A worker that left the scheduler is forgotten.
+    """
+    import asyncio
+
+    workers = set(scheduler_identity(client)["workers"])
+
+    async def ask() -> dict[str, Any]:
+        fresh = []
+        for address in sorted(workers - set(asked)):
+            # Client.run's coroutine (public: asynchronous=True), awaited on the client's loop
+            asked[address] = asyncio.ensure_future(client.run(fn, *args, workers=[address],
+                                                              on_error="return", asynchronous=True))
+            fresh.append(asked[address])
+        if fresh:
+            await asyncio.wait(fresh, timeout=within)
+        answers: dict[str, Any] = {}
+        for address, call in list(asked.items()):
+            if address not in workers:
+                call.cancel()
+                del asked[address]
+            elif call.done():
+                del asked[address]
+                try:
+                    answers.update(call.result())
+                except BaseException as e:  # noqa: BLE001 - the call's own failure, per worker
+                    answers[address] = e
+        return answers
+
+    answers = client.sync(ask)
+    return answers, set(asked) & workers
 
 
 def cluster_threads(client: Any) -> int | None:

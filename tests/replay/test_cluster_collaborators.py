@@ -5,6 +5,7 @@ Fault handling (a shard lost while its request waits, a worker replaced by a new
 failed sample task, every shard lost, an empty plane, stale and lost priority updates) is
 checked on the recorded trace of what delivery asked of the table, not on timings.
 """
+import asyncio
 from types import SimpleNamespace
 
 import dask
@@ -430,8 +431,23 @@ class FakeCluster:
     def stop(self, address):
         self.workers.pop(address).plugins[plugin_name(self.name)].shard.close()
 
-    def run(self, fn, *args, on_error="raise"):
-        return {a: fn(*args, dask_worker=w) for a, w in self.workers.items()}
+    def run(self, fn, *args, workers=None, on_error="raise", asynchronous=False):
+        out = {a: fn(*args, dask_worker=w) for a, w in self.workers.items()
+               if workers is None or a in workers}
+        if not asynchronous:
+            return out
+
+        async def answer():
+            return out
+        return answer()
+
+    @property
+    def scheduler(self):           # what dask_research._compat.scheduler_identity asks
+        return SimpleNamespace(identity=lambda n_workers=-1: {"workers": dict.fromkeys(self.workers, {})})
+
+    def sync(self, fn, *args, **kwargs):
+        out = fn(*args, **kwargs)
+        return asyncio.run(out) if asyncio.iscoroutine(out) else out
 
     def run_on_scheduler(self, fn):
         return self.bw

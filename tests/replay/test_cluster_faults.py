@@ -222,3 +222,55 @@ def test_rebalance_gives_up_a_move_once_its_destination_worker_left(real_cluster
     killer.join(10)
     assert submitted[1].status == "cancelled"                     # not left pending for ever
     plane.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_a_frozen_shard_worker_is_stalled_not_waited_for_and_comes_back_when_it_thaws(real_cluster):
+    """SIGSTOP of one shard's worker stopped delivery entirely: the shard table's refresh asked
+    every worker in one client.run, which waited for the frozen one until the scheduler dropped
+    it (minutes). Now that shard is stalled: not sampled, delivery goes on from the other; once
+    the worker thaws (SIGCONT) it answers again and is sampled again, nothing lost."""
+    client, sfile, procs = real_cluster
+    with dask.config.set({"research.replay.cluster.refresh-interval": 0.2}):
+        plane = replay.ClusterPlane(CARTPOLE, client=client, capacity_per_worker=10_000, seed=5)
+    addr = {w["name"]: a for a, w in workers_info(client).items()}
+    for name in ("w0", "w1"):
+        plane.ingest(make_batch(2000), worker=addr[name])
+    plane.refresh()
+    frozen_id = next(r.id for r in plane.shards if r.address == addr["w0"])
+    other_id = next(r.id for r in plane.shards if r.address == addr["w1"])
+
+    def thaw():
+        if procs[1].poll() is None:
+            procs[1].send_signal(signal.SIGCONT)
+
+    try:
+        with plane.batches(batch_size=64, prefetch=2) as it:
+            try:                                  # thawed before the iterator closes, whatever fails
+                assert {frozen_id, other_id} <= set(np.concatenate(
+                    [decode(next(it).indices)[0] for _ in range(10)]).tolist())
+                procs[1].send_signal(signal.SIGSTOP)                       # w0
+                got: list = []
+                taker = threading.Thread(target=lambda: got.extend(next(it) for _ in range(40)),
+                                         daemon=True)
+                taker.start()
+                taker.join(120)                   # bounded: the old code delivers nothing for minutes
+                assert len(got) == 40, f"{len(got)} of 40 batches while w0 was frozen"
+                stalled = next(r for r in plane.shards if r.id == frozen_id)
+                assert stalled.stalled and not stalled.lost
+                assert [s["id"] for s in plane.stats(refresh=False)["stalled_shards"]] == [frozen_id]
+                assert set(np.concatenate([decode(b.indices)[0] for b in got[-10:]]).tolist()) == {other_id}
+                thaw()
+                _wait_for(lambda: not next(r for r in plane.shards if r.id == frozen_id).stalled, 60,
+                          "the thawed shard to answer again")
+                seen: set = set()
+                _wait_for(lambda: seen.update(decode(next(it).indices)[0].tolist()) or frozen_id in seen,
+                          60, "a batch from the thawed shard")
+            finally:
+                thaw()
+        assert not any(r.lost for r in plane.shards)
+        assert plane.stats()["size"] == 4000
+    finally:
+        thaw()
+        plane.close()

@@ -204,7 +204,7 @@ class ClusterBatchIterator(PrefetchingIterator):
         waited = 0.0
 
         def drop_if_lost() -> bool:
-            if any(table[s].lost for s in req.parts):
+            if not all(table[s].usable for s in req.parts):     # lost, or its worker frozen
                 for f in futures:
                     f.cancel()
                 return True

@@ -223,7 +223,7 @@ class ClusterPlane:
         table = self.table
         with table.lock:
             if worker is None:
-                live = [r for r in table.refs() if not r.lost]
+                live = [r for r in table.refs() if r.usable]
                 if not live:
                     raise table.nothing_to_sample()
                 worker = min(live, key=lambda r: r.size / max(r.capacity, 1)).address
@@ -256,8 +256,8 @@ class ClusterPlane:
                 # ``stall`` seconds instead of waiting for it
                 while not wait_all(list(futs.values()), stall):
                     self.refresh()
-                    if any(table[sid].lost for sid in futs):
-                        raise LookupError("a shard of this batch was lost")
+                    if not all(table[sid].usable for sid in futs):
+                        raise LookupError("a shard of this batch was lost, or its worker is frozen")
                 for sid, f in futs.items():
                     replies.append((sid, f.result(timeout=stall)))
             except Exception:
@@ -465,6 +465,7 @@ class ClusterPlane:
             "capacity": sum(r.capacity for r in live), "inserted": sum(r.inserted for r in live),
             "live_shards": len(live), "shards": shards,
             "lost_shards": [s for s in shards if s["lost"]],
+            "stalled_shards": [s for s in shards if s["stalled"] and not s["lost"]],
             "lost_transitions": sum(s["lost_size"] for s in shards if s["lost"]),
             "bandwidth": self.table.bandwidth(),
             "rates": {"sample_rate": cnt["sampled"] / span if span > 0 else float("nan"),

@@ -3,7 +3,12 @@
 :class:`ShardTable` holds a :class:`ShardRef` for every shard the plane ever saw (address,
 uid, occupancy, sampling mass, lost or live) and does what needs that table:
 
-- **refresh** it from the workers (``shard_ops.info`` on each) and Dask's measured bandwidths;
+- **refresh** it from the workers (``shard_ops.info`` on each, each answer awaited at most
+  ``answer_within`` seconds) and Dask's measured bandwidths;
+- **stall**: a shard whose worker does not answer in time (frozen: SIGSTOP, a VM pause, swap)
+  is *stalled*: kept, not sampled, not ingested into, its requests drawn again from the others,
+  until its worker answers again (the first refresh after it thaws) or leaves the scheduler
+  (then it is lost);
 - **loss**: a shard whose worker left, or whose address now holds a new shard
   (``"replaced"``), is marked lost with what its last committed checkpoint holds, and a
   ``shard-lost`` event is logged; a shard id is never reused;
@@ -30,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._compat import bandwidth_workers, total_bandwidth
+from ... import config
+from ..._compat import bandwidth_workers, run_each, total_bandwidth
 from ...exceptions import InputError
 from ..batch import Batch
 from ..experience_plane import EmptyPlaneError
@@ -67,6 +73,7 @@ class ShardRef:
     mass: float = 0.0
     min_leaf: float = float("nan")
     lost: bool = False
+    stalled: bool = False
     lost_size: int = 0
     lost_reason: str = ""
     checkpoint: dict | None = None
@@ -76,6 +83,11 @@ class ShardRef:
     seen: float = field(default_factory=time.time)
 
     info_time: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        """Whether the shard can be sampled and ingested into now: neither lost nor stalled."""
+        return not self.lost and not self.stalled
 
     def update(self, info: Mapping[str, Any]) -> None:
         """Take a shard's ``info`` unless an older one arrives late (prefetched replies)."""
@@ -170,6 +182,9 @@ class ShardTable:
         Seconds between the refreshes :meth:`maybe_refresh` does.
     on_refresh : callable, optional
         Called after every :meth:`refresh` (the plane's automatic restore).
+    answer_within : float, optional
+        Seconds a refresh waits for a worker's answer before its shard counts as stalled
+        (default ``research.replay.cluster.stall``).
     worker : distributed.Worker, optional
         The worker the learner runs on (default: found; None outside a worker).
 
@@ -177,25 +192,23 @@ class ShardTable:
     --------
     >>> from dask_research.replay import UniformSampler
     >>> from dask_research.replay.cluster.eventlog import PlaneEvents
-    >>> class Client:                # what the table asks of a distributed.Client
-    ...     def run(self, fn, *args, on_error="raise"):
-    ...         return {"tcp://w:1": {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100,
-    ...                               "inserted": 30, "mass": 30.0, "min_leaf": 1.0}}
-    ...     def run_on_scheduler(self, fn):
-    ...         return {"total": 1e8, "workers": {}}
-    ...     def log_event(self, topic, msg):
-    ...         pass
-    >>> table = ShardTable(Client(), "p", {"x": ((2,), "float32")}, UniformSampler(),
-    ...                    PlaneEvents(Client(), "p", "research.replay"), seed=0)
-    >>> table.refresh()
+    >>> table = ShardTable(None, "p", {"x": ((2,), "float32")}, UniformSampler(),
+    ...                    PlaneEvents(None, "p", "research.replay"), seed=0)
+    >>> info = {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100, "inserted": 30,
+    ...         "mass": 30.0, "min_leaf": 1.0}
+    >>> table.apply({"tcp://w:1": info, "tcp://w:2": {**info, "uid": "u2"}})  # what refresh() read
     >>> [(r.id, r.address, r.size) for r in table.refs()], table.allocate(8)
-    ([(0, 'tcp://w:1', 30)], {0: 8})
+    ([(0, 'tcp://w:1', 30), (1, 'tcp://w:2', 30)], {0: 5, 1: 3})
+    >>> table.apply({"tcp://w:1": {**info, "time": 2.0}}, waiting={"tcp://w:2"})   # w:2 frozen
+    >>> table[1].stalled, table[1].lost, table.allocate(8)
+    (True, False, {0: 8})
     """
 
     def __init__(self, client: Any, name: str, spec: ExperienceSpec | Mapping[str, Any],
                  sampler: Sampler, events: PlaneEvents, seed: int | None = None,
                  checkpoint_dir: str | None = None, refresh_interval: float = 1.0,
-                 on_refresh: Callable[[], None] | None = None, worker: Any = None):
+                 on_refresh: Callable[[], None] | None = None, worker: Any = None,
+                 answer_within: float | None = None):
         self.client = client
         self.name = name
         self.spec = spec if isinstance(spec, ExperienceSpec) else ExperienceSpec(spec)
@@ -204,6 +217,8 @@ class ShardTable:
         self.checkpoint_dir = checkpoint_dir
         self.refresh_interval = float(refresh_interval)
         self.on_refresh = on_refresh
+        self.answer_within = float(config.resolve("replay.cluster.stall", answer_within))
+        self._asked: dict[str, Any] = {}       # workers asked for their info, not answered yet
         self.worker = worker if worker is not None else current_worker()
         self.rng = np.random.default_rng(seed)
         self.lock = threading.RLock()
@@ -240,7 +255,7 @@ class ShardTable:
 
     def live(self) -> list[ShardRef]:
         """The shards that can be sampled: not lost, with sampling mass."""
-        return [r for r in self._shards.values() if not r.lost and r.mass > 0]
+        return [r for r in self._shards.values() if r.usable and r.mass > 0]
 
     def size(self) -> int:
         """Transitions in the live shards."""
@@ -261,8 +276,10 @@ class ShardTable:
 
     # --- refresh and loss ----------------------------------------------------------------
     def refresh(self) -> None:
-        """Re-read the shard table from the workers; mark shards of departed workers lost."""
-        infos = self.client.run(shard_ops.info, self.name, on_error="return")
+        """Re-read the shard table from the workers; mark shards of departed workers lost and
+        of workers that do not answer within ``answer_within`` seconds stalled."""
+        infos, waiting = run_each(self.client, shard_ops.info, self.name, within=self.answer_within,
+                                  asked=self._asked)
         try:
             self._bw = self.client.run_on_scheduler(scheduler_bandwidth)
         except Exception as e:  # a scheduler without dask_research, or Dask moved an internal
@@ -271,11 +288,26 @@ class ShardTable:
                                "(%s: %s); the prefetch rule uses %.3g bytes/s", self.name,
                                type(e).__name__, e, self.bandwidth())
             self._bw_failed = True
+        self.apply(infos, waiting)
+
+    def apply(self, infos: Mapping[str, Any], waiting: set[str] | frozenset[str] = frozenset()) -> None:
+        """Take what a refresh read: ``infos`` (address -> the shard's info, or the exception
+        its worker raised) and ``waiting``, the workers that have not answered yet. A shard
+        of neither is lost; one of ``waiting`` is stalled until its worker answers."""
         now = time.monotonic()
         new: list[ShardRef] = []
+        stalled: list[ShardRef] = []
+        resumed: list[ShardRef] = []
         with self.lock:
             self._last_refresh = now
             live = set()
+            for addr in waiting:
+                sid = self._by_addr.get(addr)
+                if sid is not None and not self._shards[sid].lost:
+                    live.add(sid)
+                    if not self._shards[sid].stalled:
+                        self._shards[sid].stalled = True
+                        stalled.append(self._shards[sid])
             for addr, info in infos.items():
                 if isinstance(info, BaseException):
                     continue
@@ -283,6 +315,9 @@ class ShardTable:
                 if sid is not None and self._shards[sid].uid == info["uid"]:
                     self._shards[sid].update(info)
                     live.add(sid)
+                    if self._shards[sid].stalled:
+                        self._shards[sid].stalled = False
+                        resumed.append(self._shards[sid])
                     continue
                 if sid is not None:                     # same address, a new shard
                     self.lose(sid, "replaced")
@@ -299,6 +334,12 @@ class ShardTable:
             for sid, ref in list(self._shards.items()):
                 if not ref.lost and sid not in live:
                     self.lose(sid, "worker left")
+        for ref in stalled:
+            logger.warning("replay plane %r: shard %d on %s is stalled (its worker did not answer "
+                           "within %g s): not sampled until it answers", self.name, ref.id,
+                           ref.address, self.answer_within)
+        for ref in resumed:
+            logger.warning("replay plane %r: shard %d on %s answers again", self.name, ref.id, ref.address)
         for ref in new:
             self.events.emit("shard-new", shard=ref.id, worker=ref.address,
                              capacity=ref.capacity, restored=ref.size > 0)
