@@ -186,6 +186,9 @@ async def scheduler_call(client: Any, op: str, **kwargs: Any) -> Any:
     """
     handler = getattr(client, "scheduler", None)
     if handler is None:
+        status = getattr(client, "status", None)
+        if status in ("closing", "closed"):     # Client.close() drops its rpc: not a Dask change
+            raise RuntimeError(f"the client is {status}")
         raise _moved("Client.scheduler (the scheduler rpc)")
     return await getattr(handler, op)(**kwargs)
 

@@ -79,6 +79,26 @@ def test_scheduler_identity_lists_every_worker():
         assert set(info["workers"]) == set(cl.scheduler.workers)
 
 
+def test_run_each_answers_per_worker_and_a_closed_client_is_not_a_moved_internal():
+    """run_each asks each worker on its own; events shipped after Client.close() failed with
+    "distributed ... does not provide Client.scheduler", blaming the Dask release."""
+    import asyncio
+    import os
+
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cl, \
+            Client(cl) as c:
+        c.wait_for_workers(2)
+        asked: dict = {}
+        answers, waiting = _compat.run_each(c, os.getpid, within=30, asked=asked)
+        assert set(answers) == set(cl.scheduler.workers) and waiting == set() and asked == {}
+    assert c.status == "closed"
+    with pytest.raises(RuntimeError, match="the client is closed") as e:
+        asyncio.run(_compat.scheduler_call(c, "log_event", topic="t", msg={}))
+    assert not isinstance(e.value, DaskCompatError)
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
              worker_kwargs={"memory_limit": "1 GiB"})
 async def test_memory_pause_guard_holds_a_paused_worker_then_restores(c, s, a):
