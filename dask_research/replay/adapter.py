@@ -37,7 +37,7 @@ import numpy as np
 from ..exceptions import InputError
 from .batch import Batch
 from .experience_plane import ExperiencePlane
-from .local_delivery import make_converter
+from .local_delivery import make_converter, whole_number
 
 
 def _as_fields(transitions: Any) -> Any:
@@ -70,6 +70,11 @@ class ReplayBufferAdapter:
                  to: str = "numpy", device: Any = None, overflow: str = "newest"):
         if overflow not in ("newest", "raise"):
             raise InputError("overflow", overflow, "'newest' or 'raise'", where="ReplayBufferAdapter")
+        if not hasattr(plane, "spec") or not callable(getattr(plane, "ingest", None)):
+            raise InputError("plane", plane, "an ExperiencePlane or a ClusterPlane", where="ReplayBufferAdapter")
+        if batch_size is not None:
+            batch_size = whole_number("batch_size", batch_size, 1, "None or a positive integer",
+                                      where="ReplayBufferAdapter")
         self.overflow = overflow
         self.plane = plane
         self.batch_size = batch_size

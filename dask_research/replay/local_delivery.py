@@ -66,11 +66,11 @@ def seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def whole_number(name: str, value: Any, least: int, expected: str) -> int:
+def whole_number(name: str, value: Any, least: int, expected: str, where: str = "batches") -> int:
     """``value`` as an int if it is a whole number >= ``least`` (not a bool, not 2.5, not a
     string); else an :class:`InputError` naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise InputError(name, value, expected, where="batches")
+        raise InputError(name, value, expected, where=where)
     return int(value)
 
 

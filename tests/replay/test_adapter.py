@@ -1,8 +1,12 @@
 """The replay-buffer adapter: add / extend / sample / __len__ / get_state / set_state."""
+import re
+
 import numpy as np
 import pytest
 from replay_helpers import CARTPOLE, make_batch
 
+from dask_research import replay
+from dask_research.exceptions import InputError
 from dask_research.replay import ExperiencePlane, PrioritizedSampler, ReplayBufferAdapter
 
 
@@ -69,3 +73,18 @@ def test_a_tensordict_is_accepted():
     rb.extend(td)
     rb.add(td[0])
     assert len(rb) == 9
+
+
+@pytest.mark.parametrize("kwargs, bad", [({"batch_size": 0}, "batch_size=0"), ({"batch_size": 2.5}, "batch_size=2.5"),
+                                         ({"batch_size": "8"}, "batch_size='8'")])
+def test_bad_adapter_arguments_are_refused_when_it_is_made(kwargs, bad):
+    """batch_size=0 was accepted and failed only at the first sample(); a plane of None raised
+    AttributeError."""
+    plane = replay.ExperiencePlane(CARTPOLE, capacity=10)
+    try:
+        with pytest.raises(InputError, match=f"ReplayBufferAdapter: {re.escape(bad)} is invalid"):
+            replay.ReplayBufferAdapter(plane, **kwargs)
+    finally:
+        plane.close()
+    with pytest.raises(InputError, match="plane=None is invalid; expected an ExperiencePlane"):
+        replay.ReplayBufferAdapter(None)
