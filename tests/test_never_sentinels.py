@@ -7,6 +7,9 @@ first action with the clock at a few seconds after boot and would fail with a ``
 """
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -81,10 +84,22 @@ class _InfoClient:
     def __init__(self):
         self.runs = 0
 
-    def run(self, fn, *args, on_error="raise"):
+    def run(self, fn, *args, workers=None, on_error="raise", asynchronous=False):
         self.runs += 1
-        return {"tcp://w:1": {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100,
-                              "inserted": 30, "mass": 30.0, "min_leaf": 1.0}}
+        out = {"tcp://w:1": {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100,
+                             "inserted": 30, "mass": 30.0, "min_leaf": 1.0}}
+
+        async def answer():             # the refresh asks each worker on its own (_compat.run_each)
+            return out
+        return answer() if asynchronous else out
+
+    @property
+    def scheduler(self):                # what dask_research._compat.scheduler_identity asks
+        return SimpleNamespace(identity=lambda n_workers=-1: {"workers": {"tcp://w:1": {}}})
+
+    def sync(self, fn, *args, **kwargs):
+        out = fn(*args, **kwargs)
+        return asyncio.run(out) if asyncio.iscoroutine(out) else out
 
     def run_on_scheduler(self, fn):
         return {"total": 1e8, "workers": {}}
