@@ -42,10 +42,17 @@ def jobqueue_cluster_class(name: str) -> type:
     key = str(name).lower()
     if key not in JOBQUEUE_CLUSTERS:
         raise InputError("cluster", name, f"one of {', '.join(sorted(JOBQUEUE_CLUSTERS))} (dask-jobqueue)")
+    import signal
+
+    ctrl_c = signal.getsignal(signal.SIGINT)
     try:
         import dask_jobqueue
     except ImportError:
         raise ResearchError(f"--cluster {key} needs dask-jobqueue: pip install 'dask-research[hpc]'") from None
+    finally:
+        # dask_jobqueue.runner sets SIGINT to sys.exit() on import: Ctrl-C was a silent exit 0
+        if ctrl_c is not None and signal.getsignal(signal.SIGINT) is not ctrl_c:
+            signal.signal(signal.SIGINT, ctrl_c)
     return getattr(dask_jobqueue, JOBQUEUE_CLUSTERS[key])
 
 
@@ -81,12 +88,37 @@ def jobqueue_client(name: str, jobs: int, **options: Any) -> Iterator:
         first = str(e).strip().splitlines()[0].rstrip(":").removesuffix(", for example").rstrip(",. ")
         raise ResearchError(f"cannot configure a {cls.__name__}: {first}; pass --cores N --memory 4GB, or set "
                             f"jobqueue.{name.lower()}.cores and .memory (~/.config/dask/jobqueue.yaml)") from None
+    with _terminate_as_interrupt():
+        try:
+            _submit(cluster, name.lower(), int(jobs))
+            with Client(cluster) as client:
+                yield client
+        finally:
+            cluster.close()
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While the batch jobs are ours, SIGTERM (``kill``, or the batch system ending the job that
+    runs the command) raises KeyboardInterrupt like Ctrl-C, so that closing the cluster cancels
+    them: by default it ended the process at once, and its pending jobs started later with no
+    scheduler. Only where SIGTERM has its default action, in the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
-        _submit(cluster, name.lower(), int(jobs))
-        with Client(cluster) as client:
-            yield client
+        yield
     finally:
-        cluster.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def slurm_job_size(given: dict[str, Any], sinfo: str = "sinfo") -> dict[str, Any]:

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -109,3 +110,52 @@ def test_where_sinfo_cannot_tell_the_line_keeps_the_hint(tmp_path):
     with dask.config.set({"jobqueue.slurm.cores": None, "jobqueue.slurm.memory": None}):
         assert slurm_job_size({"queue": "debug"}, sinfo=str(two_nodes)) == {"cores": 4, "memory": "15GiB"}
         assert slurm_job_size({"queue": "debug", "cores": 2}, sinfo=str(two_nodes)) == {"memory": "15GiB"}
+
+
+def test_importing_dask_jobqueue_keeps_ctrl_c():
+    # dask_jobqueue.runner sets SIGINT to sys.exit() on import: Ctrl-C in `mc run --cluster slurm`
+    # was a silent exit 0 (no "interrupted" line), not KeyboardInterrupt.
+    code = ("import signal; from dask_research.hpc import jobqueue_cluster_class; jobqueue_cluster_class('slurm'); "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_sigterm_while_jobs_are_ours_interrupts_and_closes_the_cluster(monkeypatch):
+    # SIGTERM ended the command at once: its pending batch jobs stayed queued and started later
+    # with no scheduler. Now it is a KeyboardInterrupt and closing the cluster cancels them.
+    import signal
+
+    import distributed
+
+    from dask_research import hpc
+
+    closed = []
+
+    class Cluster:
+        def __init__(self, **kwargs):
+            pass
+
+        def close(self):
+            closed.append(True)
+
+    class Client:
+        def __init__(self, cluster):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(hpc, "jobqueue_cluster_class", lambda name: Cluster)
+    monkeypatch.setattr(hpc, "_submit", lambda cluster, name, jobs: None)
+    monkeypatch.setattr(distributed, "Client", Client)
+    with pytest.raises(KeyboardInterrupt):
+        with hpc.jobqueue_client("pbs", jobs=1, cores=1, memory="1GB"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)                # the handler interrupts it
+    assert closed == [True]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

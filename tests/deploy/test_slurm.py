@@ -301,3 +301,34 @@ def test_the_getting_started_slurm_command_works_on_a_new_account(slurm, tmp_pat
             "smallest node; pass --cores N --memory 4GB") in out.stderr, out.stderr[-2000:]
     assert json.loads(out.stdout)["n"] == 8 * 65_536
     wait_for(lambda: not slurm.jobs(), 60, "--cluster to cancel its jobs at the end")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_stopping_the_cli_mid_run_cancels_its_jobs_pending_ones_too(slurm, tmp_path, how):
+    """Ctrl-C was a silent exit 0 (dask-jobqueue sets SIGINT to sys.exit()); SIGTERM ended the
+    command at once and its pending jobs stayed queued, to start later with no scheduler."""
+    import signal
+    import time
+
+    shutil.copy(os.path.join(REPO, "examples", "saturating_pipeline.py"), tmp_path)
+    # jobs of every core of the node: one runs, two are pending
+    cmd = [sys.executable, "-m", "dask_research.cli", "mc", "run", "saturating_pipeline.py:job", "--shards", "100000",
+           "--cluster", "slurm", "--jobs", "3", "--cores", str(slurm.cpus), "--memory", "1GB",
+           "--queue", slurm.partition, "--store", "runs/", "--no-progress"]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for(lambda: len(slurm.jobs("RUNNING")) == 1 and len(slurm.jobs("PENDING")) == 2, 120,
+                 "one running and two pending worker jobs")
+        time.sleep(2)
+        os.killpg(p.pid, getattr(signal, how))
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 1, err[-2000:]
+    assert [ln for ln in err.splitlines() if ln.startswith("Error:")][-1].startswith("Error: interrupted"), err[-2000:]
+    wait_for(lambda: not slurm.jobs(), 15, "the command to cancel its jobs, the pending ones too")
