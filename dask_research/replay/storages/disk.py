@@ -68,17 +68,12 @@ class DiskStorage(HostStorage):
         self.file = pathlib.Path(fname)
         nbytes = max(self.rows, 1) * self.spec.itemsize
         try:
-            try:
-                st = os.fstatvfs(fd)
+            with os.fdopen(fd, "r+b") as f:         # closes the descriptor on every path
+                st = os.fstatvfs(f.fileno())
                 free = st.f_bavail * st.f_frsize
                 if nbytes > free:   # its pages would outgrow the disk: SIGBUS in mid-ingest
                     raise CapacityError(f"{where} of {self.rows:,} transitions under {self.path}",
                                         nbytes, free)
-                f = os.fdopen(fd, "r+b")
-            except BaseException:
-                os.close(fd)
-                raise
-            with f:
                 mm = np.memmap(f, dtype=self.spec.record_dtype, mode="r+", shape=(max(self.rows, 1),))
         except BaseException:
             self.file.unlink(missing_ok=True)
