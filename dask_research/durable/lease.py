@@ -288,7 +288,7 @@ class Lease:
         beat = (h or {}).get("beat")
         if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not beat > 0:
             return self.timeout
-        return max(self.timeout, 4 * min(float(beat), MAX_BEAT))
+        return max(self.timeout, 4 * float(min(beat, MAX_BEAT)))   # min first: 10**400 has no float
 
     def _stale(self, h: dict[str, Any], raw: bytes) -> str | None:
         """Why the lease ``h`` (bytes ``raw``) is stale, by this process's clock; ``None``: not (yet)."""

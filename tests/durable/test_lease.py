@@ -353,6 +353,7 @@ def test_a_forged_beat_delays_a_waiter_by_four_beats_at_most(tmp_path):
     most 4 * MAX_BEAT, and a beat that is not a positive number is ignored."""
     lease = _lease(_files(tmp_path), timeout=2)
     assert lease.limit({"beat": 1e300}) == lease.limit({"beat": float("inf")}) == 4 * MAX_BEAT
+    assert lease.limit({"beat": 10**400}) == 4 * MAX_BEAT          # no float: OverflowError before
     for junk in ("5", None, True, float("nan"), -5, [5]):
         assert lease.limit({"beat": junk}) == 2
     assert lease.limit({"beat": 0.1}) == 2 and _lease(_files(tmp_path), timeout=60).limit({"beat": 5}) == 60
