@@ -39,7 +39,6 @@ dask_research.exceptions.StoreError: .../runs/a/doc.json: would be 2,008 bytes, 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import os
@@ -183,12 +182,15 @@ class Files:
         parts = self._parts(path)
         if create:
             try:
-                os.makedirs(self.root, exist_ok=True)
+                _makedirs_synced(self.root)
             except OSError as e:
                 raise self.fail(self.root, f"cannot be created ({oserror(e)})") from None
         try:
             fd = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
         except FileNotFoundError:
+            if create and os.path.islink(self.root):
+                raise self.fail(self.root, f"is a symbolic link to {os.readlink(self.root)}, which does "
+                                "not exist; create that directory or point at another") from None
             raise
         except OSError as e:
             if e.errno == errno.ENOTDIR:
@@ -625,8 +627,9 @@ class Files:
 
 def _renameat2() -> Any:
     try:
+        import ctypes  # only here: the one call the os module lacks
         fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):        # not Linux, or a libc without it
+    except (ImportError, AttributeError, OSError):   # no ctypes, not Linux, or a libc without it
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     fn.restype = ctypes.c_int
@@ -640,15 +643,22 @@ _RENAME_NOREPLACE = 1
 def _rename_noreplace(dir_fd: int, src: str, dst: str) -> bool | None:
     """Rename ``src`` to ``dst`` in ``dir_fd`` only if ``dst`` does not exist, atomically
     (Linux's ``renameat2(RENAME_NOREPLACE)``): ``True`` renamed, ``False`` ``dst`` exists,
-    ``None`` not supported here (no such call, or a file system that refuses the flag)."""
+    ``None`` not supported here (no such call, or a file system that refuses the flag).
+
+    On a network file system the guarantee is only as strong as its client and server make it
+    (an SMB client checks the name on its own host first): exclusive among the processes of one
+    host, best effort between hosts."""
     if _RENAMEAT2 is None:
         return None
     if _RENAMEAT2(dir_fd, os.fsencode(src), dir_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
         return True
+    import ctypes  # loaded already by _renameat2
     err = ctypes.get_errno()
     if err == errno.EEXIST:
         return False
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+    # EPERM: a sandbox (seccomp) that forbids the call itself; a rename that is really not
+    # permitted fails again, with its own error, in the caller's fallback.
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
         return None
     raise OSError(err, os.strerror(err), dst)
 
@@ -673,15 +683,34 @@ class AppendFile:
         if size + len(data) > self.cap:
             raise self.files.fail(self.path, f"would grow to {size + len(data):,} bytes, more than the "
                                   f"{self.cap:,} its readers accept; nothing was written")
+        written = 0
         try:
-            _write_all(self.fd, data)
+            view = memoryview(data)
+            while view:
+                n = os.write(self.fd, view)
+                written += n
+                view = view[n:]
         except OSError as e:
-            # A full disk can take part of the record before it refuses the rest: cut that torn
-            # part off again, so that nothing was written (the next record is not glued to it).
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, size)
-            raise self.files.fail(self.path, f"could not be written ({oserror(e)}); nothing was written") from None
+            raise self.files.fail(self.path, f"could not be written ({oserror(e)}); "
+                                  f"{self._cut_back(size, written)}") from None
         return size + len(data)
+
+    def _cut_back(self, size: int, written: int) -> str:
+        """After a failed append of which ``written`` bytes landed at ``size``: cut them off again
+        (a full disk takes part of a record before it refuses the rest; the next record must not
+        be glued to it), but only if the file ends where this write left it. If another writer
+        appended meanwhile, cutting would take its records too: the torn part stays, for readers
+        to skip. Says what is left."""
+        if written == 0:
+            return "nothing was written"
+        try:
+            if os.fstat(self.fd).st_size == size + written:
+                os.ftruncate(self.fd, size)
+                return "nothing was written"
+        except OSError:
+            pass
+        return (f"{written:,} bytes of this record could not be removed and stay in the file as a torn "
+                "record (its readers skip it)")
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes (a torn tail)."""
@@ -715,6 +744,29 @@ def _read_at_most(fd: int, limit: int, fail: Callable[[OSError], Exception]) -> 
     except OSError as e:
         raise fail(e) from None
     return b"".join(chunks)
+
+
+def _makedirs_synced(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, with each directory it makes synced in its parent
+    (a crash must not lose the name of a directory whose files were synced)."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:                  # a directory, or something its opener refuses
+        return
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if parent == os.path.abspath(path):
+            raise
+        _makedirs_synced(parent)
+        try:
+            os.mkdir(path)
+        except FileExistsError:              # made meanwhile by another process
+            return
+    parent_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    try:
+        _fsync(parent_fd)
+    finally:
+        os.close(parent_fd)
 
 
 def _fsync(fd: int) -> None:

@@ -6,10 +6,12 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
 ``{"format", "token", "owner", "host", "pid", "started", "heartbeat", "beats", ...}``
 
 - **Taking it** creates the file exclusively (written whole to a temporary name, then
-  hard-linked into place: it is whole or absent, and of two creators exactly one wins).
-- **Holding it**: a daemon thread rewrites it every quarter of ``timeout``, at most
-  :data:`MAX_BEAT` seconds apart (atomically; ``beats`` counts up, so its content changes at
-  every beat whatever any clock says), and writes that interval into the lease as ``beat``.
+  hard-linked into place, or renamed with ``RENAME_NOREPLACE`` where there are no hard links:
+  it is whole or absent, and of two creators exactly one wins).
+- **Holding it**: a daemon thread rewrites it every quarter of ``timeout`` or every
+  :data:`MAX_BEAT` seconds, whichever is sooner (atomically; ``beats`` counts up, so its
+  content changes at every beat whatever any clock says), and writes that interval into the
+  lease as ``beat``.
   Before each write into what it guards, the holder calls :meth:`Lease.check_held`, which
   re-reads the file when its last look is older than half a beat (so always after this process
   was paused, or its machine suspended: :func:`clock`) and stops the writer with the
@@ -23,6 +25,8 @@ an experiments journal, a replay checkpoint directory). The lease is a small JSO
   ``timeout`` than four of the holder's beats waits that long instead (the lease's ``beat``, at
   most :data:`MAX_BEAT`): a live holder is never taken for dead because the two processes were
   configured differently, and a forged ``beat`` delays a waiter by at most ``4 * MAX_BEAT``.
+  (A lease without ``beat``, written by an earlier version, is judged by the waiter's
+  ``timeout`` alone: give both sides the same setting while versions are mixed.)
 - **Taking over** a stale lease renames it aside under a brief ``flock`` of a separate lock
   file (which the heartbeat's read-check-write holds too), only if it still is the one judged
   stale when read under that lock, and goes on only if the file renamed is that one (else it is
@@ -149,8 +153,8 @@ def describe_holder(h: dict[str, Any] | None) -> str:
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) if ok else "?"
     beat = h.get("heartbeat")
     age = "heartbeat unknown"
-    if isinstance(beat, (int, float)) and not isinstance(beat, bool) and math.isfinite(beat):
-        ago = time.time() - float(beat)
+    if isinstance(beat, (int, float)) and not isinstance(beat, bool) and 0 <= beat < 1e11:
+        ago = time.time() - float(beat)      # compared first: 10**400 has no float
         if 0 <= ago < 1e9:
             age = f"heartbeat {ago:.0f} s ago by its clock"
     pid = _valid_pid(h.get("pid"))
@@ -378,6 +382,7 @@ class Lease:
         while True:
             if self._try_create():
                 break
+            self._victim = None                  # another process created it first: not our takeover
             raw = self._raw()
             if raw is None:
                 continue                         # released between our two looks: try again
@@ -385,10 +390,10 @@ class Lease:
             why = self._stale(h, raw)
             if why is not None:
                 token = h.get("token")
-                self._victim = token if isinstance(token, str) else None
                 self.announce("takeover", f"{self.files.display(self.path)}: taking over the lease of "
                               f"{self.label} held by {describe_holder(h)}, because {why}")
-                self._take_over(raw)
+                if self._take_over(raw):         # noted only if this taker removed it, and then creates
+                    self._victim = token if isinstance(token, str) else None
                 self._seen = None
                 continue
             first = raw if first is None else first
@@ -489,7 +494,7 @@ class Lease:
             now = (describe_holder(self.lost) if taker is None
                    else f"nobody: it was taken over by {describe_holder(taker)}, which has let it go since")
             raise self.files.fail(path or self.path, f"not written: this writer lost the lease of {self.label} "
-                                  f"(presumed dead and taken over: its lease had not changed for the taker's timeout, was "
+                                  f"(presumed dead and taken over: its lease had not changed for the taker's limit, was "
                                   f"this process paused?); held now by {now}. It stops here; what it wrote is kept")
 
     def release(self) -> None:

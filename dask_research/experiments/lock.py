@@ -5,7 +5,7 @@ A scheduler with a ``checkpoint`` holds the lease of its journal while it drives
 
 - ``loop.jsonl.lease``, the lease: a small JSON file naming the driver (owner, host, pid,
   start, heartbeat and a beat count), rewritten whole by a daemon thread every quarter of
-  ``research.experiments.lock-timeout`` (default 30 s), removed when the driver lets go;
+  ``research.experiments.lock-timeout`` (default 30 s) or every 5 s, whichever is sooner, removed when the driver lets go;
 - ``loop.jsonl.lock``, the file whose ``flock`` the lease's take-over and heartbeat hold. Its
   content is never read or written, so a lock file left by an earlier version of this module
   (empty, or holding a dead driver's JSON) holds nothing.

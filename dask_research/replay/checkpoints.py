@@ -106,7 +106,8 @@ MAX_META_BYTES = 64 * 2**20
 #: the most bytes ``CURRENT`` may have (a version name and a newline)
 POINTER_BYTES = 64
 #: seconds of a waiting writer's own clock after which a lease that has not changed is stale
-#: (its holder beats every quarter of it, from a thread of its own, while its process lives);
+#: (its holder beats every quarter of it or every 5 s, whichever is sooner, from a thread of its
+#: own, while its process lives);
 #: ``None``: ``research.replay.checkpoint-lease-timeout`` (30 s)
 LEASE_TIMEOUT: float | None = None
 #: the most bytes an ``.npy`` header in ``data.npz`` may have (numpy writes about 128)

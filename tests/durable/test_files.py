@@ -245,6 +245,77 @@ def test_an_append_cut_short_by_a_full_disk_leaves_nothing_of_the_record(tmp_pat
     assert (tmp_path / "j.jsonl").read_bytes() == b'{"header":1}\n{"record":3}\n'
 
 
+def test_a_failed_append_never_cuts_off_another_writers_records(tmp_path, monkeypatch):
+    """If another writer appended after this write's torn part (a holder that lost its lease
+    while frozen), cutting back to this write's start would take that writer's records too:
+    the torn part stays, and the error says so instead of "nothing was written"."""
+    files = _files(tmp_path)
+    fh = files.open_append(files.join("j.jsonl"), cap=1 << 20)
+    other = os.open(tmp_path / "j.jsonl", os.O_WRONLY | os.O_APPEND)
+    try:
+        fh.write(b'{"header":1}\n')
+        real_write = os.write
+        calls = []
+
+        def other_writer_then_full(fd, data):
+            if fd != fh.fd:
+                return real_write(fd, data)
+            calls.append(len(data))
+            if len(calls) == 1:
+                return real_write(fd, bytes(data[:4]))
+            real_write(other, b'{"theirs":1}\n')
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "write", other_writer_then_full)
+        with pytest.raises(StoreError, match="ENOSPC.*4 bytes of this record .* torn record") as caught:
+            fh.write(b'{"record":2}\n')
+        monkeypatch.undo()
+        assert "nothing was written" not in str(caught.value)
+    finally:
+        os.close(other)
+        fh.close()
+    assert (tmp_path / "j.jsonl").read_bytes() == b'{"header":1}\n{"re{"theirs":1}\n'
+
+
+def test_a_store_root_the_write_creates_is_synced_in_its_parents(tmp_path, monkeypatch):
+    """The root itself, and every missing directory above it, is made with its name synced in
+    its parent, as the directories below the root are."""
+    root = tmp_path / "new" / "store"
+    files = _files(root)
+    synced: set = set()
+    real_fsync = os.fsync
+
+    def recording(fd):
+        synced.add(os.fstat(fd).st_ino)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    assert files.write_bytes(files.join("doc.json"), b"{}", cap=10)
+    for directory in (tmp_path, tmp_path / "new", root):
+        assert directory.stat().st_ino in synced, directory
+
+
+def test_a_root_that_is_a_dangling_link_is_named_as_one(tmp_path):
+    (tmp_path / "store").symlink_to(tmp_path / "gone")
+    files = _files(tmp_path / "store")
+    with pytest.raises(StoreError, match=r"store: is a symbolic link to .*gone, which does not exist"):
+        files.write_bytes(files.join("doc.json"), b"{}", cap=10)
+
+
+def test_a_sandbox_that_forbids_renameat2_falls_back(monkeypatch):
+    """seccomp answers a forbidden call with EPERM: that means "not here", like ENOSYS."""
+    import ctypes
+
+    from dask_research.durable import files as files_module
+
+    def forbidden(*args):
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    monkeypatch.setattr(files_module, "_RENAMEAT2", forbidden)
+    assert files_module._rename_noreplace(-1, "a", "b") is None
+
+
 def test_each_directory_a_write_creates_is_synced_in_its_parent(tmp_path, monkeypatch):
     """A file synced into a new directory is lost to a power cut unless the new directory's
     name is synced too, in every parent a write created a directory in."""

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -252,6 +253,35 @@ def test_a_writer_woken_after_its_taker_finished_still_names_the_taker(tmp_path,
     assert f"taken over by root on host {socket.gethostname()}, pid {os.getpid()}" in lost.replace(
         os.environ.get("USER", "root"), "root")
     assert "which has let it go since" in lost
+
+
+def test_a_takeover_another_taker_won_leaves_no_note_naming_this_one(tmp_path, holders):
+    """Two takers judge a dead holder's lease stale; the other one removes it and holds the
+    lease. This taker later gets the lease the ordinary way, after the other releases it: it
+    took nothing over, so its note must not tell the dead holder's writer that it did."""
+    first = holders(tmp_path, timeout=3600)
+    dead = first.expect("held").split()[1]
+    first.proc.kill()
+    first.proc.wait(30)
+    files = _files(tmp_path)
+    lease, other = _lease(files, timeout=3600), _lease(_files(tmp_path), timeout=3600)
+    released = threading.Event()
+
+    def the_other_taker_wins(seen):
+        (tmp_path / "lease.json").unlink()
+        other.acquire()
+        threading.Timer(1.0, lambda: (other.release(), released.set())).start()
+        return False
+
+    lease._take_over = the_other_taker_wins
+    with lease:
+        assert released.is_set() and lease.holder()["token"] == lease.token
+    note = tmp_path / "lease.json.taken"
+    assert not note.exists() or json.loads(note.read_text())["token"] != dead
+
+
+def test_describe_holder_survives_a_heartbeat_no_float_can_hold():
+    assert "heartbeat unknown" in describe_holder({"heartbeat": 10**400, "started": 10**400})
 
 
 def test_a_heartbeat_never_brings_back_a_directory_its_user_removed(tmp_path):

@@ -3,7 +3,7 @@
 The protocol is the durability layer's (:mod:`dask_research.durable.lease`): the lease file
 (format ``dask-research-lease/1``, with the run id, owner, host, pid and heartbeat) is created
 whole and exclusively, refreshed by a heartbeat every quarter of
-``research.montecarlo.lease-timeout``, judged stale only by the waiting process's own
+``research.montecarlo.lease-timeout`` or every 5 s, whichever is sooner, judged stale only by the waiting process's own
 monotonic clock (or a dead pid on this host), taken over under a brief ``flock`` of
 ``runs/<id>/lease.lock``, and removed at the end. This module adds what is the run store's:
 the settings it reads, how it speaks to the user, and the registry through which the store
