@@ -65,8 +65,19 @@ COLLECTION_LIMIT = float(os.environ.get("DASK_RESEARCH_COLLECTION_LIMIT", 900))
 _collection_timer: threading.Timer | None = None
 
 
+def _collects_here(config: pytest.Config) -> bool:
+    """False in pytest-xdist's controller, which collects nothing (its workers do, each under its
+    own limit) and never calls ``pytest_collection_finish``: a limit armed there would end every
+    run longer than the limit, not a collection."""
+    if hasattr(config, "workerinput"):
+        return True
+    return not (getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") != "no")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _collection_timer
+    if not _collects_here(session.config):
+        return
 
     def expire() -> None:              # what pytest-timeout's thread method does for a test
         capman = session.config.pluginmanager.getplugin("capturemanager")

@@ -113,3 +113,17 @@ def test_a_collection_that_hangs_ends_the_run_with_every_threads_stack(tmp_path)
     assert out.returncode != 0
     err = out.stdout + out.stderr
     assert "the collection took more than 5 s" in err and "test_blocks_at_import.py" in err, err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+def test_the_collection_limit_never_ends_a_parallel_run_that_is_longer(tmp_path):
+    """xdist's controller collects nothing: the limit, armed there too, ended every parallel run
+    longer than it (a 915 s suite on a busy machine, at 900 s) with the controller's stack."""
+    (tmp_path / "test_longer_than_the_limit.py").write_text("import time\n\n"
+                                                            "def test_slow():\n    time.sleep(8)\n")
+    env = {**os.environ, "DASK_RESEARCH_COLLECTION_LIMIT": "3"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
+                          "-n", "2", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0 and "1 passed" in out.stdout, (out.stdout + out.stderr)[-3000:]
