@@ -28,8 +28,9 @@ from typing import Any
 
 import click
 
+from ._signals import terminate_as_interrupt
 from ._version import __version__
-from .jobfile import load_job, one_line
+from .jobfile import config_seconds, load_job, one_line
 from .jobfile import load_object as load_object  # where tests and users have imported it from
 
 
@@ -160,7 +161,6 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
     if scheduler is None:
         yield None
         return
-    import dask
     from distributed import Client
 
     from . import config
@@ -172,8 +172,7 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
             "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and distributed.comm.tls.client.key "
             "(DASK_DISTRIBUTED__COMM__TLS__CA_FILE=... or ~/.config/dask/; "
             "https://distributed.dask.org/en/latest/tls.html)")
-    timeout = config.resolve("cli.connect-timeout")
-    seconds = dask.utils.parse_timedelta(timeout, default="s")
+    seconds = config_seconds("cli.connect-timeout", config.resolve("cli.connect-timeout"))
     try:
         client = Client(address, timeout=seconds)
     except (OSError, TimeoutError) as e:
@@ -470,7 +469,7 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     _check_store(store)
     try:
         with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store) as client, \
-                _quiet_reported_task_failures():
+                _quiet_reported_task_failures(), terminate_as_interrupt():
             result = montecarlo.run(job, client=client, store=store, verify=verify,
                                     shards_per_task=shards_per_task, progress=progress)
     except KeyboardInterrupt:
@@ -484,10 +483,15 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
 
 class _ReportedFailures:
     """A logging filter that drops Dask's multi-line "Compute Failed" worker log for a failure the
-    command reports itself in one line (a ``dask_research`` error: a NaN, a bad shape)."""
+    command reports itself in one line (a ``dask_research`` error: a NaN, a bad shape), and the
+    "Async instruction ... ended with CancelledError" warnings of the tasks still running when a
+    failed or interrupted run closes its cluster (its one line says what happened)."""
 
     def filter(self, record) -> bool:
-        if not str(record.msg).startswith("Compute Failed"):
+        msg = str(record.msg)
+        if msg.startswith("Async instruction for ") and msg.endswith("ended with CancelledError"):
+            return False
+        if not msg.startswith("Compute Failed"):
             return True
         args = record.args if isinstance(record.args, tuple) else ()
         text = str(args[3]) if len(args) > 3 else ""
@@ -501,12 +505,14 @@ def _quiet_reported_task_failures():
     import logging
 
     keep = _ReportedFailures()
-    log = logging.getLogger("distributed.worker")
-    log.addFilter(keep)
+    logs = [logging.getLogger("distributed.worker"), logging.getLogger("distributed.worker.state_machine")]
+    for log in logs:
+        log.addFilter(keep)
     try:
         yield
     finally:
-        log.removeFilter(keep)
+        for log in logs:
+            log.removeFilter(keep)
 
 
 def _interrupted(job, store: str | None) -> str:
@@ -730,11 +736,26 @@ def _check_reachable(sigma: float, target_stderr: float, job) -> None:
 
 def _check_demo_paths(out: str, store: str | None) -> tuple[str, str | None]:
     """The report path and run store, checked before the demo runs (one line if not usable)."""
+    import os
+    import stat
+
     from .demo import check_out_path, check_store_path
     from .exceptions import InputError
 
     try:
-        return check_out_path(out), (check_store_path(store) if store is not None else None)
+        out = check_out_path(out)
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.name}") from None
+    # the report is never written through a link or onto a special file (html_report refuses them):
+    # say so now, not after the whole demo ran
+    mode = os.lstat(out).st_mode if os.path.lexists(out) else None
+    if mode is not None and not stat.S_ISREG(mode):
+        what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+        raise click.BadParameter(f"{out!r} is {what}; expected a regular file or a new path for the HTML report "
+                                 "(a link is never followed)", param_hint="--out")
+    _check_store(store)                                 # an empty --store, or a URL's protocol
+    try:
+        return out, (check_store_path(store) if store is not None else None)
     except InputError as e:
         raise click.BadParameter(str(e), param_hint=f"--{e.name}") from None
 
@@ -755,9 +776,8 @@ def demo(out, quick, store, scheduler):
         import bokeh  # noqa: F401
     except ImportError:
         raise click.ClickException("the demo's report needs bokeh: pip install 'dask-research[dashboard]'") from None
-    out, store = _check_demo_paths(out, store)
-    _check_store(store)                                 # a URL: its protocol, before the cluster starts
-    with _client(scheduler) as client:
+    out, store = _check_demo_paths(out, store)         # and a URL's protocol, before the cluster starts
+    with _client(scheduler) as client, _quiet_reported_task_failures():
         run_demo(out=out, quick=quick, client=client, store=store)
 
 

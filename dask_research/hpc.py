@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import config
+from ._signals import terminate_as_interrupt
 from .exceptions import InputError, ResearchError
 
 __all__ = ["JOBQUEUE_CLUSTERS", "jobqueue_cluster_class", "jobqueue_client"]
@@ -88,37 +89,13 @@ def jobqueue_client(name: str, jobs: int, **options: Any) -> Iterator:
         first = str(e).strip().splitlines()[0].rstrip(":").removesuffix(", for example").rstrip(",. ")
         raise ResearchError(f"cannot configure a {cls.__name__}: {first}; pass --cores N --memory 4GB, or set "
                             f"jobqueue.{name.lower()}.cores and .memory (~/.config/dask/jobqueue.yaml)") from None
-    with _terminate_as_interrupt():
+    with terminate_as_interrupt():
         try:
             _submit(cluster, name.lower(), int(jobs))
             with Client(cluster) as client:
                 yield client
         finally:
             cluster.close()
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """While the batch jobs are ours, SIGTERM (``kill``, or the batch system ending the job that
-    runs the command) raises KeyboardInterrupt like Ctrl-C, so that closing the cluster cancels
-    them: by default it ended the process at once, and its pending jobs started later with no
-    scheduler. Only where SIGTERM has its default action, in the main thread."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def slurm_job_size(given: dict[str, Any], sinfo: str = "sinfo") -> dict[str, Any]:

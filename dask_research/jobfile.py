@@ -35,6 +35,8 @@ from typing import Any
 
 import click
 
+from .exceptions import ConfigError
+
 __all__ = ["load_object", "load_job", "one_line", "describe_object"]
 
 
@@ -91,7 +93,7 @@ def _exec_job_file(path: str):
     except SyntaxError as e:
         where = f"{e.filename or path}, line {e.lineno}" if e.lineno else path
         raise click.BadParameter(f"{where}: syntax error: {e.msg}") from None
-    except click.BadParameter:
+    except (click.BadParameter, ConfigError):
         raise
     except Exception as e:
         raise click.BadParameter(f"loading {path} failed: {one_line(e)}") from e
@@ -114,12 +116,29 @@ class _ImportTimedOut(BaseException):
 
 def _import_timeout() -> float:
     """``research.cli.import-timeout`` in seconds (``None``/0: unbounded)."""
-    import dask.utils
-
     from . import config
 
     value = config.resolve("cli.import-timeout", default=None)
-    return float(dask.utils.parse_timedelta(value, default="s")) if value else 0.0
+    return config_seconds("cli.import-timeout", value) if value else 0.0
+
+
+def config_seconds(key: str, value: Any) -> float:
+    """``research.<key>``, a duration such as "60s" or seconds, in seconds; a malformed or negative
+    one is a :class:`~dask_research.exceptions.ConfigError` naming the key (before, "abc" was
+    Dask's KeyError listing every time unit, blamed on the job file).
+
+    >>> config_seconds("cli.import-timeout", "1m")
+    60.0
+    """
+    import dask.utils
+
+    try:
+        seconds = float(dask.utils.parse_timedelta(value, default="s"))
+    except (TypeError, ValueError, KeyError):
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(key, value, 'a duration such as "60s", or seconds >= 0')
+    return seconds
 
 
 @contextlib.contextmanager
@@ -138,11 +157,19 @@ def _bounded_import(what: str) -> Iterator[None]:
     def expire(signum, frame):
         raise _ImportTimedOut()
 
+    timed_out = (f"importing {what} did not finish within {seconds:g} s (research.cli.import-timeout): does it "
+                 "run work or loop at import? Keep that under `if __name__ == \"__main__\":`")
     argv, sys.argv = sys.argv, [what]
     held = io.StringIO()
     previous = signal.signal(signal.SIGALRM, expire) if bounded else None
+    watchdog = None
     if bounded:
         signal.setitimer(signal.ITIMER_REAL, seconds)
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:         # the command line: a file that swallows the alarm is not waited on either
+            watchdog = threading.Timer(seconds + _IMPORT_GRACE, _give_up, (timed_out, ctx))
+            watchdog.daemon = True
+            watchdog.start()
     try:
         with contextlib.redirect_stderr(held):
             yield
@@ -153,16 +180,32 @@ def _bounded_import(what: str) -> Iterator[None]:
             f"importing {what} called sys.exit({e.code!r}){shown}: a job file must not parse the command "
             "line or exit when imported (keep that under `if __name__ == \"__main__\":`)") from e
     except _ImportTimedOut:
-        raise click.BadParameter(
-            f"importing {what} did not finish within {seconds:g} s (research.cli.import-timeout): does it run "
-            "work or loop at import? Keep that under `if __name__ == \"__main__\":`") from None
+        raise click.BadParameter(timed_out) from None
     else:
         sys.stderr.write(held.getvalue())
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
         if bounded:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
         sys.argv = argv
+
+
+#: Seconds past ``research.cli.import-timeout`` after which the command line stops a job file
+#: that caught the timeout (``except BaseException``, a bare ``except:``) or replaced SIGALRM's handler.
+_IMPORT_GRACE = 2.0
+
+
+def _give_up(message: str, ctx: click.Context) -> None:
+    """The usage line for an import that outlived the timeout and its grace, then exit 2 at once:
+    the main thread is inside the job file's code, which will not let go."""
+    error = click.BadParameter(message, ctx=ctx, param_hint="MODULE:JOB")
+    stream = sys.__stderr__
+    if stream is not None:
+        stream.write(f"Error: {error.format_message()} (see '{ctx.command_path} --help')\n")
+        stream.flush()
+    os._exit(2)
 
 
 def load_object(ref: str) -> Any:
@@ -193,7 +236,7 @@ def load_object(ref: str) -> Any:
             raise click.BadParameter(f"cannot import module {mod_ref!r}: {e}") from None
         except SyntaxError as e:
             raise click.BadParameter(f"{e.filename}, line {e.lineno}: syntax error: {e.msg}") from None
-        except click.BadParameter:
+        except (click.BadParameter, ConfigError):
             raise
         except Exception as e:
             raise click.BadParameter(f"importing {mod_ref} failed: {one_line(e)}") from e

@@ -121,6 +121,73 @@ def test_a_job_file_that_exits_parses_argv_or_loops_at_import_gets_one_line(tmp_
     assert out.output.strip().splitlines()[-1].startswith("Error: Invalid value for MODULE:JOB: loading")
 
 
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("body", [
+    "import time\nwhile True:\n    try:\n        time.sleep(1)\n    except BaseException:\n        pass\n",
+    "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n",
+], ids=["catches the timeout", "ignores SIGALRM"])
+def test_a_job_file_that_swallows_the_import_timeout_is_still_named(tmp_path, body):
+    """A file whose loop catches everything (``except BaseException``, a bare ``except:``) or that
+    replaces SIGALRM's handler swallowed research.cli.import-timeout: the command waited forever.
+    Past the timeout and a grace of seconds it is one usage line (exit 2)."""
+    import os
+    import time
+
+    loops = tmp_path / "swallows_job.py"
+    loops.write_text(body)
+    env = dict(os.environ, DASK_RESEARCH__CLI__IMPORT_TIMEOUT="1s")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "run", f"{loops}:job", "--no-progress"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert time.monotonic() - start < 30
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith(f"Error: Invalid value for MODULE:JOB: importing {loops} did not finish within 1 s "
+                               "(research.cli.import-timeout)") and "mc run --help'" in lines[0], lines[0]
+    assert out.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["swallows_job.py"]
+
+
+@pytest.mark.parametrize("key", ["import-timeout", "connect-timeout"])
+@pytest.mark.parametrize("value", ["abc", -5])
+def test_a_malformed_cli_timeout_is_named_as_the_setting(job_file, key, value):
+    """``research.cli.import-timeout: abc`` was blamed on the job file ("loading ... failed:
+    KeyError: 'Invalid time unit: abc. Valid units are: s, ms, ...'", exit 2) and -5 meant no
+    bound; ``connect-timeout: abc`` was that KeyError as a run failure. One line naming the key."""
+    import dask
+
+    port = free_ports()[0]
+    with dask.config.set({f"research.cli.{key}": value}):
+        out = CliRunner().invoke(main, ["mc", "run", f"{job_file}:job", "--no-progress", "--shards", "1",
+                                        "--scheduler", f"tcp://127.0.0.1:{port}"])
+    assert out.exit_code == 1, out.output
+    assert out.output.strip().splitlines() == [
+        f"Error: config research.cli.{key}={value!r} is invalid; expected a duration such as \"60s\", or seconds >= 0"]
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_demo_refuses_a_report_path_that_is_a_link_or_a_fifo_before_it_runs(tmp_path, kind):
+    """``demo --out`` on a symbolic link or a FIFO ran the whole demo (cluster, store, three
+    capabilities) and only then failed writing the report (exit 1): now one usage line first."""
+    import os
+
+    pytest.importorskip("bokeh")
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine")
+    out_path = tmp_path / "r.html"
+    if kind == "link":
+        out_path.symlink_to(victim)
+    else:
+        os.mkfifo(out_path)
+    result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out_path), "--store", str(tmp_path / "s")])
+    assert result.exit_code == 2, result.output
+    what = "a symbolic link" if kind == "link" else "not a regular file"
+    assert result.output.strip().splitlines() == [
+        f"Error: Invalid value for --out: '{out_path}' is {what}; expected a regular file or a new path for the HTML "
+        "report (a link is never followed) (see 'main demo --help')"]
+    assert victim.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "r.html"]
+
+
 _IMPORTS_AFTER = """
 import sys
 sys.argv = ["dask-research", *sys.argv[1:]]
@@ -177,6 +244,7 @@ def test_a_late_nan_is_one_line_without_dask_s_compute_failed_log(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 1, out.stderr
     assert "Compute Failed" not in out.stderr, out.stderr
+    assert "ended with CancelledError" not in out.stderr, out.stderr
     errors = [ln for ln in out.stderr.splitlines() if ln.strip() and "warn" not in ln.lower()]
     assert len(errors) == 1 and errors[0].startswith("Error: pipeline output of shard "), out.stderr
 
@@ -340,9 +408,13 @@ def test_a_job_file_is_shipped_by_value_and_only_its_siblings_with_it(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180, method="thread")
-def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path, signame):
     """A real ``dask-research mc run`` process interrupted with SIGINT mid-run: one line that says
-    how many shards are stored and that the same command resumes; then it does."""
+    how many shards are stored and that the same command resumes; then it does. SIGTERM (``kill``,
+    a batch system's cancel) does the same: it killed the process silently and left its lease for
+    the next run to take over with a warning; and Dask's "Async instruction ... ended with
+    CancelledError" warnings of the cancelled tasks came before the line."""
     import os
     import signal
     import time
@@ -368,18 +440,21 @@ def test_ctrl_c_says_what_is_stored_and_that_the_same_command_resumes(tmp_path):
         while time.monotonic() < deadline and not list(store.glob("runs/*/shards/*.json")):
             time.sleep(0.1)
         time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
     assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not list(store.glob("runs/*/lease.json"))          # the lease is released
     m = re.search(r"interrupted: (\d+) of 256 shards are stored in .*; the same command resumes", err)
     assert m and 0 < int(m.group(1)) < 256, err
     again = subprocess.run(cmd + ["--json"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
                            env=dict(os.environ))
     assert again.returncode == 0, again.stderr
+    assert "taking over the lease" not in again.stderr
     assert json.loads(again.stdout)["reused_shards"] >= int(m.group(1))
 
 

@@ -88,6 +88,8 @@ CASES = [
     ("demo --out a directory", ["demo", "--quick", "--out", "."], "not a directory"),
     ("new: demo --store unknown protocol", ["demo", "--quick", "--store", "nosuchproto://x"],
      "'nosuchproto://x' cannot be opened as a store"),
+    ("new: demo --store empty (ran the demo with the working directory as the store)",
+     ["demo", "--quick", "--store", ""], "Invalid value for --store: '' is empty; expected a local path"),
     # -- worker -------------------------------------------------------------------------------
     ("worker --battery-floor 130%", ["worker", f"tcp://127.0.0.1:{PORT}", "--battery-floor", "130%"],
      "'130%' is not a battery floor"),

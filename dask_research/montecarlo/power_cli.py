@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..exceptions import InputError
+from ..exceptions import ConfigError, InputError
 from .power_parse import parse_battery_floor, parse_budget
 from .power_policy import PowerPolicy
 
@@ -42,6 +42,26 @@ class _ParsedType(click.ParamType):
         return out
 
 
+class _PowerCommand(click.Command):
+    """A command whose power settings left to ``research.power.*`` are checked as it is parsed.
+
+    ``dask worker`` runs a preload's ``dask_setup`` only once the worker starts, and logs its
+    error and carries on: a bad configured floor would leave a worker running without the policy.
+    Parsing is before anything starts, and a usage error there stops ``dask worker`` (exit 2).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        try:
+            PowerPolicy(battery_floor=ctx.params.get("battery_floor"), budget=ctx.params.get("budget"))
+        except InputError as e:  # the options are checked already: this value is configured
+            raise click.UsageError(f"config research.power.{e.name.replace('_', '-')}={e.value!r} "
+                                   f"is invalid; expected {e.expected}", ctx) from None
+        except ConfigError as e:
+            raise click.UsageError(str(e), ctx) from None
+        return rest
+
+
 BATTERY_FLOOR = _ParsedType("FLOOR", parse_battery_floor, "a battery floor")
 CPU_BUDGET = _ParsedType("CPU_SECONDS", parse_budget, "a compute budget")
 
@@ -51,7 +71,7 @@ _budget_help = ("CPU-seconds (or a duration like '1h') the worker may use before
                 "work. Default: research.power.budget.")
 
 
-@click.command(name="dask_setup", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="dask_setup", cls=_PowerCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--battery-floor", type=BATTERY_FLOOR, default=None, help=_floor_help)
 @click.option("--budget", type=CPU_BUDGET, default=None, help=_budget_help)
 async def dask_setup(worker: Any, battery_floor: float | None, budget: float | None) -> None:
@@ -98,12 +118,13 @@ def build_worker_command(
     if floor is not None:
         cmd += ["--battery-floor", repr(floor)]
     if seconds is not None:
-        cmd += ["--budget", f"{seconds:g}"]
+        cmd += ["--budget", repr(seconds).removesuffix(".0")]   # exact: no 6-digit rounding
     return cmd
 
 
 @click.command(
     name="worker",
+    cls=_PowerCommand,
     context_settings={"ignore_unknown_options": True, "help_option_names": ["-h", "--help"]},
 )
 @click.argument("scheduler", metavar="SCHEDULER")
@@ -125,20 +146,29 @@ def worker_command(ctx: click.Context, scheduler: str, battery_floor: float | No
 
     check_worker_arguments(scheduler, dask_worker_args)
     cmd = build_worker_command(scheduler, battery_floor, budget, dask_worker_args)
-    proc = subprocess.Popen(cmd)
+    # POSIX: dask worker gets its own session and process group, so that a signal reaches it once, from
+    # here: `kill -INT PID` as well as Ctrl-C (which the terminal sends to this group only; the
+    # nanny then closes its worker process itself, rather than have it interrupted too).
+    posix = sys.platform != "win32"
+    proc = subprocess.Popen(cmd, start_new_session=posix)   # its own group (process_group= needs 3.11)
 
     def forward(signum: int, frame: Any) -> None:  # `kill PID` reaches dask worker too
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    try:
-        previous = signal.signal(signal.SIGTERM, forward)
-    except ValueError:  # not the main thread (e.g. a test runner): nothing to forward
-        previous = None
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if posix else (signal.SIGTERM,):
+        if signal.getsignal(signum) == signal.SIG_IGN:   # e.g. nohup: dask worker ignores it too
+            continue
+        try:
+            previous[signum] = signal.signal(signum, forward)
+        except ValueError:  # not the main thread (e.g. a test runner): nothing to forward
+            break
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
-        # The terminal sent SIGINT to the whole group; give dask worker time to close cleanly.
+        # Ctrl-C where it is not forwarded (Windows: the console's whole group has it): give
+        # dask worker time to close cleanly.
         try:
             rc = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -151,7 +181,8 @@ def worker_command(ctx: click.Context, scheduler: str, battery_floor: float | No
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    rc = 128 - rc if rc < 0 else rc   # killed by signal N: 128 + N, as a shell reports it
     ctx.exit(rc)
     return rc  # pragma: no cover (ctx.exit raises)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,15 @@ __all__ = ["PowerPolicy", "power_state"]
 # A child of ``distributed.worker`` so that the messages reach the handlers ``dask worker``
 # configures and the worker's own log (``client.get_worker_logs()``).
 logger = logging.getLogger("distributed.worker.research_power")
+
+#: Seconds a battery reading may take: a sensor that blocks (a hung driver, a FIFO where a sysfs
+#: file was) must not freeze the worker's event loop, which the check runs on.
+READ_TIMEOUT = 1.0
+#: Readings left hanging (each on a daemon thread) before the checks stop trying at each check;
+#: then they try once after ``READ_RETRY[0]`` seconds, doubling up to ``READ_RETRY[1]``: a
+#: sensor that answers again is heard again, and one that never does costs few threads.
+MAX_STUCK_READS = 4
+READ_RETRY = (60.0, 3600.0)
 
 
 class PowerPolicy(WorkerPlugin):
@@ -123,6 +134,8 @@ class PowerPolicy(WorkerPlugin):
         self._first: asyncio.Task[None] | None = None
         self._restore_memory_monitor: Callable[[], None] | None = None
         self._read_failed: set[str] = set()
+        self._stuck_reads: list[threading.Thread] = []
+        self._retry_at, self._retry_delay = 0.0, READ_RETRY[0]
 
     def __getstate__(self) -> dict[str, Any]:
         # Ship the settings only: runtime state belongs to the worker's copy.
@@ -231,15 +244,44 @@ class PowerPolicy(WorkerPlugin):
 
     def _read_battery(self) -> tuple[float, bool] | None:
         reader = self.battery or psutil_battery
+        self._stuck_reads = [t for t in self._stuck_reads if t.is_alive()]
+        if not self._stuck_reads:
+            self._retry_delay = READ_RETRY[0]
+        elif len(self._stuck_reads) >= MAX_STUCK_READS and time.monotonic() < self._retry_at:
+            return None                   # the sensor keeps hanging: absent until the retry
+        box: dict[str, Any] = {}
+
+        def read() -> None:
+            try:
+                box["reading"] = reader()
+            except Exception as e:  # reported below, on the event loop
+                box["error"] = e
+
+        thread = threading.Thread(target=read, name="research-power-battery", daemon=True)
+        thread.start()
+        thread.join(READ_TIMEOUT)
+        if thread.is_alive():
+            self._stuck_reads.append(thread)
+            if len(self._stuck_reads) >= MAX_STUCK_READS:
+                self._retry_at = time.monotonic() + self._retry_delay
+                self._retry_delay = min(2 * self._retry_delay, READ_RETRY[1])
+            self._warn_once("battery", f"the battery reading did not answer within {READ_TIMEOUT:g} s; "
+                                       "treating it as absent")
+            return None
+        reading = box.get("reading")
         try:
-            reading = reader()
+            if "error" in box:
+                raise box["error"]
+            if reading is None:
+                return None
+            percent, plugged = reading
+            percent = float(percent)
+            if not (math.isfinite(percent) and 0.0 <= percent <= 100.0):
+                raise ValueError(f"{percent!r} is not a percentage between 0 and 100")
         except Exception as e:
             self._warn_once("battery", f"cannot read the battery ({e!r}); treating it as absent")
             return None
-        if reading is None:
-            return None
-        percent, plugged = reading
-        return float(percent), bool(plugged)
+        return percent, bool(plugged)
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._read_failed:

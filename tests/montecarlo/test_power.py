@@ -424,3 +424,139 @@ def test_transitions_are_events_in_the_shared_envelope():
     assert list(msg)[:5] == list(envelope("power", "pause"))
     assert msg["source"] == "power" and msg["event"] == msg["action"] == "pause" and msg["run"] is None
     assert msg == plugin.transitions[-1]
+
+
+# ------------------------------------------------------------------------------ audit regressions
+
+
+def _checked_worker(**kwargs):
+    """A policy on a stand-in worker (no cluster), set up as far as check() needs."""
+    import types
+
+    worker = types.SimpleNamespace(address="tcp://w:1", status=Status.running,
+                                   log_event=lambda topic, msg: None)
+    plugin = PowerPolicy(battery_floor="30%", interval=3600, **kwargs)
+    plugin.worker, plugin.policy = worker, "running"
+    return plugin, worker
+
+
+@pytest.mark.parametrize("reading", [
+    (float("nan"), False), (-3.0, False), (150.0, False), (10.0, False, 5), ("ten", False), 10.0,
+])
+def test_a_battery_reading_that_lies_is_absent_not_a_crash(reading):
+    plugin, worker = _checked_worker(battery=lambda: reading)
+    state = plugin.check()                         # before: raised, or paused/resumed on a lie
+    assert state["battery_percent"] is None and state["plugged"] is None
+    assert state["policy"] == "running" and worker.status == Status.running
+    assert plugin._read_failed == {"battery"}     # warned once
+
+
+def test_a_hanging_battery_reading_does_not_block_the_event_loop(monkeypatch):
+    import threading
+
+    from dask_research.montecarlo import power_policy
+
+    monkeypatch.setattr(power_policy, "READ_TIMEOUT", 0.2, raising=False)
+    release, hanging = threading.Event(), [True]
+
+    def reader():                                  # a FIFO where /sys/.../capacity was
+        if hanging[0]:
+            release.wait(30)
+        return (10.0, False)
+
+    plugin, worker = _checked_worker(battery=reader)
+    try:
+        t = time.monotonic()
+        for _ in range(getattr(power_policy, "MAX_STUCK_READS", 4) + 3):
+            assert plugin.check()["battery_percent"] is None
+        # each check waits READ_TIMEOUT at most, and not at all once MAX_STUCK_READS hang
+        assert time.monotonic() - t < 0.2 * getattr(power_policy, "MAX_STUCK_READS", 4) + 2
+        assert plugin._read_failed == {"battery"}
+    finally:
+        release.set()
+    for thread in getattr(plugin, "_stuck_reads", []):
+        thread.join(5)
+    hanging[0] = False
+    assert plugin.check()["policy"] == "paused"    # answering again: heard again
+
+
+def test_a_sensor_that_stops_hanging_is_read_again(monkeypatch):
+    from dask_research.montecarlo import power_policy
+
+    monkeypatch.setattr(power_policy, "READ_TIMEOUT", 0.1, raising=False)
+    monkeypatch.setattr(power_policy, "READ_RETRY", (0.5, 0.5), raising=False)
+    stuck = getattr(power_policy, "MAX_STUCK_READS", 1)
+    calls = []
+
+    def reader():                                  # hangs `stuck` times, past those checks
+        calls.append(1)
+        if len(calls) <= stuck:
+            time.sleep(5)
+        return (10.0, False)
+
+    plugin, worker = _checked_worker(battery=reader)
+    for _ in range(stuck + 2):
+        assert plugin.check()["policy"] == "running"
+    assert len(calls) == stuck                     # not read while the hung ones hang...
+    time.sleep(0.6)
+    assert plugin.check()["policy"] == "paused" and worker.status == Status.paused  # ...until the retry
+
+
+def test_budget_reaches_dask_worker_exactly():
+    assert build_worker_command("tcp://h:8786", None, 1000001)[-2:] == ["--budget", "1000001"]
+    assert build_worker_command("tcp://h:8786", None, "100000.5")[-1] == "100000.5"
+
+
+def test_a_bad_configured_setting_stops_the_worker_before_it_starts(monkeypatch):
+    from distributed.cli.dask_worker import main as dask_worker
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a dask worker was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_worker)
+    for key, value in [("battery-floor", 30), ("budget", -1), ("interval", 0)]:
+        with dask.config.set({f"research.power.{key}": value}):
+            result = CliRunner().invoke(worker_command, ["tcp://127.0.0.1:1"])
+            assert result.exit_code == 2, result.output
+            assert f"config research.power.{key}={value!r} is invalid" in result.output
+    with dask.config.set({"research.power.battery-floor": 30}):
+        result = CliRunner().invoke(dask_worker, ["tcp://127.0.0.1:1", "--death-timeout", "1",
+                                                  "--preload", "dask_research.montecarlo.power"])
+    assert result.exit_code == 2 and "research.power.battery-floor=30 is invalid" in result.output
+
+
+_FAKE_DASK_WORKER = """
+import signal, sys, time
+got = []
+signal.signal(signal.SIGINT, lambda *a: got.append(1))
+open(sys.argv[1], "w").close()
+deadline = time.monotonic() + 20
+while not got and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.5)
+sys.exit(10 + len(got))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="process groups")
+@pytest.mark.parametrize("how", ["kill -INT PID", "Ctrl-C"])
+def test_sigint_reaches_dask_worker_once(tmp_path, how):
+    ready = tmp_path / "ready"
+    wrapper = (
+        "import sys\nfrom dask_research.montecarlo import power_cli\n"
+        f"power_cli.build_worker_command = lambda *a, **k: [sys.executable, '-c', {_FAKE_DASK_WORKER!r}, "
+        f"{str(ready)!r}]\npower_cli.worker_command(['tcp://127.0.0.1:1'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", wrapper], start_new_session=True,  # as a shell
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        if how == "Ctrl-C":
+            os.killpg(proc.pid, signal.SIGINT)     # the terminal's foreground group
+        else:
+            os.kill(proc.pid, signal.SIGINT)       # before: never forwarded; SIGKILL after 30 s
+        assert proc.wait(timeout=15) == 11         # dask worker's exit code; one SIGINT
+    finally:
+        _stop(proc)
