@@ -452,7 +452,7 @@ def _job_log_directory(cluster: str, store: str | None) -> str | None:
 @_job_options
 @_scheduler_options
 @click.option("--store", metavar="URL", help="Run store (path or fsspec URL): persist shards, resume, replay.")
-@click.option("--verify", type=click.IntRange(min=0), help="Shards re-checked on another worker (default from config).")
+@click.option("--verify", type=click.IntRange(min=0), help="Shards recomputed and compared, on another worker where there is one (default from config).")
 @click.option("--shards-per-task", type=_PowerOfTwo(), help="A power of two; default from pilot timing.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default from config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

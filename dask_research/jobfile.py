@@ -161,18 +161,29 @@ def _bounded_import(what: str) -> Iterator[None]:
                  "run work or loop at import? Keep that under `if __name__ == \"__main__\":`")
     argv, sys.argv = sys.argv, [what]
     held = io.StringIO()
+    ctx = click.get_current_context(silent=True)     # None: called from Python, not the command line
     previous = signal.signal(signal.SIGALRM, expire) if bounded else None
     watchdog = None
     if bounded:
         signal.setitimer(signal.ITIMER_REAL, seconds)
-        ctx = click.get_current_context(silent=True)
         if ctx is not None:         # the command line: a file that swallows the alarm is not waited on either
             watchdog = threading.Timer(seconds + _IMPORT_GRACE, _give_up, (timed_out, ctx))
             watchdog.daemon = True
             watchdog.start()
     try:
-        with contextlib.redirect_stderr(held):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(contextlib.redirect_stderr(held))
+            if ctx is not None:
+                # What a job file prints at import is a diagnostic, never the command's output
+                # (it would corrupt --json): it goes to stderr with the rest. os._exit, which
+                # would end the command silently with the file's status, is an error here.
+                stack.enter_context(contextlib.redirect_stdout(held))
+                stack.enter_context(_no_os_exit())
             yield
+    except _ExitAtImport as e:
+        raise click.BadParameter(
+            f"importing {what} called os._exit({e.status!r}): a job file must not end the process when "
+            "imported (keep that under `if __name__ == \"__main__\":`)") from None
     except SystemExit as e:
         first = next((line for line in held.getvalue().splitlines() if line.strip()), "")
         shown = f" after printing {first.strip()[:80]!r}" if first else ""
@@ -197,6 +208,33 @@ def _bounded_import(what: str) -> Iterator[None]:
 _IMPORT_GRACE = 2.0
 
 
+class _ExitAtImport(BaseException):
+    """``os._exit(status)`` called by a job file while the command line imports it."""
+
+    def __init__(self, status: Any):
+        super().__init__(status)
+        self.status = status
+
+
+_os_exit = os._exit     # the real one, for this module's own exit while a job file is imported
+
+
+@contextlib.contextmanager
+def _no_os_exit() -> Iterator[None]:
+    pid = os.getpid()
+
+    def refuse(status: Any) -> None:
+        if os.getpid() == pid and threading.current_thread() is threading.main_thread():
+            raise _ExitAtImport(status)
+        _os_exit(status)          # a forked child's or another thread's exit: unchanged
+
+    os._exit = refuse             # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = _os_exit
+
+
 def _give_up(message: str, ctx: click.Context) -> None:
     """The usage line for an import that outlived the timeout and its grace, then exit 2 at once:
     the main thread is inside the job file's code, which will not let go."""
@@ -205,7 +243,7 @@ def _give_up(message: str, ctx: click.Context) -> None:
     if stream is not None:
         stream.write(f"Error: {error.format_message()} (see '{ctx.command_path} --help')\n")
         stream.flush()
-    os._exit(2)
+    _os_exit(2)
 
 
 def load_object(ref: str) -> Any:

@@ -121,6 +121,28 @@ def test_a_job_file_that_exits_parses_argv_or_loops_at_import_gets_one_line(tmp_
     assert out.output.strip().splitlines()[-1].startswith("Error: Invalid value for MODULE:JOB: loading")
 
 
+@pytest.mark.timeout(300, method="thread")
+def test_what_a_job_file_prints_at_import_never_corrupts_json_output(tmp_path):
+    """A print() at import went to stdout, before the summary: `--json` output no longer parsed."""
+    job = tmp_path / "chatty_job.py"
+    job.write_text("print('loading the chatty job')\n" + JOB_FILE)
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "run", f"{job}:job", "--no-progress",
+                          "--json", "--shards", "4"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["shards"] == 4
+    assert "loading the chatty job" in out.stderr
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_job_file_that_calls_os_exit_at_import_is_one_line_not_a_silent_success(tmp_path):
+    job = tmp_path / "quits_job.py"
+    job.write_text("import os\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "run", f"{job}:job", "--no-progress"],
+                         capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout + out.stderr)[-3000:]
+    assert f"importing {job} called os._exit(0)" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.parametrize("body", [
     "import time\nwhile True:\n    try:\n        time.sleep(1)\n    except BaseException:\n        pass\n",

@@ -262,3 +262,12 @@ def test_run_refuses_a_store_that_is_a_file_or_cannot_be_created_before_computin
     with pytest.raises(StoreError, match=r"cannot be created"):
         mc.run(job, store="/proc/no-such-store", progress=False)
     assert called == []
+
+
+def test_a_store_that_is_a_dangling_link_is_named_as_one(tmp_path, job_module):
+    """A store path that is a symbolic link to a missing directory was called "a file"."""
+    _, job = job_module
+    (tmp_path / "runs").symlink_to(tmp_path / "gone")
+    with pytest.raises(StoreError, match=r"runs: is a symbolic link to .*gone, which does not exist"):
+        mc.run(job, store=str(tmp_path / "runs"), progress=False)
+    assert not (tmp_path / "gone").exists()

@@ -109,7 +109,7 @@ class StoreFiles:
 
     def require(self) -> StoreFiles:
         """Raise :class:`StoreError` unless the store exists (readers never create one)."""
-        if self.local and os.path.lexists(self.root) and not os.path.isdir(self.root):
+        if self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise StoreError(self.display(self.root), "is a file, not a run store (a directory)")
         if not self.exists():
             raise StoreError(self.display(self.root), "does not exist; give the path or URL of the store "
@@ -120,12 +120,13 @@ class StoreFiles:
         """Create the store's root for writing, or raise a one-line :class:`StoreError` why not."""
         where = self.display(self.root)
         if self.local:
-            if os.path.lexists(self.root) and not os.path.isdir(self.root):
+            if os.path.isfile(self.root) or (os.path.exists(self.root) and not os.path.isdir(self.root)):
                 raise StoreError(where, "is a file, not a run store; give a directory (it is created if missing)")
-            try:
-                os.makedirs(self.root, exist_ok=True)
-            except OSError as e:
-                raise StoreError(where, f"cannot be created ({e.strerror or e}); give a writable directory") from None
+            try:                      # made like every directory of the durability layer: synced
+                os.close(self.files.open_dir(self.root, create=True))
+            except StoreError as e:
+                hint = "; give a writable directory" if e.problem.startswith("cannot be created") else ""
+                raise StoreError(where, e.problem + hint) from None
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise StoreError(where, "is not writable by this user; give a writable directory")
             try:                      # a linked runs/ is refused now, before anything is computed
