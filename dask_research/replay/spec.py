@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,22 +58,32 @@ class Field:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+def _whole(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def _field(name: Any, desc: Any) -> Field:
     if not isinstance(name, str) or not name:
         raise SpecError(None, f"field names are non-empty strings; got {name!r}")
     if name in RESERVED:
         raise SpecError(name, f"is reserved (a batch attribute); choose another name, not one of "
                               f"{sorted(RESERVED)}")
-    try:
-        shape, dtype = desc
-    except (TypeError, ValueError):
-        raise SpecError(name, f"is described by (shape, dtype), e.g. ((4,), 'float32'); got {desc!r}")
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError:
-        raise SpecError(name, f"shape must be a tuple of ints; got {shape!r}")
+    described = "is described by (shape, dtype) or {'shape': ..., 'dtype': ...}, e.g. ((4,), 'float32')"
+    if isinstance(desc, Mapping):
+        if set(desc) != {"shape", "dtype"}:
+            raise SpecError(name, f"{described}; got {desc!r}")
+        shape, dtype = desc["shape"], desc["dtype"]
+    else:
+        try:
+            shape, dtype = desc
+        except (TypeError, ValueError):
+            raise SpecError(name, f"{described}; got {desc!r}") from None
+    if _whole(shape):
+        shape = (shape,)
+    dims = tuple(shape) if isinstance(shape, Iterable) and not isinstance(shape, (str, bytes)) else None
+    if dims is None or not all(_whole(s) for s in dims):
+        raise SpecError(name, f"shape must be a tuple of whole numbers; got {shape!r}")
+    shape = tuple(int(s) for s in dims)
     if any(s <= 0 for s in shape):
         raise SpecError(name, f"shape {shape} has a non-positive dimension")
     try:
@@ -94,8 +104,16 @@ def priority_arrays(indices: Any, priorities: Any, where: str) -> tuple[np.ndarr
     from ..exceptions import InputError
     from .exact import key_array, priority_values
 
-    keys = key_array(_as_numpy("indices", indices), where).reshape(-1)
-    pr = priority_values(_as_numpy("priorities", priorities), where).reshape(-1)
+    def host(name: str, x: Any, expected: str) -> np.ndarray:
+        try:
+            return _as_numpy(name, x)
+        except SpecError:     # an argument, not a field of the spec: say so in the argument's terms
+            shown = repr(x)
+            raise InputError(name, shown if len(shown) <= 60 else shown[:57] + "...", expected,
+                             where=where) from None
+
+    keys = key_array(host("indices", indices, "integer keys below 2**63 (Batch.indices)"), where).reshape(-1)
+    pr = priority_values(host("priorities", priorities, "real numbers"), where).reshape(-1)
     if len(pr) != len(keys):
         raise InputError("priorities", f"{len(pr)} values", f"one per index ({len(keys)})", where=where)
     return keys, pr
@@ -288,7 +306,7 @@ class ExperienceSpec:
 
     Parameters
     ----------
-    fields : mapping of name to ``(shape, dtype)``, or an ExperienceSpec
+    fields : mapping of name to ``(shape, dtype)`` or ``{"shape": ..., "dtype": ...}``, or an ExperienceSpec
         ``shape`` is the per-transition shape (``()`` for a scalar), ``dtype`` anything
         ``numpy.dtype`` accepts.
 

@@ -25,10 +25,21 @@ def test_record_layout_is_aligned_and_fields_are_views():
     ({"obs": ((4,), "object")}, "not a plain numeric"),
     ({"obs": ((0,), "float32")}, "non-positive dimension"),
     ({"obs": "float32"}, r"described by \(shape, dtype\)"),
+    ({"obs": {"shape": (4,), "type": "float32"}}, r"described by \(shape, dtype\) or \{'shape'"),
+    ({"obs": ((2.5,), "float32")}, r"shape must be a tuple of whole numbers; got \(2.5,\)"),
+    ({"obs": ("4", "float32")}, r"shape must be a tuple of whole numbers; got '4'"),
+    ({"obs": ((True,), "float32")}, r"shape must be a tuple of whole numbers"),
 ])
 def test_bad_specs(fields, match):
     with pytest.raises(SpecError, match=match):
         ExperienceSpec(fields)
+
+
+def test_a_field_may_be_described_by_a_mapping():
+    """``{"shape": ..., "dtype": ...}`` (how gymnasium and TorchRL users think of a field) was
+    unpacked as its two keys and failed with a raw ValueError from int('s')."""
+    spec = ExperienceSpec({"obs": {"shape": (4,), "dtype": "float32"}, "done": {"dtype": "bool", "shape": ()}})
+    assert spec == ExperienceSpec({"obs": ((4,), "float32"), "done": ((), "bool")})
 
 
 @pytest.mark.parametrize("mutate, match", [
@@ -257,6 +268,11 @@ def test_update_priorities_refuses_keys_that_a_cast_would_change():
         plane.update_priorities(np.array([2**64 - 1], np.uint64), np.array([5.0]))
     with pytest.raises(InputError, match=r"priorities='complex128 values such as \(1\+2j\)'"):
         plane.update_priorities(np.array([1]), np.array([1 + 2j]))
+    with pytest.raises(InputError, match=r"update_priorities: indices='\[1180591620717411303424\]' is "
+                                         r"invalid; expected integer keys below 2\*\*63"):
+        plane.update_priorities([2**70], [1.0])      # a list numpy holds only as objects
+    with pytest.raises(InputError, match=r"priorities='\[1148130695.*\.\.\.' is invalid; expected real numbers"):
+        plane.update_priorities([1], [2**2000])
     assert plane.update_priorities([], []) == 0
     assert plane.update_priorities(np.array([3, 6], np.uint32), np.array([7, 9])) == 2
     leaves = plane.sampler.tree.sum[plane.sampler.tree.L + np.arange(8)]
