@@ -153,10 +153,18 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
     if scheduler is not None and cluster is not None:
         raise click.UsageError("give --scheduler or --cluster, not both")
     if cluster is not None:
+        from .exceptions import InputError
         from .hpc import jobqueue_client
 
-        with jobqueue_client(cluster, jobs=jobs or 1, **cluster_options) as client:
-            yield client
+        started = False
+        try:
+            with jobqueue_client(cluster, jobs=jobs or 1, **cluster_options) as client:
+                started = True
+                yield client
+        except InputError as e:
+            if started:                   # the run's own, not the cluster's options
+                raise
+            raise click.BadParameter(str(e), param_hint=f"--{e.name}") from None
         return
     if scheduler is None:
         yield None

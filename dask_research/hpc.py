@@ -82,6 +82,7 @@ def jobqueue_client(name: str, jobs: int, **options: Any) -> Iterator:
         raise InputError("jobs", jobs, "a positive number of batch jobs")
     kwargs = {k: v for k, v in options.items() if v is not None}
     if name.lower() == "slurm":
+        slurm_check_request(kwargs)
         kwargs.update(slurm_job_size(kwargs))
     try:
         cluster = cls(**kwargs)
@@ -135,12 +136,82 @@ def slurm_job_size(given: dict[str, Any], sinfo: str = "sinfo") -> dict[str, Any
         chosen["cores"] = cores
     if "memory" in missing:
         # whole GiB, rounded down: dask-jobqueue rounds --mem up to GiB, past the node's memory otherwise
-        chosen["memory"] = f"{mem_mb // 1024}GiB" if mem_mb >= 1024 else f"{mem_mb}MiB"
+        chosen["memory"] = _mib(mem_mb)
     where = f"partition {queue}" if queue else "the default partition"
     said = ", ".join(f"{k} {v}" for k, v in chosen.items())
     print(f"--cluster slurm: {said} per job, from sinfo for {where}'s smallest node; {hint} to change it",
           file=sys.stderr, flush=True)
     return chosen
+
+
+def slurm_check_request(given: dict[str, Any], sinfo: str = "sinfo") -> None:
+    """Refuse, before anything is submitted, a partition this SLURM does not have, and a job
+    that no node of its partition can hold (SLURM would keep it pending for ever, and the run
+    would wait without a word). :class:`InputError` names the option and what would fit.
+
+    Cores and memory are the given ones, else ``jobqueue.slurm.cores`` / ``.memory``; memory is
+    rounded up as dask-jobqueue asks SLURM for it (whole GiB from 1 GiB). Where ``sinfo`` cannot
+    answer, nothing is checked: the submission says what is wrong.
+
+    >>> slurm_check_request({"queue": "debug"}, sinfo="/nonexistent/sinfo")    # no SLURM to ask
+    """
+    import math
+    import subprocess
+
+    import dask
+    from dask.utils import parse_bytes
+
+    try:
+        out = subprocess.run([sinfo, "-h", "-o", "%P %c %m"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    partitions: dict[str, list[tuple[int, int]]] = {}
+    default = None
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        name = fields[0].rstrip("*")
+        default = name if fields[0].endswith("*") else default
+        try:
+            partitions.setdefault(name, []).append((int(fields[1].rstrip("+")), int(fields[2].rstrip("+"))))
+        except ValueError:
+            continue
+    if not partitions:
+        return
+    where = "--cluster slurm"
+    queue = given.get("queue") or dask.config.get("jobqueue.slurm.queue", None)
+    if queue is not None and str(queue) not in partitions:
+        raise InputError("queue", queue, f"a partition of this SLURM cluster: {', '.join(sorted(partitions))}",
+                         where=where)
+    partition = str(queue) if queue is not None else default
+    if partition is None or partition not in partitions:
+        return
+    nodes = partitions[partition]
+    cores = given.get("cores") or dask.config.get("jobqueue.slurm.cores", None)
+    memory = given.get("memory") or dask.config.get("jobqueue.slurm.memory", None)
+    try:
+        need_cores = int(cores) if cores is not None else 0
+        n = parse_bytes(memory) if memory is not None else 0
+    except (TypeError, ValueError):
+        return                    # dask-jobqueue refuses it in its own words
+    need_mb = math.ceil(n / 2**30) * 1024 if n >= 2**30 else math.ceil(n / 2**20)
+    if any(c >= need_cores and m >= need_mb for c, m in nodes):
+        return
+    most_cores, most_mb = max(c for c, _ in nodes), max(m for _, m in nodes)
+    never = f"partition {partition}'s nodes"
+    if need_cores > most_cores:
+        raise InputError("cores", cores, f"at most {most_cores}, the most CPUs of {never} (a larger job "
+                         "would wait in the queue for ever)", where=where)
+    if need_mb > most_mb:
+        raise InputError("memory", memory, f"at most {_mib(most_mb)}, the most memory of {never} "
+                         "(a larger job would wait in the queue for ever)", where=where)
+    raise InputError("memory", memory, f"a size that fits beside {cores} cores on one of {never}: none has "
+                     "both (a larger job would wait in the queue for ever)", where=where)
+
+
+def _mib(mb: int) -> str:
+    return f"{mb // 1024}GiB" if mb >= 1024 else f"{mb}MiB"
 
 
 class _SubmitErrors(logging.Filter):

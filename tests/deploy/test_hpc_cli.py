@@ -112,6 +112,41 @@ def test_where_sinfo_cannot_tell_the_line_keeps_the_hint(tmp_path):
         assert slurm_job_size({"queue": "debug", "cores": 2}, sinfo=str(two_nodes)) == {"memory": "15GiB"}
 
 
+def test_a_partition_slurm_lacks_or_a_job_no_node_holds_is_refused_before_submitting(tmp_path):
+    """A job larger than every node of its partition stayed pending for ever and the run waited
+    without a word; a misspelt partition was sbatch's refusal, exit 1, after the cluster started."""
+    import dask
+
+    from dask_research.exceptions import InputError
+    from dask_research.hpc import slurm_check_request
+
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\nprintf 'debug* 8 31000\\ndebug* 2 64000\\nbig 64+ 500000\\n'\n")
+    sinfo.chmod(0o755)
+
+    def check(**given):
+        with dask.config.set({"jobqueue.slurm.cores": None, "jobqueue.slurm.memory": None,
+                              "jobqueue.slurm.queue": None}):
+            slurm_check_request(given, sinfo=str(sinfo))
+
+    with pytest.raises(InputError, match=r"queue='nosuch' is invalid; expected a partition of this SLURM "
+                                         r"cluster: big, debug"):
+        check(queue="nosuch")
+    with pytest.raises(InputError, match=r"cores=16 is invalid; expected at most 8, the most CPUs of "
+                                         r"partition debug's nodes \(a larger job would wait"):
+        check(cores=16, memory="1GB")
+    with pytest.raises(InputError, match=r"memory='80GB' is invalid; expected at most 62GiB"):
+        check(cores=1, memory="80GB")
+    with pytest.raises(InputError, match=r"memory='40GB' is invalid; expected a size that fits beside 8 cores"):
+        check(cores=8, memory="40GB")         # 8 cores on one node, 64 GB on the other: neither has both
+    check(cores=8, memory="30GB")             # 30 GB asks SLURM for 28 GiB (28672 MB): it fits
+    check(queue="big", cores=64, memory="400GB")
+    check()                                   # nothing asked for: nothing to refuse
+    with pytest.raises(InputError, match="cores=16"):
+        with dask.config.set({"jobqueue.slurm.cores": 16, "jobqueue.slurm.memory": "1GB"}):
+            slurm_check_request({}, sinfo=str(sinfo))        # the configured size is checked too
+
+
 def test_importing_dask_jobqueue_keeps_ctrl_c():
     # dask_jobqueue.runner sets SIGINT to sys.exit() on import: Ctrl-C in `mc run --cluster slurm`
     # was a silent exit 0 (no "interrupted" line), not KeyboardInterrupt.

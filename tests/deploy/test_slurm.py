@@ -303,6 +303,21 @@ def test_the_getting_started_slurm_command_works_on_a_new_account(slurm, tmp_pat
     wait_for(lambda: not slurm.jobs(), 60, "--cluster to cancel its jobs at the end")
 
 
+@pytest.mark.timeout(300, method="thread")
+def test_a_partition_it_lacks_or_a_job_no_node_holds_is_a_usage_error_before_submitting(slurm, tmp_path):
+    base = [sys.executable, "-m", "dask_research.cli", "mc", "run", os.path.join(REPO, "examples",
+            "saturating_pipeline.py") + ":job", "--cluster", "slurm", "--no-progress", "--memory", "1GB"]
+    for extra, message in ((["--queue", "nosuch", "--cores", "1"],
+                            f"queue='nosuch' is invalid; expected a partition of this SLURM cluster: {slurm.partition}"),
+                           (["--queue", slurm.partition, "--cores", str(slurm.cpus + 1)],
+                            f"cores={slurm.cpus + 1} is invalid; expected at most {slurm.cpus}, the most CPUs of "
+                            f"partition {slurm.partition}'s nodes")):
+        out = subprocess.run(base + extra, cwd=tmp_path, env=slurm.env, capture_output=True, text=True, timeout=200)
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert message in out.stderr and len(out.stderr.strip().splitlines()) <= 2, out.stderr[-3000:]
+        assert not slurm.jobs()                  # nothing was submitted
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300, method="thread")
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
