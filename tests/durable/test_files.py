@@ -25,6 +25,20 @@ def _files(root: Path, error=StoreError) -> Files:
     return Files(root, error=error)
 
 
+@pytest.fixture
+def synced(monkeypatch) -> set:
+    """The inodes of every file and directory ``os.fsync`` is called on while the test runs."""
+    seen: set = set()
+    real_fsync = os.fsync
+
+    def recording(fd):
+        seen.add(os.fstat(fd).st_ino)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return seen
+
+
 def test_the_root_may_be_a_link_but_nothing_below_it(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
@@ -277,19 +291,11 @@ def test_a_failed_append_never_cuts_off_another_writers_records(tmp_path, monkey
     assert (tmp_path / "j.jsonl").read_bytes() == b'{"header":1}\n{"re{"theirs":1}\n'
 
 
-def test_a_store_root_the_write_creates_is_synced_in_its_parents(tmp_path, monkeypatch):
+def test_a_store_root_the_write_creates_is_synced_in_its_parents(tmp_path, synced):
     """The root itself, and every missing directory above it, is made with its name synced in
     its parent, as the directories below the root are."""
     root = tmp_path / "new" / "store"
     files = _files(root)
-    synced: set = set()
-    real_fsync = os.fsync
-
-    def recording(fd):
-        synced.add(os.fstat(fd).st_ino)
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
     assert files.write_bytes(files.join("doc.json"), b"{}", cap=10)
     for directory in (tmp_path, tmp_path / "new", root):
         assert directory.stat().st_ino in synced, directory
@@ -316,18 +322,10 @@ def test_a_sandbox_that_forbids_renameat2_falls_back(monkeypatch):
     assert files_module._rename_noreplace(-1, "a", "b") is None
 
 
-def test_each_directory_a_write_creates_is_synced_in_its_parent(tmp_path, monkeypatch):
+def test_each_directory_a_write_creates_is_synced_in_its_parent(tmp_path, synced):
     """A file synced into a new directory is lost to a power cut unless the new directory's
     name is synced too, in every parent a write created a directory in."""
     files = _files(tmp_path)
-    synced: set = set()
-    real_fsync = os.fsync
-
-    def recording(fd):
-        synced.add(os.fstat(fd).st_ino)
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
     assert files.write_bytes(files.join("runs", "ab12", "doc.json"), b"{}", cap=10)
     for directory in (tmp_path, tmp_path / "runs", tmp_path / "runs" / "ab12"):
         assert directory.stat().st_ino in synced, directory
