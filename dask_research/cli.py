@@ -606,6 +606,71 @@ def _shard_out_of_range(flag: str):
         raise click.BadParameter(str(e), param_hint=flag) from None
 
 
+def _check_read_store(store: str) -> None:
+    """``--store`` of a read command (show, replay, verify): :func:`_check_store`, and the store
+    must exist. A path that does not exist, is a file or is a dangling link is a usage error
+    (exit 2, one line), as a bad ``--shard`` is, not a failure of the command (exit 1).
+    """
+    import os
+
+    from .exceptions import StoreError
+    from .montecarlo.run import open_store
+
+    _check_store(store)
+    if os.path.islink(store) and not os.path.exists(store):
+        raise click.BadParameter(f"{_redact(store)!r} is a dangling symbolic link (to {os.readlink(store)!r}); "
+                                 "give the path or URL of the store the run was written to", param_hint="--store")
+    try:
+        open_store(store, must_exist=True)
+    except StoreError as e:
+        raise click.BadParameter(f"{e.path}: {e.problem}", param_hint="--store") from None
+
+
+def _printable(text, limit: int = 200) -> str:
+    """Text from a store as one printable line: control characters (a newline that would forge
+    a line of output, a terminal escape) shown escaped, and at most ``limit`` characters.
+
+    >>> _printable("x\\n  mean 42\\x1b[2J")
+    'x\\\\n  mean 42\\\\x1b[2J'
+    """
+    text = str(text)
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")
+
+
+@contextlib.contextmanager
+def _run_prefix():
+    """RUN that is not a hex prefix, or that several runs' ids start with, is a usage error too."""
+    from .montecarlo.store import BadRunId
+
+    try:
+        yield
+    except BadRunId as e:
+        raise click.BadParameter(e.problem, param_hint="RUN") from None
+
+
+@contextlib.contextmanager
+def _one_line_store_warnings():
+    """A store's warning (a foreign file ignored, result.json disagreeing with its shards) as one
+    line, ``Warning: <file>: <problem>``, on stderr; Python's format added this package's source
+    file, line number and line of code."""
+    import warnings
+
+    from .montecarlo.store import StoreWarning
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, StoreWarning):
+                click.echo(f"Warning: {_printable(message, 2000)}", err=True)   # a file's name is anyone's
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
 _store_opt = click.option("--store", metavar="URL", required=True, help="The run store (path or fsspec URL).")
 _job_opt = click.option("--job", "job_ref", metavar="FILE:JOB or MODULE:JOB",
                         help="The job that ran: the pipeline always comes from you, never from the store "
@@ -624,9 +689,9 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     """Recompute one shard of RUN alone and compare it with the stored accumulator."""
     from . import montecarlo
 
-    _check_store(store)
+    _check_read_store(store)
     job = load_job(job_ref) if job_ref else None
-    with _shard_out_of_range("--shard"):
+    with _shard_out_of_range("--shard"), _run_prefix(), _one_line_store_warnings():
         report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
     if not report.match:
@@ -645,15 +710,23 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     """Recompute several shards of RUN locally and compare them with the store."""
     from . import montecarlo
 
-    _check_store(store)
+    if shards is not None and click.get_current_context().get_parameter_source("k") is \
+            click.core.ParameterSource.COMMANDLINE:     # -k was silently ignored
+        raise click.UsageError("-k and --shards exclude each other: give a number of hashed shards or a list, "
+                               "not both")
+    _check_read_store(store)
     job = load_job(job_ref) if job_ref else None
-    with _shard_out_of_range("--shards"):
+    with _shard_out_of_range("--shards"), _run_prefix(), _one_line_store_warnings():
         reports = montecarlo.replay_many(run_id, store, shards=shards, k=k, job=job,
                                          trust_origin=trust_origin or None)
     for r in reports:
         click.echo(str(r))
     bad = [r for r in reports if not r.match]
-    click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly")
+    total = reports[0].of_shards if reports else None
+    scope = ("" if total is None else " (every shard of the run)" if len(reports) >= total else
+             f" (a sample: {len(reports)} of the run's {total} shards re-run, the other {total - len(reports)} "
+             "not checked)")
+    click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly{scope}")
     if bad:
         raise SystemExit(1)
 
@@ -668,8 +741,9 @@ def mc_show(run_id, store, as_json):
 
     from . import montecarlo
 
-    _check_store(store)
-    info = montecarlo.show(run_id, store)
+    _check_read_store(store)
+    with _run_prefix(), _one_line_store_warnings():
+        info = montecarlo.show(run_id, store)
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -679,7 +753,7 @@ def mc_show(run_id, store, as_json):
         for r in info["runs"]:
             click.echo(f"  {r}")
         return
-    click.echo(f"run {info['run_id']} ({info['name']}), created {info['created']}")
+    click.echo(f"run {info['run_id']} ({_printable(info['name'])}), created {_printable(info['created'])}")
     click.echo(f"  shards stored {info['stored_shards']} of {info['shards']}"
                f"{'' if info['complete'] else ' (incomplete: run it again to resume)'}")
     res = info["result"]
@@ -690,11 +764,12 @@ def mc_show(run_id, store, as_json):
         ci_text = f" (95 % CI of the mean [{ci[0]:.6g}, {ci[1]:.6g}])" if isinstance(ci, list) and len(ci) == 2 else ""
         click.echo(f"  mean {res['mean']:.6g}{ci_text}, stderr {res['stderr']:.3g}; output sd {res['sd']:.6g}, "
                    f"n {res['n']:,} (recomputed from the stored shards)")
-        if res.get("verification"):
-            click.echo(f"  verified {verification_sentence(res)}")
+        if res.get("verification"):        # the run's own record: show re-runs no shard
+            click.echo(f"  verified {_printable(verification_sentence(res), 2000)} (as the run recorded it; "
+                       "not re-run by show: mc verify RUN re-runs shards)")
         reused = reused_sentence(res) if "result_mismatch" not in res else None
         if reused:
-            click.echo(f"  reused shards {reused}")
+            click.echo(f"  reused shards {_printable(reused, 2000)}")
     elif res and res.get("result_checked") is False:
         click.echo("  result: the state of a user reducer, which show cannot recompute without its code; "
                    "check the shards with mc verify RUN --store ... --job FILE:JOB")

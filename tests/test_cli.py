@@ -312,7 +312,7 @@ def _bad_input_cases(tmp_path):
         "demo store is a file": (["demo", "--quick", "--store", str(a_file / "store")], 2,
                                  f"a folder for the run store ({a_file} is a file)"),
         "not a python file": (["mc", "run", "/etc/passwd:x"], 2, "'/etc/passwd' is not a Python file"),
-        "mistyped store for show": (["mc", "show", "--store", str(tmp_path / "runz")], 1, "does not exist"),
+        "mistyped store for show": (["mc", "show", "--store", str(tmp_path / "runz")], 2, "does not exist"),
     }
 
 

@@ -19,6 +19,7 @@ True
 """
 from __future__ import annotations
 
+import bisect
 import importlib
 import importlib.util
 import inspect
@@ -56,6 +57,8 @@ class ReplayReport:
     recomputed: Any
     file: str
     tolerance: str = TOLERANCE
+    #: The run's shard count (``None`` if unknown), so a summary can say how many were not re-run.
+    of_shards: int | None = None
 
     def __str__(self) -> str:
         verdict = "identical" if self.match else f"DIFFERENT: {self.difference}"
@@ -285,7 +288,8 @@ def replay(run_id: str, shard: int, store: Any, job: Job | None = None,
     """
     rs = _existing_store(store, "replay")
     job, manifest = load_job(run_id, rs, job, trust_origin)
-    return _replay_loaded(rs, job, manifest, rs.read_shards(manifest["run_id"]), shard)
+    only = [shard] if isinstance(shard, int) else []      # only the file(s) holding it are read
+    return _replay_loaded(rs, job, manifest, rs.read_shards(manifest["run_id"], only=only), shard)
 
 
 def _replay_loaded(rs: RunStore, job: Job, manifest: dict, stored: dict, shard: int) -> ReplayReport:
@@ -295,7 +299,7 @@ def _replay_loaded(rs: RunStore, job: Job, manifest: dict, stored: dict, shard: 
         raise InputError("shard", shard, f"an index in [0, {job.shards})", where=f"run {run_id[:12]}")
     if shard not in stored:
         raise StoreError(rs.display(rs.run_dir(run_id)), f"has no accepted accumulator for shard {shard} "
-                         f"({len(stored)} of {job.shards} stored)")
+                         f"(no shard file of the run holds it; of {job.shards} shards)")
     state, _, path = stored[shard]
     rng = manifest["range"]
     reducer = job.make_reducer((rng[0], rng[1]) if rng is not None else None)
@@ -311,22 +315,59 @@ def _replay_loaded(rs: RunStore, job: Job, manifest: dict, stored: dict, shard: 
         raise PipelineError(shard, f"raised {type(e).__name__}: {e} (replayed alone in this process, "
                             f"run {run_id[:12]})") from e
     diff = states_match(state, again)
-    return ReplayReport(run_id, shard, diff is None, diff, state, again, rs.display(path))
+    return ReplayReport(run_id, shard, diff is None, diff, state, again, rs.display(path), of_shards=job.shards)
 
 
 def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int = 4,
                 job: Job | None = None, trust_origin: bool | None = None) -> list[ReplayReport]:
     """Replay the given shards, or ``k`` chosen from the hash of the run id (see :func:`replay`).
 
-    The job, its manifest and the stored shard files are read once for all of them (they
-    were read again for every shard: 0.33 s a shard on a 512-file store).
+    The job, its manifest and the stored shard files holding the chosen shards are read once
+    for all of them (they were read again for every shard: 0.33 s a shard on a 512-file store);
+    files holding none of them are not read.
     """
     rs = _existing_store(store, "replay")
     job, manifest = load_job(run_id, rs, job, trust_origin)
     run = manifest["run_id"]          # the whole id (a scheme-1 run's is not the job's current id)
-    picks = shards if shards is not None else hash_order(run, job.shards, k)
-    stored = rs.read_shards(run)
+    picks = shards if shards is not None else _hashed_stored(rs, run, job.shards, k)
+    stored = rs.read_shards(run, only=[s for s in picks if isinstance(s, int)])   # each file holding one, once
     return [_replay_loaded(rs, job, manifest, stored, s) for s in picks]
+
+
+#: Most hashed shard indices :func:`_hashed_stored` looks through for stored ones.
+MAX_HASHED_SCAN = 1 << 20
+
+
+def _hashed_stored(rs: RunStore, run: str, shards: int, k: int) -> list[int]:
+    """The first ``k`` shards in the run id's hash order that a shard file is named for.
+
+    A complete run's are :func:`hash_order`'s first ``k``; an incomplete run's (a run to
+    resume) skip the shards not stored yet, instead of failing on the first one of them. At
+    most :data:`MAX_HASHED_SCAN` indices are looked through; none stored is a :class:`StoreError`.
+    """
+    merged: list[list[int]] = []          # the files' ranges (they may overlap), as disjoint ones
+    for a, b in rs.shard_ranges(run):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [a for a, _ in merged]
+
+    def held(s: int) -> bool:
+        i = bisect.bisect_right(starts, s) - 1
+        return i >= 0 and s < merged[i][1]
+
+    limit, picks = min(k, shards), []
+    while True:
+        order = hash_order(run, shards, limit)
+        picks = [s for s in order if held(s)][:k]
+        if len(picks) >= k or limit >= min(shards, MAX_HASHED_SCAN):
+            break
+        limit = min(2 * limit, shards, MAX_HASHED_SCAN)
+    if not picks:
+        raise StoreError(rs.display(rs.run_dir(run)), f"holds no stored shard to verify (of {shards} shards; "
+                         "run it again to compute them)")
+    return picks
 
 
 def show(run_id: str | None, store: Any) -> dict:

@@ -22,9 +22,9 @@ from .held_run import HeldRun
 from .holdings import Holdings
 from .layout import MANIFEST_FORMAT, RESULT_FORMAT, SHARDS_FORMAT, StoreWarning, checksum, redact
 from .run_lease import Lease
-from .runstore import RunStore
+from .runstore import BadRunId, RunStore
 from .store_files import Exists, StoreFiles
 from .worker_writes import StoreTarget, Unwritable
 
-__all__ = ["RunStore", "HeldRun", "StoreTarget", "Unwritable", "Lease", "Holdings", "StoreFiles", "Exists", "StoreWarning", "MANIFEST_FORMAT",
+__all__ = ["RunStore", "BadRunId", "HeldRun", "StoreTarget", "Unwritable", "Lease", "Holdings", "StoreFiles", "Exists", "StoreWarning", "MANIFEST_FORMAT",
            "SHARDS_FORMAT", "RESULT_FORMAT", "checksum", "redact"]

@@ -20,12 +20,13 @@ Examples
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import posixpath
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ...durable import jsondoc
@@ -64,7 +65,12 @@ if TYPE_CHECKING:
     from ..job import Job
     from ..pilot import Pilot
 
-__all__ = ["RunStore"]
+__all__ = ["RunStore", "BadRunId"]
+
+
+class BadRunId(StoreError):
+    """The run named is not a run id prefix, or more than one run's id starts with it."""
+
 
 _WARNED: set[str] = set()
 #: What follows a shard file's states, up to its checksum's opening quote.
@@ -206,13 +212,19 @@ class RunStore:
         return [name for name in self.files.listdir(self.files.join(RUNS_DIR)) if is_run_id(name)]
 
     def resolve(self, run_id: str) -> str:
-        """The whole id of the one run whose id starts with ``run_id`` (a prefix is enough)."""
+        """The whole id of the one run whose id starts with ``run_id`` (a prefix is enough).
+
+        A ``run_id`` that is not a hex prefix, or that several runs start with, is
+        :class:`BadRunId` (the caller's mistake: the command line makes it a usage error);
+        a prefix no run starts with is a plain :class:`StoreError`.
+        """
         if not isinstance(run_id, str) or not run_id or not re.fullmatch(r"[0-9a-f]{1,64}", run_id):
-            raise StoreError(repr(self), f"{run_id!r} is not a run id or a prefix of one (lowercase hex characters)")
+            raise BadRunId(repr(self), f"{run_id!r} is not a run id or a prefix of one (lowercase hex characters)")
         matches = [r for r in self.list_runs() if r.startswith(run_id)]
-        if len(matches) != 1:
-            raise StoreError(repr(self), f"{len(matches)} runs start with {run_id!r}; give more characters"
-                             if matches else f"has no run starting with {run_id!r}")
+        if len(matches) > 1:
+            raise BadRunId(repr(self), f"{len(matches)} runs start with {run_id!r}; give more characters")
+        if not matches:
+            raise StoreError(repr(self), f"has no run starting with {run_id!r}")
         return matches[0]
 
     def has_run(self, run_id: str) -> bool:
@@ -344,8 +356,17 @@ class RunStore:
                 _warn_foreign(self.display(p))
         return out
 
-    def read_shards(self, run_id: str, decoder: Callable = decode) -> dict[int, tuple[Any, str, str]]:
+    def shard_ranges(self, run_id: str) -> list[tuple[int, int]]:
+        """The ``[first, stop)`` ranges the run's shard files are named for, sorted; no file is read."""
+        return sorted(_range_of(p) for p in self.shard_files(run_id))
+
+    def read_shards(self, run_id: str, decoder: Callable = decode,
+                    only: Collection[int] | None = None) -> dict[int, tuple[Any, str, str]]:
         """``{shard: (state, worker, file)}`` for every stored shard.
+
+        With ``only``, just the files whose name's range holds one of those shards are read
+        (replaying one shard of a 4096-file store read all 4096); the result may then hold
+        other shards of those files too.
 
         Each file's format, run id and checksum are verified, then its schema
         (:data:`.documents.SHARDS`), then each state is decoded (and an accumulator checked,
@@ -355,7 +376,13 @@ class RunStore:
         """
         out: dict[int, tuple[Any, str, str]] = {}
         raw: dict[int, str] = {}
+        wanted = None if only is None else sorted(set(only))
         for path in self.shard_files(run_id):
+            if wanted is not None:
+                lo, hi = _range_of(path)
+                i = bisect.bisect_left(wanted, lo)
+                if i == len(wanted) or wanted[i] >= hi:
+                    continue          # holds none of the shards asked for: never read
             doc = self.files.expect(path, self.files.read_json(path), SHARDS_FORMAT, run_id)
             body = doc.get("states")
             if not isinstance(body, dict) or doc.get("checksum") != checksum(body):
