@@ -122,15 +122,22 @@ def test_verify_and_show_say_what_was_not_checked(tmp_path, job_module, one_work
     assert "(as the run recorded it; not re-run by show: mc verify RUN re-runs shards)" in line[0]
 
 
-@pytest.mark.timeout(300, method="thread")
-def test_a_store_warning_of_a_read_command_is_one_line(tmp_path, job_module, one_worker):
-    """A foreign file in shards/ printed Python's two-line warning: this package's source path and
-    line number, then the line of code ('for path in self.shard_files(run_id):')."""
+@pytest.fixture
+def stored(tmp_path, job_module, one_worker):
+    """``(job, store)``: the test job run once into ``tmp_path/store`` on one worker, unverified."""
     from dask_research import montecarlo as mc
 
-    path, job = job_module
+    _, job = job_module
     store = tmp_path / "store"
     mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
+    return job, store
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_store_warning_of_a_read_command_is_one_line(stored):
+    """A foreign file in shards/ printed Python's two-line warning: this package's source path and
+    line number, then the line of code ('for path in self.shard_files(run_id):')."""
+    job, store = stored
     (store / "runs" / job.id / "shards" / "notes.json~").write_text("x")
     out = CliRunner().invoke(main, ["mc", "show", job.id[:8], "--store", str(store)])
     assert out.exit_code == 0, out.output
@@ -165,18 +172,15 @@ def test_verify_k_of_an_incomplete_run_checks_stored_shards(tmp_path, job_module
 
 
 @pytest.mark.timeout(300, method="thread")
-def test_show_prints_a_hostile_manifest_name_on_its_own_line_escaped(tmp_path, job_module, one_worker):
+def test_show_prints_a_hostile_manifest_name_on_its_own_line_escaped(stored):
     """A manifest's name (checksummed, but anyone can recompute the checksum) with newlines forged
     whole lines of mc show ("mean 42 (recomputed from the stored shards)"), and terminal escapes
     reached the terminal."""
     import json
 
-    from dask_research import montecarlo as mc
     from dask_research.montecarlo.store import checksum
 
-    path, job = job_module
-    store = tmp_path / "store"
-    mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
+    job, store = stored
     mpath = store / "runs" / job.id / "manifest.json"
     doc = json.loads(mpath.read_text())
     doc["name"] = "x)\n  mean 42 (recomputed from the stored shards)\n\x1b[2J"
@@ -192,12 +196,8 @@ def test_show_prints_a_hostile_manifest_name_on_its_own_line_escaped(tmp_path, j
 
 
 @pytest.mark.timeout(300, method="thread")
-def test_a_foreign_file_name_with_a_newline_stays_on_its_warning_line(tmp_path, job_module, one_worker):
-    from dask_research import montecarlo as mc
-
-    path, job = job_module
-    store = tmp_path / "store"
-    mc.run(job, client=one_worker, store=str(store), progress=False, verify=0)
+def test_a_foreign_file_name_with_a_newline_stays_on_its_warning_line(stored):
+    job, store = stored
     (store / "runs" / job.id / "shards" / "n\n  mean 42\x1b[2J").write_text("x")
     out = CliRunner().invoke(main, ["mc", "show", job.id[:8], "--store", str(store)])
     assert out.exit_code == 0, out.output
