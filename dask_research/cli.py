@@ -277,13 +277,18 @@ class _Main(click.Group):
 
 
 def _describe_failure(e: BaseException) -> str:
+    """A failure as the one line the command prints (control characters from a file name or a
+    hostile store escaped, so the line can neither forge another nor drive the terminal)."""
+    from .durable import printable
     from .exceptions import InputError, ResearchError
 
     if isinstance(e, InputError):
-        return str(e)
-    if isinstance(e, ResearchError):
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return f"{one_line(e)} (run with dask-research --traceback ... for details)"
+        line = str(e)
+    elif isinstance(e, ResearchError):
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+    else:
+        line = f"{one_line(e)} (run with dask-research --traceback ... for details)"
+    return printable(line, 4000)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -611,31 +616,14 @@ def _check_read_store(store: str) -> None:
     must exist. A path that does not exist, is a file or is a dangling link is a usage error
     (exit 2, one line), as a bad ``--shard`` is, not a failure of the command (exit 1).
     """
-    import os
-
     from .exceptions import StoreError
     from .montecarlo.run import open_store
 
     _check_store(store)
-    if os.path.islink(store) and not os.path.exists(store):
-        raise click.BadParameter(f"{_redact(store)!r} is a dangling symbolic link (to {os.readlink(store)!r}); "
-                                 "give the path or URL of the store the run was written to", param_hint="--store")
     try:
         open_store(store, must_exist=True)
     except StoreError as e:
         raise click.BadParameter(f"{e.path}: {e.problem}", param_hint="--store") from None
-
-
-def _printable(text, limit: int = 200) -> str:
-    """Text from a store as one printable line: control characters (a newline that would forge
-    a line of output, a terminal escape) shown escaped, and at most ``limit`` characters.
-
-    >>> _printable("x\\n  mean 42\\x1b[2J")
-    'x\\\\n  mean 42\\\\x1b[2J'
-    """
-    text = str(text)
-    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
-    return out + ("..." if len(text) > limit else "")
 
 
 @contextlib.contextmanager
@@ -656,6 +644,7 @@ def _one_line_store_warnings():
     file, line number and line of code."""
     import warnings
 
+    from .durable import printable
     from .montecarlo.store import StoreWarning
 
     with warnings.catch_warnings():
@@ -663,7 +652,7 @@ def _one_line_store_warnings():
 
         def show(message, category, filename, lineno, file=None, line=None):
             if issubclass(category, StoreWarning):
-                click.echo(f"Warning: {_printable(message, 2000)}", err=True)   # a file's name is anyone's
+                click.echo(f"Warning: {printable(message, 2000)}", err=True)   # a file's name is anyone's
             else:
                 shown(message, category, filename, lineno, file, line)
 
@@ -740,6 +729,7 @@ def mc_show(run_id, store, as_json):
     import json
 
     from . import montecarlo
+    from .durable import printable
 
     _check_read_store(store)
     with _run_prefix(), _one_line_store_warnings():
@@ -753,7 +743,7 @@ def mc_show(run_id, store, as_json):
         for r in info["runs"]:
             click.echo(f"  {r}")
         return
-    click.echo(f"run {info['run_id']} ({_printable(info['name'])}), created {_printable(info['created'])}")
+    click.echo(f"run {info['run_id']} ({printable(info['name'])}), created {printable(info['created'])}")
     click.echo(f"  shards stored {info['stored_shards']} of {info['shards']}"
                f"{'' if info['complete'] else ' (incomplete: run it again to resume)'}")
     res = info["result"]
@@ -765,11 +755,11 @@ def mc_show(run_id, store, as_json):
         click.echo(f"  mean {res['mean']:.6g}{ci_text}, stderr {res['stderr']:.3g}; output sd {res['sd']:.6g}, "
                    f"n {res['n']:,} (recomputed from the stored shards)")
         if res.get("verification"):        # the run's own record: show re-runs no shard
-            click.echo(f"  verified {_printable(verification_sentence(res), 2000)} (as the run recorded it; "
+            click.echo(f"  verified {printable(verification_sentence(res), 2000)} (as the run recorded it; "
                        "not re-run by show: mc verify RUN re-runs shards)")
         reused = reused_sentence(res) if "result_mismatch" not in res else None
         if reused:
-            click.echo(f"  reused shards {_printable(reused, 2000)}")
+            click.echo(f"  reused shards {printable(reused, 2000)}")
     elif res and res.get("result_checked") is False:
         click.echo("  result: the state of a user reducer, which show cannot recompute without its code; "
                    "check the shards with mc verify RUN --store ... --job FILE:JOB")

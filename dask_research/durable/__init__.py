@@ -26,8 +26,8 @@ True
 {'count': 3}
 """
 from . import jsondoc, schema
-from .files import TMP_MARK, AppendFile, ErrorFactory, Files, kind_of, oserror, redact
+from .files import TMP_MARK, AppendFile, ErrorFactory, Files, kind_of, oserror, printable, redact
 from .lease import LEASE_CAP, Lease, describe_holder, pid_alive
 
 __all__ = ["Files", "AppendFile", "ErrorFactory", "Lease", "LEASE_CAP", "TMP_MARK", "describe_holder",
-           "pid_alive", "oserror", "kind_of", "redact", "jsondoc", "schema"]
+           "pid_alive", "oserror", "kind_of", "printable", "redact", "jsondoc", "schema"]

@@ -100,6 +100,21 @@ def redact(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", str(url))
 
 
+def printable(text: Any, limit: int = 200) -> str:
+    """``text`` as one printable line for a message: control characters (a newline that would
+    forge a line of output, a terminal escape from a hostile file name or field) shown escaped,
+    and at most ``limit`` characters of it.
+
+    >>> printable("x\\n  mean 42\\x1b[2J")
+    'x\\\\n  mean 42\\\\x1b[2J'
+    >>> printable("a" * 10, limit=4)
+    'aaaa...'
+    """
+    text = str(text)
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")
+
+
 def _is_local_url(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
@@ -151,8 +166,19 @@ class Files:
         return posixpath.join(self.root, *parts)
 
     def display(self, path: str) -> str:
-        """``path`` as messages show it (without credentials)."""
-        return redact(path)
+        """``path`` as messages show it: spelled as the root was given (``memory://x/runs``, not
+        fsspec's ``/x/runs``), without credentials, control characters escaped (:func:`printable`).
+
+        >>> Files("memory://store/a", error=OSError).display("/store/a/runs")
+        'memory://store/a/runs'
+        """
+        if not self.local:
+            root = self.root.rstrip("/")
+            if path == root or path.startswith(root + "/"):
+                path = self.url.rstrip("/") + path[len(root):]
+            elif "://" not in path:
+                path = self.fs.unstrip_protocol(path)
+        return printable(redact(path), limit=4096)
 
     def fail(self, path: str, problem: str) -> Exception:
         """The capability's error for ``path`` (to ``raise``)."""
@@ -166,6 +192,19 @@ class Files:
         if ".." in parts:
             raise self.fail(path, f"lies outside {self.display(self.root)}")
         return parts
+
+    def dangling_link(self, path: str) -> str | None:
+        """``"is a symbolic link to T, which does not exist"`` if the local ``path`` is a link to
+        nothing (a root given as a link whose target was removed), else ``None``. Links inside the
+        root are refused whatever they point at (:meth:`link_error`); a root may be one.
+        """
+        if not self.local or not os.path.islink(path) or os.path.exists(path):
+            return None
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"is a symbolic link to {printable(target, 4096)}, which does not exist"
 
     def link_error(self, path: str) -> Exception:
         """The refusal of a symbolic link at ``path`` inside the root."""
@@ -188,9 +227,9 @@ class Files:
         try:
             fd = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
         except FileNotFoundError:
-            if create and os.path.islink(self.root):
-                raise self.fail(self.root, f"is a symbolic link to {os.readlink(self.root)}, which does "
-                                "not exist; create that directory or point at another") from None
+            dangling = self.dangling_link(self.root)
+            if create and dangling:
+                raise self.fail(self.root, f"{dangling}; create that directory or point at another") from None
             raise
         except OSError as e:
             if e.errno == errno.ENOTDIR:
@@ -295,18 +334,24 @@ class Files:
         except FileNotFoundError:
             return False
 
-    def listdir(self, path: str) -> list[str]:
-        """The names in directory ``path``, sorted (``[]`` if it does not exist)."""
+    def listdir(self, path: str, dirs_only: bool = False) -> list[str]:
+        """The names in directory ``path``, sorted (``[]`` if it does not exist); with
+        ``dirs_only``, only those of real directories (a symbolic link to one is left out)."""
         if not self.local:
             try:
                 if not self.fs.exists(path):
                     return []
-                return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
+                entries = self.fs.ls(path, detail=True)
             except OSError as e:
                 raise self.fail(path, f"cannot be listed ({oserror(e)})") from None
+            return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries
+                          if not dirs_only or e.get("type") == "directory")
         try:
             with self.directory(path) as fd:
-                return sorted(os.listdir(fd))
+                names = os.listdir(fd)
+                if dirs_only:
+                    names = [n for n in names if (st := self._lstat_at(fd, n)) is not None and stat.S_ISDIR(st.st_mode)]
+                return sorted(names)
         except FileNotFoundError:
             return []
 

@@ -70,7 +70,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import jsondoc
-from .files import Files
+from .files import Files, printable
 
 __all__ = ["Lease", "pid_alive", "describe_holder", "LEASE_CAP", "MAX_BEAT", "POLL"]
 
@@ -122,9 +122,7 @@ def pid_alive(pid: int) -> bool:
 
 def _text(value: Any, limit: int = 64) -> str:
     """A holder's field as printable text (a hostile lease cannot put escapes on a terminal)."""
-    text = value if isinstance(value, str) else "?" if value is None else repr(value)
-    text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return printable(value if isinstance(value, str) else "?" if value is None else repr(value), limit)
 
 
 def _valid_pid(pid: Any) -> int | None:

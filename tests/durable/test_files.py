@@ -358,3 +358,30 @@ def test_without_hard_links_of_two_racing_creators_one_wins(tmp_path, monkeypatc
     assert files.write_bytes(files.join("lease.json"), b"ours", cap=100) is False
     assert (tmp_path / "lease.json").read_bytes() == b"theirs"
     assert [p.name for p in tmp_path.iterdir()] == ["lease.json"]        # no temporary left
+
+
+def test_a_dangling_root_is_named_the_same_way_to_readers_and_writers(tmp_path):
+    """Readers (`RunStore.require`, behind mc show/replay/verify) and writers (`Files.open_dir`)
+    said the same fact in two wordings from two checks; there is one check now."""
+    from dask_research.montecarlo.store import RunStore
+
+    (tmp_path / "store").symlink_to(tmp_path / "gone")
+    with pytest.raises(StoreError, match=r"store: is a symbolic link to .*gone, which does not exist; give the path"):
+        RunStore(str(tmp_path / "store")).require()
+    assert _files(tmp_path / "store").dangling_link(str(tmp_path / "store")).endswith("gone, which does not exist")
+    assert _files(tmp_path).dangling_link(str(tmp_path)) is None
+
+
+def test_messages_name_an_object_store_as_it_was_given_and_escape_control_characters():
+    files = Files("memory://user:pw@bucket/a", error=StoreError)
+    assert files.display(files.join("runs", "x")) == "memory://***@bucket/a/runs/x"
+    assert Files("/tmp/a\x1b[2J", error=StoreError).display("/tmp/a\x1b[2J/b") == "/tmp/a\\x1b[2J/b"
+
+
+def test_listdir_dirs_only_leaves_out_links_and_files(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    files = _files(tmp_path)
+    assert files.listdir(str(tmp_path)) == ["file", "link", "real"]
+    assert files.listdir(str(tmp_path), dirs_only=True) == ["real"]

@@ -38,11 +38,35 @@ def test_a_store_that_is_a_file_is_a_usage_error(tmp_path, command):
 def test_a_store_that_is_a_dangling_link_is_named_as_one(tmp_path, command):
     link = tmp_path / "dl"
     link.symlink_to(tmp_path / "gone")
-    _usage_error(command + ["--store", str(link)], "--store", "is a dangling symbolic link", "gone")
+    _usage_error(command + ["--store", str(link)], "--store", "is a symbolic link to", "gone, which does not exist")
 
 
 def test_a_missing_object_store_prefix_is_a_usage_error():
-    _usage_error(["mc", "show", "--store", "memory://audit-read-args-none"], "--store", "does not exist")
+    """Named as the user typed it: fsspec's own spelling of the path was "/audit-read-args-none"."""
+    _usage_error(["mc", "show", "--store", "memory://audit-read-args-none"], "--store",
+                 "memory://audit-read-args-none: does not exist")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_store_name_with_terminal_escapes_cannot_drive_the_terminal(tmp_path, command):
+    hostile = tmp_path / "store\x1b[2J\nmean 42"
+    hostile.write_text("x")
+    line = _usage_error(command + ["--store", str(hostile)], "--store", "is a file", "\\x1b[2J\\nmean 42")
+    assert "\x1b" not in line
+
+
+def test_a_linked_run_directory_is_not_listed_or_matched(tmp_path, job_module):
+    """A symbolic link in runs/ named like a run was counted by `mc show` and matched as a prefix,
+    then refused when opened; it is left out with one warning."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "store" / "runs").mkdir(parents=True)
+    (tmp_path / "store" / "runs" / RUN_A).symlink_to(elsewhere, target_is_directory=True)
+    (tmp_path / "store" / "runs" / RUN_B).mkdir()
+    out = CliRunner().invoke(main, ["mc", "show", "--store", str(tmp_path / "store")])
+    assert out.exit_code == 0, out.output
+    assert "1 run in" in out.output and RUN_B in out.output and f"  {RUN_A}" not in out.output
+    assert out.output.count("a symbolic link, not a run; ignored") == 1
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import os
 import posixpath
 import re
 import time
@@ -77,10 +78,14 @@ _WARNED: set[str] = set()
 _TAIL = b'},"checksum":'
 
 
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, StoreWarning, stacklevel=3)
+
+
 def _warn_foreign(path: str) -> None:
-    if path not in _WARNED:
-        _WARNED.add(path)
-        warnings.warn(f"{path}: not a shard file (foreign name); ignored", StoreWarning, stacklevel=3)
+    _warn_once(f"{path}: not a shard file (foreign name); ignored")
 
 
 def _range_of(path: str) -> tuple[int, int]:
@@ -208,8 +213,14 @@ class RunStore:
 
     # -- manifest ---------------------------------------------------------------------------
     def list_runs(self) -> list[str]:
-        """The ids of the runs in the store, sorted."""
-        return [name for name in self.files.listdir(self.files.join(RUNS_DIR)) if is_run_id(name)]
+        """The ids of the runs in the store, sorted: directories named by a run id (a symbolic link
+        named like one is left out with a :class:`StoreWarning`; opening it would be refused)."""
+        runs = self.files.join(RUNS_DIR)
+        real = self.files.listdir(runs, dirs_only=True)
+        for name in sorted(set(self.files.listdir(runs)) - set(real)):
+            if is_run_id(name) and self.files.local and os.path.islink(posixpath.join(runs, name)):
+                _warn_once(f"{self.display(posixpath.join(runs, name))}: a symbolic link, not a run; ignored")
+        return [name for name in real if is_run_id(name)]
 
     def resolve(self, run_id: str) -> str:
         """The whole id of the one run whose id starts with ``run_id`` (a prefix is enough).

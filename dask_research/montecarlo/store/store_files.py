@@ -111,6 +111,10 @@ class StoreFiles:
         """Raise :class:`StoreError` unless the store exists (readers never create one)."""
         if self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise StoreError(self.display(self.root), "is a file, not a run store (a directory)")
+        dangling = self.files.dangling_link(self.root)
+        if dangling:
+            raise StoreError(self.display(self.root), f"{dangling}; give the path or URL of the store the "
+                             "run was written to")
         if not self.exists():
             raise StoreError(self.display(self.root), "does not exist; give the path or URL of the store "
                              "the run was written to (mc run --store ...)")
@@ -150,9 +154,10 @@ class StoreFiles:
         """Whether something is at ``path`` (a link on the way is refused)."""
         return self.files.exists(path)
 
-    def listdir(self, path: str) -> list[str]:
-        """The names in the directory ``path``, sorted (``[]`` if there is none)."""
-        return self.files.listdir(path)
+    def listdir(self, path: str, dirs_only: bool = False) -> list[str]:
+        """The names in the directory ``path``, sorted (``[]`` if there is none); with
+        ``dirs_only``, only real directories (no link)."""
+        return self.files.listdir(path, dirs_only)
 
     def refuse_links_under(self, top: str) -> None:
         """Refuse a symbolic link between the root and ``top``, or anywhere below it (local stores)."""
