@@ -7,9 +7,6 @@ first action with the clock at a few seconds after boot and would fail with a ``
 """
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -80,42 +77,18 @@ def test_the_first_priority_shipment_goes_out_on_a_machine_up_less_than_the_inte
 
 # --- replay: the shard table's first refresh ---------------------------------------------------
 
-class _InfoClient:
-    def __init__(self):
-        self.runs = 0
-
-    def run(self, fn, *args, workers=None, on_error="raise", asynchronous=False):
-        self.runs += 1
-        out = {"tcp://w:1": {"uid": "u1", "time": 1.0, "size": 30, "capacity": 100,
-                             "inserted": 30, "mass": 30.0, "min_leaf": 1.0}}
-
-        async def answer():             # the refresh asks each worker on its own (_compat.run_each)
-            return out
-        return answer() if asynchronous else out
-
-    @property
-    def scheduler(self):                # what dask_research._compat.scheduler_identity asks
-        return SimpleNamespace(identity=lambda n_workers=-1: {"workers": {"tcp://w:1": {}}})
-
-    def sync(self, fn, *args, **kwargs):
-        out = fn(*args, **kwargs)
-        return asyncio.run(out) if asyncio.iscoroutine(out) else out
-
-    def run_on_scheduler(self, fn):
-        return {"total": 1e8, "workers": {}}
-
-    def log_event(self, topic, msg):
-        pass
-
-
 @pytest.mark.parametrize("uptime", [0.5, 5.0])
 def test_the_first_shard_table_refresh_happens_on_a_machine_up_less_than_the_interval(monkeypatch, uptime):
     from dask_research.replay import UniformSampler
+    from dask_research.replay.cluster import WorkerShard
     from dask_research.replay.cluster.eventlog import PlaneEvents
+    from dask_research.testing.fake_cluster import FakeClient
 
     clock = Clock(uptime)
     monkeypatch.setattr(table_mod, "time", clock)
-    client = _InfoClient()
+    client = FakeClient("p")
+    client.add("tcp://w:1", WorkerShard("p", {"x": ((2,), "float32")}, 100, UniformSampler(), seed=0,
+                                        address="tcp://w:1")).ingest({"x": np.zeros((30, 2), np.float32)})
     table = table_mod.ShardTable(client, "p", {"x": ((2,), "float32")}, UniformSampler(),
                                  PlaneEvents(client, "p", "research.replay"), seed=0,
                                  refresh_interval=10.0, worker=None)

@@ -9,6 +9,7 @@ Import the submodule for the capability you test, e.g.
   ``python``, stopping what a test started), :mod:`.threads` (a call in flight while the test
   acts), :mod:`.slurm`, :mod:`.browser`;
 * failure injection and workloads: :mod:`.faults`, :mod:`.pipelines`, :mod:`.rl`;
+* stand-ins: :mod:`.fake_cluster` (a Dask client whose workers and replay shards live in this process);
 * collection: :mod:`.optional` (which optional dependency a module needs at import), and
   :mod:`.ast_guard` (a CPython 3.11 bug that fails ``ast.parse`` at random).
 

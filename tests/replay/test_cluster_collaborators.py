@@ -5,7 +5,6 @@ Fault handling (a shard lost while its request waits, a worker replaced by a new
 failed sample task, every shard lost, an empty plane, stale and lost priority updates) is
 checked on the recorded trace of what delivery asked of the table, not on timings.
 """
-import asyncio
 from types import SimpleNamespace
 
 import dask
@@ -23,41 +22,16 @@ from dask_research.replay.cluster import (
     WorkerShard,
     decode,
     encode,
-    plugin_name,
     shard_ops,
 )
 from dask_research.replay.cluster.eventlog import PlaneEvents
 from dask_research.replay.cluster.table import assemble
 from dask_research.replay.experience_plane import EmptyPlaneError
+from dask_research.testing.fake_cluster import FakeClient, FakeFuture
 
 SPEC = {"x": ((), "int64")}
 FAST = {"research.replay.cluster.stall": 0.05, "research.replay.cluster.max-group": 1,
         "research.replay.rate-timeout": 3600.0}
-
-
-class FakeFuture:
-    """A Dask future's surface as delivery and the router use it."""
-
-    def __init__(self, value=None, status="finished", exc=None):
-        self.value, self.status, self.exc = value, status, exc
-        self.cancelled = self.released = False
-
-    def done(self):
-        return self.status != "pending"
-
-    def result(self, timeout=None):
-        if self.status == "finished":
-            return self.value
-        raise self.exc or RuntimeError(self.status)
-
-    def exception(self, timeout=None):
-        return self.exc
-
-    def cancel(self):
-        self.cancelled, self.status = True, "cancelled"
-
-    def release(self):
-        self.released = True
 
 
 class FakeTable:
@@ -409,64 +383,18 @@ def test_the_router_updates_the_learners_own_shard_in_process():
 
 # --- the real shard table against a fake client of fake workers -----------------------------
 
-class FakeCluster:
-    """A client whose workers are in this process, each holding a real WorkerShard; a worker
-    that left answers no ``run`` and never finishes a task."""
+class FakeCluster(FakeClient):
+    """The shared fake client with CartPole shards: ``start(address, n)`` adds a worker whose shard holds ``n``."""
 
     def __init__(self, name="p", sampler=None):
-        self.name, self.sampler = name, sampler or replay.UniformSampler()
-        self.workers: dict[str, SimpleNamespace] = {}
-        self.events: list[tuple[str, dict]] = []
-        self.bw = {"total": 5e8, "workers": {}}
+        super().__init__(name)
+        self.sampler = sampler or replay.UniformSampler()
 
     def start(self, address, n=0, capacity=100):
-        shard = WorkerShard(self.name, CARTPOLE, capacity, self.sampler, seed=len(self.workers),
-                            address=address)
+        shard = WorkerShard(self.name, CARTPOLE, capacity, self.sampler, seed=len(self.workers), address=address)
         if n:
             shard.ingest(make_batch(n))
-        self.workers[address] = SimpleNamespace(
-            address=address, plugins={plugin_name(self.name): SimpleNamespace(shard=shard)})
-        return shard
-
-    def stop(self, address):
-        self.workers.pop(address).plugins[plugin_name(self.name)].shard.close()
-
-    def run(self, fn, *args, workers=None, on_error="raise", asynchronous=False):
-        out = {a: fn(*args, dask_worker=w) for a, w in self.workers.items()
-               if workers is None or a in workers}
-        if not asynchronous:
-            return out
-
-        async def answer():
-            return out
-        return answer()
-
-    @property
-    def scheduler(self):           # what dask_research._compat.scheduler_identity asks
-        return SimpleNamespace(identity=lambda n_workers=-1: {"workers": dict.fromkeys(self.workers, {})})
-
-    def sync(self, fn, *args, **kwargs):
-        out = fn(*args, **kwargs)
-        return asyncio.run(out) if asyncio.iscoroutine(out) else out
-
-    def run_on_scheduler(self, fn):
-        return self.bw
-
-    def submit(self, fn, *args, workers, **kw):
-        w = self.workers.get(workers[0])
-        if w is None:
-            return FakeFuture(status="pending")
-        try:
-            return FakeFuture(fn(*args, dask_worker=w))
-        except Exception as e:
-            return FakeFuture(status="error", exc=e)
-
-    def log_event(self, topic, msg):
-        self.events.append((topic, msg))
-
-    def close(self):
-        for a in list(self.workers):
-            self.stop(a)
+        return self.add(address, shard)
 
 
 @pytest.fixture
