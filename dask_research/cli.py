@@ -30,120 +30,14 @@ import click
 
 from ._signals import terminate_as_interrupt
 from ._version import __version__
+from .cli_checks import check_address
 from .jobfile import config_seconds, load_job, one_line
 from .jobfile import load_object as load_object  # where tests and users have imported it from
 
 
-def _check_address(address: str) -> str:
-    """``address`` if it is a scheduler address Dask can connect to; else a usage error."""
-    from ._compat import address_host_port, comm_backend
-
-    expected = "expected PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786"
-    text = str(address).strip()
-    scheme = text.split("://", 1)[0] if "://" in text else "tcp"
-    try:
-        comm_backend(scheme)
-    except ValueError:
-        raise click.BadParameter(f"{address!r} has an unknown protocol {scheme!r}; {expected}",
-                                 param_hint="--scheduler") from None
-    try:
-        host, port = address_host_port(text if "://" in text else f"tcp://{text}")
-    except (ValueError, TypeError) as e:
-        raise click.BadParameter(f"{address!r} is not a scheduler address ({e}); {expected}",
-                                 param_hint="--scheduler") from None
-    if not host or port is None or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{address!r} is not a scheduler address; {expected}", param_hint="--scheduler")
-    return text
-
-
 def _scheduler_callback(ctx, param, value):
     """Check ``--scheduler`` while the arguments are parsed, before any work starts."""
-    return None if value is None else _check_address(value)
-
-
-def check_worker_arguments(scheduler: str, args: tuple[str, ...] | list[str]) -> None:
-    """Check what ``dask-research worker`` passes to ``dask worker`` before it starts one: the
-    scheduler address, then ``dask worker``'s own options by its own parser, and the values it
-    reads only once running (``--nthreads``, ``--nworkers``, ``--memory-limit``, ``--resources``,
-    ``--death-timeout``, ``--lifetime``, ``--lifetime-stagger``). Each bad value is one usage line
-    (exit 2); before, a mistyped address or ``--memory-limit 4QB`` printed a 50-line traceback of
-    the ``dask worker`` process.
-
-    >>> check_worker_arguments("tcp://10.0.0.5:8786", ["--nthreads", "2", "--memory-limit", "8GiB"])
-    >>> check_worker_arguments("tcp://10.0.0.5:8786", ["--memory-limit", "4QB"])
-    Traceback (most recent call last):
-    ...
-    click.exceptions.BadParameter: '4QB' is not a memory limit; expected auto, a size such as 8GiB or 512MB, ...
-    """
-    try:
-        _check_address(scheduler)
-    except click.BadParameter as e:
-        e.param_hint = "SCHEDULER"
-        raise
-    if "--version" in args:                # dask worker --version: nothing runs, nothing to check
-        return
-    from dask.utils import parse_bytes, parse_timedelta
-
-    from ._compat import dask_worker_command
-
-    try:
-        ctx = dask_worker_command().make_context("dask worker", [scheduler, *args])
-    except click.UsageError as e:
-        raise click.UsageError(f"dask worker: {e.format_message()}") from None
-    p = ctx.params
-
-    def bad(flag: str, what: str) -> click.BadParameter:
-        return click.BadParameter(f"{p[flag.lstrip('-').replace('-', '_')]!r} {what}", param_hint=flag)
-
-    if p["nthreads"] < 0:
-        raise bad("--nthreads", "is not a thread count; expected a whole number >= 1 (0: the CPUs / --nworkers)")
-    n_workers = p["n_workers"]
-    if n_workers is not None and n_workers != "auto":
-        import os
-
-        cpus = os.cpu_count() or 1
-        try:
-            n = int(n_workers)
-        except ValueError:
-            n = 0
-        if n == 0 or n < 0 and cpus + 1 + n <= 0:
-            raise click.BadParameter(
-                f"{n_workers!r} is not a number of worker processes; expected auto, a whole number >= 1, or -N "
-                f"for all {cpus} CPUs but N-1", param_hint="--nworkers")
-    limit = p["memory_limit"]
-    if limit != "auto":
-        try:
-            size = float(limit)
-        except ValueError:
-            try:
-                size = parse_bytes(limit)
-            except (TypeError, ValueError):
-                size = -1
-        if not (size >= 0 and size != float("inf")):
-            raise bad("--memory-limit", "is not a memory limit; expected auto, a size such as 8GiB or 512MB, a "
-                                        "fraction of the machine's memory (0.5), or 0 for no limit")
-    if p["resources"]:
-        pairs = p["resources"].replace(",", " ").split()
-        for pair in pairs:
-            name, eq, amount = pair.partition("=")
-            try:
-                ok = bool(name and eq) and float(amount) >= 0
-            except ValueError:
-                ok = False
-            if not ok:
-                which = "" if pair == p["resources"].strip() else f" ({pair!r} is not one)"
-                raise bad("--resources", f"is not a list of resources{which}; expected NAME=AMOUNT pairs such as "
-                                         "'GPU=2 MEMORY=10e9'")
-    for flag in ("--death-timeout", "--lifetime", "--lifetime-stagger"):
-        value = p[flag[2:].replace("-", "_")]
-        if value is None:
-            continue
-        try:
-            seconds = parse_timedelta(value, default="seconds")
-        except (TypeError, ValueError, KeyError):
-            seconds = -1
-        if seconds is None or seconds < 0:
-            raise bad(flag, "is not a duration; expected seconds (60) or a duration such as 90s, 10 minutes or 1h")
+    return None if value is None else check_address(value)
 
 
 @contextlib.contextmanager
@@ -173,7 +67,7 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
 
     from . import config
 
-    address = _check_address(scheduler)
+    address = check_address(scheduler)
     if address.startswith("tls://") and not _tls_configured():
         raise click.ClickException(
             f"cannot reach the scheduler at {address}: it speaks TLS and this client has no certificate; set "

@@ -127,3 +127,54 @@ def test_the_collection_limit_never_ends_a_parallel_run_that_is_longer(tmp_path)
                           "-n", "2", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0 and "1 passed" in out.stdout, (out.stdout + out.stderr)[-3000:]
+
+
+def _rooms_imported(path: pathlib.Path, package: pathlib.Path) -> set[str]:
+    """The top-level parts of ``dask_research`` (a module, or a subpackage) that the file at
+    ``path`` imports anywhere in it, functions included (a lazy import is still an arrow)."""
+    import ast
+
+    here = list(path.relative_to(package.parent).with_suffix("").parts[:-1])   # the file's package
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[list[str]] = []
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            anchor = here[:len(here) - node.level + 1] if node.level else []
+            base = anchor + (node.module.split(".") if node.module else [])
+            names = [base] if node.module else [base + [a.name] for a in node.names]
+        for parts in names:
+            if len(parts) >= 2 and parts[0] == "dask_research":
+                out.add(parts[1])
+    return out
+
+
+def test_the_parts_of_the_package_import_each_other_without_a_circle():
+    """docs/architecture.rst: "The import graph has no circles; every arrow points down". A part
+    is a top-level module or a subpackage; lazy imports inside functions count (a capability's
+    command once imported a check from the command group that imports the capability)."""
+    package = pathlib.Path(__file__).resolve().parents[1] / "dask_research"
+    edges: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package).parts
+        room = rel[0][:-3] if len(rel) == 1 else rel[0]
+        edges.setdefault(room, set()).update(r for r in _rooms_imported(path, package) if r != room)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(room: str) -> None:
+        state[room] = 1
+        stack.append(room)
+        for nxt in sorted(edges.get(room, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[room] = 2
+
+    for room in sorted(edges):
+        if room not in state:
+            visit(room)
+    assert {"cli", "montecarlo", "durable"} <= set(edges) and "durable" in edges["montecarlo"]

@@ -142,7 +142,7 @@ def worker_command(ctx: click.Context, scheduler: str, battery_floor: float | No
     \b
         dask-research worker tcp://10.0.0.5:8786 --battery-floor 30% --budget 3600 --nthreads 2
     """
-    from ..cli import check_worker_arguments  # one usage line (exit 2) before dask worker starts
+    from ..cli_checks import check_worker_arguments  # one usage line (exit 2) before dask worker starts
 
     check_worker_arguments(scheduler, dask_worker_args)
     cmd = build_worker_command(scheduler, battery_floor, budget, dask_worker_args)
