@@ -124,7 +124,7 @@ class Acceptance:
         self.verification.keep(res)
         self.outcome.count(res.worker, len(res.computed))
         self.block_states[idx] = res.state
-        self.watch.accepted([f.key for f in attempts], res.seconds, len(res.computed))
+        self.watch.accepted([f.key for f in attempts], res.seconds, len(res.computed) + len(res.rechecks))
         self._emit_accepted(res.start, res.stop, res.worker, len(res.computed), res.state)
         if self.progress is not None:
             self.progress.update(res.stop - res.start)

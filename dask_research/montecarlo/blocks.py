@@ -66,7 +66,8 @@ def _trim(res: BlockResult, keep) -> None:
 
 
 def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[int, Any] | None,
-                            target: StoreTarget | None, keep=(), trim: bool = False) -> BlockResult:
+                            target: StoreTarget | None, keep=(), recheck: tuple[int, ...] = (),
+                            trim: bool = False) -> BlockResult:
     """:func:`~.shard_compute.compute_block`, then write the block's shard file here if the store is reachable.
 
     Parameters
@@ -77,6 +78,8 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
         The store to write; ``None`` returns every shard state (the client writes).
     keep : iterable of int
         Shards of this block whose states the client wants back (verification candidates).
+    recheck : tuple of int
+        Shards of other blocks to recompute for verification (:func:`~.shard_compute.compute_block`).
     trim : bool
         Without a ``target``: return only the kept states too (a run without a store, whose
         client needs no other shard state).
@@ -88,7 +91,7 @@ def compute_and_store_block(job, reducer, start: int, stop: int, known: Mapping[
         computed shard when the file was written here; otherwise with ``store_note`` saying why
         not and every shard state, as :func:`~.shard_compute.compute_block` returns it.
     """
-    res = compute_block(job, reducer, start, stop, known)
+    res = compute_block(job, reducer, start, stop, known, recheck)
     if not res.computed:
         return res
     if target is None:

@@ -159,7 +159,8 @@ class Checks:
 
     def futures(self) -> list:
         """Every check future (to cancel them)."""
-        return [f for _, f in self.checks.values()] + [f for a in self.attempts.values() for f, _, _ in a]
+        return ([f for _, f in self.checks.values() if f is not None]
+                + [f for a in self.attempts.values() for f, _, _ in a])
 
     def submit(self, s: int, producer: str, exclude: set[str] | frozenset = frozenset()) -> bool:
         """Recompute shard ``s`` on a worker other than its producer (a distinct key).
@@ -194,7 +195,7 @@ class Checks:
             self.checks[s] = ({"shard": s, "producer": producer, "verifier": target}, fut)
         return True
 
-    def gather(self) -> dict[int, tuple[Any, str]]:
+    def gather(self, ready: Mapping[int, tuple[Any, str]] | None = None) -> dict[int, tuple[Any, str]]:
         """Each check's (state, worker that ran it); a check late or failing moves elsewhere.
 
         A check counts as late when it has not finished ``check_limit()`` seconds after it was
@@ -205,8 +206,9 @@ class Checks:
         for gone while that result is fetched (a moved check's first attempt, pinned to a worker
         that left, stays pending for ever: it must not make the one that ran look lost); it can
         still be late, and a fetch that outlives its bound (a frozen holder) lets it move too.
+        ``ready``: checks whose results are in already (they rode in a block).
         """
-        results: dict[int, tuple[Any, str]] = {}
+        results: dict[int, tuple[Any, str]] = dict(ready or {})
         began = time.monotonic()
         while True:
             open_ = [s for s in self.checks if s not in results]
@@ -261,12 +263,16 @@ class Checks:
         return self._alive_read[1]
 
     def verify(self, kept: Mapping[int, Any], producers: Producers, first_of_worker: Mapping[str, int],
-               reused_picks: list[int], k: int, reused: set[int]) -> tuple[dict, set[str], set[int]]:
+               reused_picks: list[int], k: int, reused: set[int],
+               rode: Mapping[int, tuple[Any, str]] | None = None) -> tuple[dict, set[str], set[int]]:
         """Check ``k`` hashed shards, one per producer and the ``reused_picks``; judge every check.
 
         ``kept`` holds the states the run kept for verification, ``reused`` the shards reused
-        from the store. Returns the verification record, the faulty workers and the reused
-        shards whose stored state is faulty.
+        from the store, ``rode`` the checks that rode in a block on a one-worker cluster
+        (shard -> (state, worker)): such a check counts as done unless it ran on its shard's
+        producer while another worker is alive, which then checks it as a task of its own.
+        Returns the verification record, the faulty workers and the reused shards whose stored
+        state is faulty.
         """
         produced = producers.among(kept)
         picks = [s for s in choose_shards(self.run_id, self.job.shards, produced, k) if s in kept]
@@ -274,9 +280,18 @@ class Checks:
         for w, s in first_of_worker.items():  # every producer covered, even outside the candidates
             if w not in {produced.get(p) for p in picks}:
                 picks.append(s)
+        ready: dict[int, tuple[Any, str]] = {}
         for s in picks:
-            self.submit(s, produced.get(s, "?"))
-        gathered = self.gather()
+            producer = produced.get(s, "?")
+            ride = (rode or {}).get(s)
+            if ride is not None and s not in self.checks and (
+                    ride[1] != producer or not self._alive(time.monotonic()) - {producer}):
+                self.checks[s] = ({"shard": s, "producer": producer, "verifier": ride[1], "in_block": True}, None)
+                self.attempts[s] = []
+                ready[s] = ride
+            else:
+                self.submit(s, producer)
+        gathered = self.gather(ready)
         checks = [c for c, _ in self.checks.values()]
         bad: set[str] = set()
         bad_stored: set[int] = set()

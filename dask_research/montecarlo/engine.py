@@ -11,7 +11,9 @@ itself, see :mod:`.blocks`), and then looks at what did not come as it should
 a straggler near the end is copied). Blocks holding the first verification shards go first, and
 their checks are submitted as soon as no block waits for a thread (the run's last blocks are
 all running): the checks then fill the threads those blocks leave idle, instead of running
-ahead of blocks the scheduler still queues and pushing the run's end back by their time. Before
+ahead of blocks the scheduler still queues and pushing the run's end back by their time. On a
+one-worker cluster, where no check can run elsewhere, they ride in the last blocks instead
+(:meth:`.Verification.assign_riders`). Before
 the result is accepted, shards are recomputed on other workers and compared
 (:mod:`.verification`); a mismatch quarantines the faulty worker's shards (or a faulty stored
 file), which are recomputed elsewhere and folded again. Events go to the scheduler's log
@@ -101,6 +103,7 @@ class Execution:
         if threads is None and workers:
             threads = sum(int(info.get("nthreads") or 0) for info in workers.values()) or None
         self.threads = threads
+        self.workers = workers
         self.bounds = block_bounds(job.shards, block)
         self.outcome = Outcome(reused=len(self.known))
         self.events = EventOutbox(client)
@@ -143,6 +146,9 @@ class Execution:
         # Blocks that hold the first verification shards go first, so that their checks run
         # alongside the rest of the run instead of after it. The tree fixes the bits, not the order.
         todo = deque(sorted(todo, key=lambda i: not self.verification.checked_early(*self.bounds[i])))
+        # With one worker the early checks ride in the last blocks (no other worker to run them).
+        self.window.riders = self.verification.assign_riders(list(todo), self.bounds,
+                                                             one_worker=self.workers is not None and len(self.workers) == 1)
         try:
             self._drain(todo, lambda: self.acceptance.root is not None and not self.window.pending)
             groups = self.window.groups

@@ -66,6 +66,8 @@ class BlockResult:
     checksum: str | None = None
     #: Why the task did not write the store itself (the client then writes ``shard_states``).
     store_note: str | None = None
+    #: Shards of *other* blocks this task recomputed for verification (``recheck``): shard -> state.
+    rechecks: dict[int, Any] = field(default_factory=dict, repr=False)
 
 
 def _worker_address() -> str:
@@ -84,9 +86,25 @@ def _on_worker(err: PipelineError, worker: str) -> PipelineError:
     return out
 
 
+def _shard_state(job, reducer: Reducer, shard: int, worker: str) -> Any:
+    """One shard's state inside a task; a failure is a :class:`PipelineError` naming ``worker``."""
+    try:
+        y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
+        return reducer.update(reducer.init(), y)
+    except PipelineError as e:
+        raise _on_worker(e, worker) from e.__cause__
+    except Exception as e:       # the reducer's update, a MemoryError, ...
+        raise _on_worker(PipelineError(shard, f"accumulating it raised {describe_error(e)}"), worker) from e
+
+
 def compute_block(job, reducer: Reducer, start: int, stop: int,
-                  known: Mapping[int, Any] | None = None) -> BlockResult:
-    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree."""
+                  known: Mapping[int, Any] | None = None, recheck: tuple[int, ...] = ()) -> BlockResult:
+    """Compute shards ``start..stop-1`` (reusing ``known`` states) and fold them with the tree.
+
+    ``recheck``: shards of other blocks to recompute as well, for verification (their states
+    are returned in ``rechecks``, never folded): on a one-worker cluster the run's checks ride
+    in its last blocks instead of being tasks of their own (:mod:`.verification`).
+    """
     t0 = time.perf_counter()
     known = dict(known or {})
     worker = _worker_address()
@@ -96,13 +114,8 @@ def compute_block(job, reducer: Reducer, start: int, stop: int,
         if shard in known:
             states[shard] = known[shard]
             continue
-        try:
-            y = evaluate(job, philox.shard_generator(job.key, shard), job.samples_per_shard, shard)
-            states[shard] = reducer.update(reducer.init(), y)
-        except PipelineError as e:
-            raise _on_worker(e, worker) from e.__cause__
-        except Exception as e:       # the reducer's update, a MemoryError, ...
-            raise _on_worker(PipelineError(shard, f"accumulating it raised {describe_error(e)}"), worker) from e
+        states[shard] = _shard_state(job, reducer, shard, worker)
         computed.append(shard)
     folded = tree_fold(reducer.merge, [states[s] for s in range(start, stop)])
-    return BlockResult(start, stop, folded, states, computed, worker, time.perf_counter() - t0)
+    rechecks = {s: _shard_state(job, reducer, s, worker) for s in recheck}
+    return BlockResult(start, stop, folded, states, computed, worker, time.perf_counter() - t0, rechecks=rechecks)

@@ -103,6 +103,7 @@ class Window:
         self.attempts: dict[int, list] = {}          # block index -> its futures (first, copies, retries)
         self.copies: set[str] = set()                # keys of speculative copies
         self.redo = False                            # recomputing after a quarantine: no tree, "redo" keys
+        self.riders: dict[int, tuple[int, ...]] = {}  # block index -> shards of other blocks it rechecks
         self.max_in_flight = 0
 
     def __contains__(self, fut: Any) -> bool:
@@ -129,13 +130,14 @@ class Window:
             a, b = self.bounds[idx]
             known = {s: self.known[s] for s in range(a, b) if s in self.known} if self.known else {}
             keys.append(block_key(self.tag, a, b, speculative=speculative, tree=not self.redo, retry=retry))
+            recheck = () if self.redo else self.riders.get(idx, ())    # every attempt carries them
             if writes_or_none:
                 # The block's task writes the store, or there is none: only the states the client
                 # keeps for verification come back with the block's root (see .blocks).
                 keep = tuple(sorted(s for s in self.keep if a <= s < b))
-                argsets.append((self.job, self.reducer, a, b, known, self.target, keep))
+                argsets.append((self.job, self.reducer, a, b, known, self.target, keep, recheck))
             else:
-                argsets.append((self.job, self.reducer, a, b, known))
+                argsets.append((self.job, self.reducer, a, b, known, recheck))
         if writes_or_none:
             futs = submit_many(self.client, compute_and_store_block, argsets, keys, workers, trim=not self.with_store)
         else:
