@@ -15,15 +15,22 @@ and a ``dispatch`` event (without a slot), a tell a ``result`` or ``failure``. A
 told count as experiments in flight (pending pulls), so several asks in a row spread over
 branches as parallel slots do. A tell for a hypothesis that was never asked, or told twice, is
 an :class:`~dask_research.exceptions.ExperimentError`, and a reward the scheduler cannot use
-(outside [0, 1] with bounded rewards, ``nan``, a wrong vector) is an ``InputError``; then
-nothing is recorded. With a checkpoint, :meth:`~.loop.IterationScheduler.resume` continues an
-ask/tell session: asks that were pending at the crash are asked again first (or may be told
-directly). A paper writer runs synchronously inside the ``tell`` that triggers it.
+(outside [0, 1] with bounded rewards, ``nan``, a wrong vector, a Result of another hypothesis),
+a ``duration`` that is not a finite number of seconds >= 0, or a handle that is neither a
+Hypothesis nor an id is an ``InputError``; then nothing is recorded. With a checkpoint,
+:meth:`~.loop.IterationScheduler.resume` continues an ask/tell session: asks that were
+pending at the crash are asked again first, within the budgets, or may be told directly (even
+before any ``ask``); either way each counts towards ``max_experiments`` as ``run()`` counts an
+experiment it dispatches again. A paper writer runs synchronously inside the ``tell`` that
+triggers it.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import numbers
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +69,13 @@ class AskTellSession:
     # -- ask ------------------------------------------------------------------------------
     def ask(self) -> Hypothesis:
         run, led, emit = self.run, self.run.ledger, self.run.recorder.emit
-        if self.retry:                      # pending at the crash: asked again first, once
+        if self.retry:                      # pending at the crash: asked again first, once,
+            self._check_budget()            # within the budgets (as run() dispatches them)
             h = self.retry.popleft()
             emit("dispatch", h.branch, h.id, None, requeued=True)
             run.recorder.commit()
             self.pending[h.id] = h
+            self.dispatched += 1            # asked again: it counts, as run() counts it
             return h
         while True:
             if not led.has_work() and not run.revive_parked(self.dispatched):
@@ -75,11 +84,7 @@ class AskTellSession:
                     "Hypothesis or Branch(name, propose=...) objects first)"
                     + (f"; {len(self.pending)} asks still wait for a tell" if self.pending
                        else ""))
-            reason = run.budget_reason(self.dispatched)
-            if reason is not None:
-                raise ExperimentError(f"the {reason} budget is spent ({self.dispatched} asked "
-                                      "in this session); raise it or read sched.report()",
-                                      reason=reason)
+            self._check_budget()
             picked = run.pick()
             if picked is None:               # the source is exhausted: decide again
                 continue
@@ -90,18 +95,30 @@ class AskTellSession:
             self.dispatched += 1
             return h
 
+    def _check_budget(self) -> None:
+        reason = self.run.budget_reason(self.dispatched)
+        if reason is not None:
+            raise ExperimentError(f"the {reason} budget is spent ({self.dispatched} asked "
+                                  "in this session); raise it or read sched.report()",
+                                  reason=reason)
+
     # -- tell -----------------------------------------------------------------------------
     def tell(self, hypothesis: Hypothesis | str, value: Any,
              duration: float | None) -> ExperimentResult:
         run = self.run
-        hid = hypothesis if isinstance(hypothesis, str) else getattr(hypothesis, "id", None)
-        h = self.pending.get(hid)  # type: ignore[arg-type]
+        if not isinstance(hypothesis, (str, Hypothesis)):
+            raise InputError("hypothesis", hypothesis, "an asked Hypothesis or its id (a str)",
+                             where="tell()")
+        hid = hypothesis if isinstance(hypothesis, str) else hypothesis.id
+        dur = _duration(duration, hid)
+        h = self.pending.get(hid)
         if h is None:
             again = next((x for x in self.retry if x.id == hid), None)
             if again is not None:            # told directly after a resume, without a re-ask
                 self.retry.remove(again)
                 run.recorder.emit("dispatch", again.branch, again.id, None, requeued=True)
                 self.pending[again.id] = h = again
+                self.dispatched += 1         # it ran again (the user's loop ran it): it counts
         if h is None:
             if hid in self.told:
                 raise ExperimentError(f"duplicate tell for hypothesis {hid!r}: its outcome was "
@@ -115,11 +132,15 @@ class AskTellSession:
                                   f"was asked on branch {h.branch!r}", id=hid)
         s = run.settings
         objectives = tuple(s.objectives) if s.objectives else None
-        dur = 0.0 if duration is None else float(duration)
+        if isinstance(value, ExperimentResult) and (value.hypothesis.id, value.hypothesis.branch) != (
+                h.id, h.branch):
+            other = value.hypothesis
+            raise InputError("outcome", value, f"a Result of hypothesis {h.id!r} on branch {h.branch!r}, "
+                             f"not of {other.id!r} on branch {other.branch!r}", where=f"tell({hid!r})")
         res = coerce_result(value, h, dur, s.bounded, objectives)
         if not res.ok and not (isinstance(value, ExperimentResult) and value.error is not None):
-            raise InputError("reward", value, res.error.split("; ", 1)[-1]
-                             if res.error else "a usable reward", where=f"tell({hid!r})")
+            why = res.error.split("; ", 1)[-1] if res.error else "a usable reward"
+            raise InputError("reward", value, why.removeprefix("expected "), where=f"tell({hid!r})")
         del self.pending[h.id]
         self.told.add(h.id)
         try:
@@ -137,7 +158,7 @@ class AskTellSession:
         try:
             out = self.paper_writer(branch, stats, best)  # type: ignore[misc]
             if inspect.isawaitable(out):
-                out = asyncio.run(_await(out))
+                out = _finish(out)
             run.books.paper(branch, out)
             if run.recorder.journal is not None:
                 run.recorder.write({"kind": "output", "branch": branch,
@@ -153,9 +174,50 @@ class AskTellSession:
         journal = run.recorder.journal
         if journal is not None:
             journal.close()                 # fsync what was told; a later tell reopens it
-        busy = run.ledger.has_work() or self.pending
-        return run.report("ask_tell" if busy else "queue_empty", self.dispatched)
+        spent = run.budget_reason(self.dispatched)
+        if spent is not None and (run.ledger.has_work() or self.retry):
+            stop = spent                    # work is left, but the budget asks no more of it
+        elif run.ledger.has_work() or self.pending or self.retry:
+            stop = "ask_tell"
+        else:
+            stop = "queue_empty"
+        return run.report(stop, self.dispatched)
+
+
+def _duration(duration: Any, hid: str) -> float:
+    """``tell``'s ``duration``: ``None`` (0.0) or a finite number of seconds >= 0."""
+    if duration is None:
+        return 0.0
+    ok = isinstance(duration, numbers.Real) and not isinstance(duration, bool)
+    if ok and math.isfinite(float(duration)) and float(duration) >= 0:
+        return float(duration)
+    raise InputError("duration", duration, "a finite number of seconds >= 0, or None",
+                     where=f"tell({hid!r})")
 
 
 async def _await(aw: Any) -> Any:
     return await aw
+
+
+def _finish(aw: Any) -> Any:
+    """Run an ``async def`` paper writer's awaitable to its end, here and now: on a loop of
+    its own, in a helper thread where an event loop already runs in this one (a notebook, where
+    ``asyncio.run`` refused and every such paper failed)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_await(aw))
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["out"] = asyncio.run(_await(aw))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name="paper-writer", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["out"]

@@ -58,9 +58,19 @@ from .execute import _run_coroutine, execute_async, execute_sync, is_async_calla
 from .timeouts import AbandonablePool
 from .types import Hypothesis, Result
 
-__all__ = ["LocalBackend", "DaskBackend"]
+__all__ = ["LocalBackend", "DaskBackend", "ClusterCancelled"]
 
 Outcome = tuple[Any, "Result | BaseException"]
+
+
+class ClusterCancelled(RuntimeError):
+    """The outcome of an experiment whose Dask future was cancelled on the cluster, not by the
+    run (a lost scheduler, ``client.cancel``, ``client.restart``): the experiment did not fail,
+    so the driver does not count it (see :class:`~.driver.LoopDriver`)."""
+
+    def __init__(self, key: Any, reason: str) -> None:
+        self.key, self.reason = key, reason
+        super().__init__(f"its Dask future {key!r} was cancelled on the cluster ({reason})")
 
 
 async def _call_side_async(fn: Callable[..., Any], args: tuple) -> Any:
@@ -374,8 +384,14 @@ class DaskBackend(ClusterSideJobs):
 
     def _unpack(self, item: tuple) -> Outcome:
         fut, value = item
+        ours = fut in self._futures           # not yet given up by cancel() or close()
         self._futures.discard(fut)
         self._keys.pop(fut.key, None)
+        if fut.status == "cancelled" and ours:
+            # cancelled on the cluster, not by this run: the client lost its scheduler, or
+            # someone cancelled it (client.cancel, client.restart). The experiment did not fail
+            reason = getattr(value, "reason", None) or getattr(value, "msg", None) or "unknown"
+            return fut, ClusterCancelled(fut.key, str(reason).split("\n")[0])
         if fut.status == "error":
             exc = value[1] if isinstance(value, tuple) and len(value) == 3 else value
             if not isinstance(exc, BaseException):

@@ -30,10 +30,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .._compat import cluster_threads
 from ..exceptions import ExperimentError
 from .actors import ActorBackend
 from .ahead import AheadRule
-from .backends import DaskBackend, LocalBackend
+from .backends import ClusterCancelled, DaskBackend, LocalBackend
 from .decision_trace import _jsonable
 from .progress_bar import ProgressBar
 from .recorder import log_records
@@ -45,6 +46,12 @@ from .types import BranchStats, ExperimentResult, Hypothesis
 __all__ = ["LoopDriver", "CANCELLED"]
 
 CANCELLED = object()   # outcome of an experiment cancelled at the run's deadline: not counted
+
+#: Seconds a cluster may have no worker at all, while experiments are in flight, before the run
+#: warns that it is waiting for one (once per such stretch).
+NO_WORKERS_WARN = 30.0
+#: How often, at most, a run with experiments on a cluster looks at the cluster's workers.
+WORKERS_POLL = 2.0
 
 
 class _Flight:
@@ -107,6 +114,8 @@ class LoopDriver:
         self.crashed: list[BaseException] = []
         self.closing = False                # the run is over: a task that ends now is not booked
         self.ship = s.log_events and client is not None
+        self._no_workers_since: float | None = None   # when the cluster was seen without workers
+        self._no_workers_warned = False
         if paper_writer is not None:
             run.on_trigger = self.start_paper
         if isinstance(backend, LocalBackend):
@@ -341,17 +350,23 @@ class LoopDriver:
                     waits.append(max(0.0, self.hard - now))
                 if s.max_seconds is not None and self.stop_reason is None and led.has_work():
                     waits.append(max(0.0, s.max_seconds - now))
+                if self.client is not None:     # look at the cluster's workers now and then
+                    waits.append(WORKERS_POLL)
                 timeout = min((w for w in waits if w is not None), default=None)
                 for token, outcome in await backend.wait(timeout):
                     # not yet settled by the completion hook; after a failed booking nothing
                     # more is booked (the hook stops too): the run ends with that error
                     if token in inflight and not self.crashed:
-                        self.settle(token, outcome)
+                        if isinstance(outcome, ClusterCancelled):
+                            self._cancelled_outside(token, outcome)
+                        else:
+                            self.settle(token, outcome)
                 if self.crashed:
                     raise self.crashed[0]
                 await self._expire()
                 if self.crashed:
                     raise self.crashed[0]
+                self._watch_workers()
                 if bar is not None:         # update() redraws at most every 0.1 s
                     bar.update(books.outcomes, len(inflight), led.total_queued)
             if self.stop_reason is None:
@@ -375,6 +390,70 @@ class LoopDriver:
             await backend.close()
         return run.report(self.stop_reason, self.dispatched, cancelled=self.cancelled,
                           timed_out=self.timed_out)
+
+    def _cancelled_outside(self, token: Any, why: ClusterCancelled) -> None:
+        """An experiment whose future was cancelled on the cluster, not by this run (a lost
+        scheduler, ``client.cancel``, ``client.restart``): it did not fail, so it is not
+        counted (a lost scheduler used to fail every experiment in flight and prune every
+        branch for "failures", for good: the journal kept the prunes). Like one cancelled at
+        the run's deadline it gets a ``cancel`` event and is dispatched again first by the
+        next run or a resume."""
+        status = getattr(self.client, "status", "running")
+        if status == "running":
+            f = self.inflight[token]
+            self.cancelled.append(f.h.id)
+            self.carry.append(f.h)
+            self.run.recorder.emit("cancel", f.h.branch, f.h.id, f.slot,
+                                   reason=f"cancelled on the cluster, not by this run ({why.reason})")
+            self.settle(token, CANCELLED)
+            return
+        # the client lost its scheduler: everything in flight is gone with it, and what the run
+        # would submit now would never come back (it waited forever); it stops here
+        lost = sorted(self.inflight.items(), key=lambda kv: kv[1].seq)
+        for tok, f in lost:
+            self.deadlines.discard(tok)
+            self.cancelled.append(f.h.id)
+            self.carry.append(f.h)
+            self.run.recorder.emit("cancel", f.h.branch, f.h.id, f.slot,
+                                   reason=f"the Dask client lost its scheduler ({why.reason})")
+        self.inflight.clear()
+        self.run.recorder.commit()
+        raise ExperimentError(
+            f"the Dask client lost its scheduler (client status {status!r}, {why.reason}); the "
+            f"run stops, and the {len(lost)} experiment(s) in flight were not counted: they run "
+            "again first in the next run() (with a client that is connected) or a resume")
+
+    def _watch_workers(self) -> None:
+        """Warn once when the cluster has had no worker for :data:`NO_WORKERS_WARN` seconds
+        while experiments are in flight. Dask keeps them until a worker joins (an adaptive
+        cluster scaled to zero gets one back), and so does the run: without this it waited
+        without a word, forever where no worker ever comes back."""
+        if self.client is None or not self.inflight:
+            self._no_workers_since = None
+            return
+        try:
+            threads = cluster_threads(self.client)
+        except Exception:  # noqa: BLE001 - a client without the cached identity: no watch
+            return
+        now = self.run.recorder.now()
+        if threads != 0:
+            self._no_workers_since, self._no_workers_warned = None, False
+            return
+        if self._no_workers_since is None:
+            self._no_workers_since = now
+        if self._no_workers_warned or now - self._no_workers_since < NO_WORKERS_WARN:
+            return
+        self._no_workers_warned = True
+        s = self.run.settings
+        bounds = ", ".join(f"{k}={v:g}" for k, v in (("timeout", s.timeout),
+                                                      ("max_seconds", s.max_seconds))
+                           if v is not None) or "no timeout or max_seconds"
+        warnings.warn(
+            f"the cluster has had no workers for {now - self._no_workers_since:.0f} s; "
+            f"{len(self.inflight)} experiment(s) in flight wait for a worker to join, and the run waits "
+            f"with them ({bounds}); add workers, bound the run with timeout= or max_seconds=, "
+            "or set distributed.scheduler.no-workers-timeout on the scheduler to fail them",
+            RuntimeWarning, stacklevel=2)
 
     async def _expire(self) -> None:
         """Experiments past their timeout fail; past the run's deadline, all stop."""

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -165,7 +166,13 @@ class IterationScheduler:
     def close(self) -> None:
         """Sync the checkpoint journal and release its lease (a run does both when it ends; the
         next ``add`` or ``run`` takes the lease again if no other driver wrote to the journal
-        meanwhile)."""
+        meanwhile). Refused while :meth:`run` is in progress (from another thread): the run
+        holds its journal until it ends, then syncs and releases it itself."""
+        if self._running:
+            # releasing the lease under a running loop let a second driver resume the journal
+            # and run again what this one still had in flight
+            raise ExperimentError("close() while run() is in progress; the run syncs and releases "
+                                  "its checkpoint when it ends (wait for run() to return)")
         if self._recorder.journal is not None:
             self._recorder.journal.close()
 
@@ -249,25 +256,71 @@ class IterationScheduler:
                 asyncio.get_running_loop()
             except RuntimeError:
                 return asyncio.run(self.run_async())
-            box: dict[str, Any] = {}
-
-            def target() -> None:
-                try:
-                    box["report"] = asyncio.run(self.run_async())
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-                    box["error"] = exc
-
-            t = threading.Thread(target=target, name="IterationScheduler")
-            t.start()
-            t.join()
-            if "error" in box:
-                raise box["error"]
-            return box["report"]
+            return self._run_in_thread()
         if client_asynchronous(self.client) or in_async_call(getattr(self.client, "loop", None)):
             raise ExperimentError(
                 "the client is asynchronous; use `report = await sched.run_async()` instead of "
                 "sched.run()")
-        return self.client.sync(self._drive)
+        try:
+            return self.client.sync(self._drive)
+        except KeyboardInterrupt:
+            # distributed cancels the driver on the client's loop and raises here at once: wait
+            # (bounded) for the run to wind down there, so that its experiments are cancelled and
+            # its journal released when this returns (a resume right after Ctrl-C was refused)
+            deadline = time.monotonic() + _WIND_DOWN
+            while self._running and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise
+
+    def _run_in_thread(self) -> Report:
+        """:meth:`run` where an event loop already runs in this thread (Jupyter): the run gets
+        a loop in a helper thread. A KeyboardInterrupt here (Ctrl-C, "interrupt the kernel")
+        stops the run as it stops one on this thread's own loop (its experiments cancelled,
+        its journal closed) and is raised once the run has wound down; an untimed ``join``
+        deferred it until the whole run had ended."""
+        box: dict[str, Any] = {}
+        guard = threading.Lock()
+
+        async def main() -> Report:
+            with guard:
+                if box.get("interrupted"):
+                    raise asyncio.CancelledError
+                box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+            return await self.run_async()
+
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["report"] = asyncio.run(main())
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+        t = threading.Thread(target=target, name="IterationScheduler", daemon=True)
+        t.start()
+        # a timed wait, so that a signal's handler runs in this thread meanwhile; on an Event,
+        # not Thread.join: a join that Ctrl-C interrupts marks the thread stopped while it
+        # still runs (CPython 3.11), and later joins return at once
+        try:
+            while not done.wait(0.25):
+                pass
+        except KeyboardInterrupt:
+            with guard:
+                box["interrupted"] = True
+                task, loop = box.get("task"), box.get("loop")
+            if task is not None and loop is not None:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:        # its loop is closed: the run has ended anyway
+                    pass
+            while not done.wait(0.25):      # the run winds down: experiments cancelled,
+                pass                        # journal closed
+            raise
+        if "error" in box:
+            raise box["error"]
+        return box["report"]
 
     async def run_async(self) -> Report:
         """Coroutine version of :meth:`run` (for asynchronous clients and notebooks)."""
@@ -343,10 +396,15 @@ class IterationScheduler:
         """Record the outcome of an asked hypothesis (or its id): a reward, a
         ``(reward, metrics)`` pair or a :class:`Result` (``Result.failure(h, exc)`` for a
         failed experiment). Applies the gates as :meth:`run` does; returns the Result."""
+        if self._running:
+            raise ExperimentError("run() is in progress; tell() is for schedulers your own loop "
+                                  "drives")
         self._recorder.check_whole()
         if self._session is None:
-            raise ExperimentError(f"tell for {getattr(hypothesis, 'id', hypothesis)!r} before "
-                                  "any ask(); ask() first")
+            if not self._books.retry:       # asks pending in a resumed journal may be told at once
+                raise ExperimentError(f"tell for {getattr(hypothesis, 'id', hypothesis)!r} before "
+                                      "any ask(); ask() first")
+            self._session = AskTellSession(self._new_run(), self.paper_writer)
         return self._session.tell(hypothesis, outcome, duration)
 
     def report(self) -> Report:
@@ -356,6 +414,9 @@ class IterationScheduler:
                                   "(run() returns its own report)")
         return self._session.report()
 
+
+#: Seconds run() waits, after Ctrl-C, for a run on a blocking client's loop to wind down.
+_WIND_DOWN = 60.0
 
 #: The settings that are attributes of the scheduler (its ``.policy`` is the Policy object).
 _ATTRIBUTES = frozenset(row.name for row in SETTINGS if row.attribute)

@@ -99,7 +99,11 @@ class Recorder:
             rec.update(data)
             if journal:
                 rec.update(journal)
-            self.write({"kind": "event", "e": rec})
+            try:
+                self.write({"kind": "event", "e": rec})
+            except BaseException as exc:
+                self._lose(exc)             # the event is in memory, not in the journal
+                raise
 
     def write(self, rec: dict[str, Any]) -> None:
         """Stage ``rec`` in the journal's current step (the journal is opened with the settings
@@ -114,7 +118,20 @@ class Recorder:
         (see :mod:`.checkpoint`). Called before the loop acts on a decision: before an
         experiment starts, before ``ask``, ``tell`` or ``add`` returns, when a run ends."""
         if self.journal is not None:
-            self.journal.commit()
+            try:
+                self.journal.commit()
+            except BaseException as exc:
+                self._lose(exc)             # the step is in memory, not in the journal
+                raise
+
+    def _lose(self, why: BaseException) -> None:
+        """A step made in memory could not be written (a record its readers would refuse, a
+        full disk, a journal taken over): it is dropped, and the scheduler goes no further
+        (:meth:`check_whole`)."""
+        assert self.journal is not None
+        self.journal.discard()
+        if self.lost_step is None:
+            self.lost_step = f"{type(why).__name__}: {why}"
 
     def discard(self, why: BaseException) -> None:
         """Drop the current step unwritten: ``why`` cut it short (see :meth:`Journal.discard`).

@@ -42,7 +42,8 @@ class Report:
     ----------
     stop_reason : str
         ``"queue_empty"``, ``"max_experiments"`` or ``"max_seconds"``; ``"ask_tell"`` for
-        the report of an unfinished ask/tell session.
+        the report of an unfinished ask/tell session (one whose budgets are not spent: a
+        session that can ask no more says which budget stopped it).
     branches : dict of str to BranchStats
         Every branch in insertion order, as it stood when the run ended.
     total_runs : int

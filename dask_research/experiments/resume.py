@@ -87,11 +87,38 @@ def _outcome(e: dict, h: Hypothesis, books: Books) -> None:
         books.failure(ExperimentResult.failure(h, str(e.get("error")), dur))
 
 
+def _check_seq(seq: Any, last: int | None, restored: int) -> int | None:
+    """The event number ``seq`` after ``last``: the next one, ``0`` (a later run of the same
+    scheduler starts its trace again) or ``restored`` (a resumed run goes on from the events
+    restored before it). A record repeated, or spliced in from another journal, is none of
+    these (a paper triggered twice was written twice, a dispatch seen twice ran twice)."""
+    if seq is None:                                  # journals without numbers: nothing to check
+        return last
+    if type(seq) is not int or seq < 0:
+        raise ValueError(f"event number seq={seq!r} is not an integer >= 0")
+    if last is not None and seq not in (last + 1, 0, restored):
+        raise ValueError(f"event number {seq} follows event {last} (expected {last + 1}): a "
+                         "record repeated, or copied from another journal")
+    return seq
+
+
+def _triggered(branch: Any, books: Books) -> None:
+    """A paper's outcome follows its branch's trigger (its writer starts there): one for a
+    branch that never triggered was not written by this run."""
+    if branch not in books.triggers:
+        raise ValueError(f"a paper outcome for branch {branch!r}, which never triggered the paper "
+                         "stage")
+
+
 def _trigger(e: dict, books: Books) -> None:
     """A ``paper.trigger`` record: the branch's flag, with the result that triggered it."""
+    i = books.ledger.branch_index(e["branch"])
+    if books.ledger.paper[i]:
+        raise ValueError(f"a second paper trigger of branch {e['branch']!r} (it triggers once "
+                         "per branch)")
     hid = e.get("hypothesis")
     best = next((r for r in reversed(books.results) if r.hypothesis.id == hid), None)
-    books.trigger(books.ledger.branch_index(e["branch"]), best)
+    books.trigger(i, best)
 
 
 def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
@@ -106,6 +133,7 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
     led = books.ledger
     ids: dict[str, str] = {}
     inflight: dict[str, Hypothesis] = {}
+    last_seq: int | None = None
     for n, rec in enumerate(state.records, start=2):
         try:
             kind = rec["kind"]
@@ -115,6 +143,7 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
                 books.queue(batch)
                 continue
             if kind == "output":
+                _triggered(rec["branch"], books)
                 books.paper(str(rec["branch"]), rec.get("output"))
                 continue
             e = rec["e"]
@@ -123,6 +152,7 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
                 raise ValueError(f"unknown event kind {ev_kind!r}")
             t = _num(e.get("t", 0.0))
             hid, branch = e.get("hypothesis"), e.get("branch")
+            last_seq = _check_seq(e.get("seq"), last_seq, len(books.events))
             if ev_kind == "dispatch":
                 if hid not in inflight:  # else: re-dispatch of one lost in an earlier crash
                     inflight[hid] = led.take(branch, hid)
@@ -134,12 +164,19 @@ def restore(state: JournalState, books: Books, where: str) -> dict[str, str]:
                     raise ValueError(f"{ev_kind} of {hid!r}, which was not in flight")
                 _outcome(e, h, books)
             elif ev_kind == "prune":
-                books.prune(led.branch_index(branch), str(e.get("reason")))
+                i = led.branch_index(branch)
+                if led.pruned[i]:
+                    raise ValueError(f"a prune of branch {branch!r}, which is pruned already")
+                books.prune(i, str(e.get("reason")))
             elif ev_kind == "revive":
-                books.revive(led.branch_index(branch), live=False)
+                i = led.branch_index(branch)
+                if not led.pruned[i]:
+                    raise ValueError(f"a revive of branch {branch!r}, which is not pruned")
+                books.revive(i, live=False)
             elif ev_kind == "paper.trigger":
                 _trigger(e, books)
             elif ev_kind == "paper.failed":
+                _triggered(branch, books)
                 books.paper_failed(branch, str(e.get("error")))
             data = {k: v for k, v in e.items() if k not in _NOT_DATA}
             data["restored"] = True
