@@ -75,14 +75,64 @@ def _client(scheduler: str | None = None, cluster: str | None = None, jobs: int 
             "(DASK_DISTRIBUTED__COMM__TLS__CA_FILE=... or ~/.config/dask/; "
             "https://distributed.dask.org/en/latest/tls.html)")
     seconds = config_seconds("cli.connect-timeout", config.resolve("cli.connect-timeout"))
-    try:
-        client = Client(address, timeout=seconds)
-    except (OSError, TimeoutError) as e:
-        reason = (f"no answer within {seconds:g} s (research.cli.connect-timeout)"
-                  if "timed out" in str(e).lower() or isinstance(e, TimeoutError) else one_line(e))
-        raise click.ClickException(f"cannot reach the scheduler at {address}: {reason}") from None
+    client = _connect(Client, address, seconds)
     with client:
+        if not client.scheduler_info().get("workers"):
+            click.echo(f"the scheduler at {address} has no workers yet: the command waits for one to join "
+                       f"(start one with: dask worker {address})", err=True)
         yield client
+
+
+def _connect(client_class, address: str, seconds: float):
+    """A client of ``address``, or one line saying why not within ``seconds``.
+
+    ``Client(timeout=)`` bounds the connection, not the handshake: a port where something else
+    listens (the dashboard's HTTP port, typed for the scheduler's) accepted the connection and
+    the command then waited for ever without a word. The client is made on a daemon thread,
+    waited for a bounded time."""
+    import threading
+
+    from ._compat import address_host_port
+
+    box: dict = {}
+
+    def make() -> None:
+        try:
+            box["client"] = client_class(address, timeout=seconds)
+        except BaseException as e:      # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=make, name="research-connect", daemon=True)
+    thread.start()
+    thread.join(max(2 * seconds, seconds + 5.0))
+    if thread.is_alive():
+        raise click.ClickException(
+            f"cannot reach the scheduler at {address}: something accepts connections there but did not answer "
+            f"as a Dask scheduler within {max(2 * seconds, seconds + 5.0):g} s (the dashboard's port? a scheduler "
+            "listens on 8786 unless told otherwise)")
+    e = box.get("error")
+    if e is None:
+        return box["client"]
+    if not isinstance(e, (OSError, TimeoutError)):
+        raise e
+    reason = (f"no answer within {seconds:g} s (research.cli.connect-timeout)"
+              if "timed out" in str(e).lower() or isinstance(e, TimeoutError) else one_line(e))
+    host = address_host_port(address if "://" in address else f"tcp://{address}")[0]
+    if host and not _resolves(host):
+        reason = f"the host name {host!r} does not resolve (a typo? or not on this network)"
+    raise click.ClickException(f"cannot reach the scheduler at {address}: {reason}") from None
+
+
+def _resolves(host: str) -> bool:
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _tls_configured() -> bool:
@@ -313,8 +363,8 @@ def _scheduler_options(f):
                      help="A running scheduler (tcp://HOST:PORT); default: an embedded LocalCluster."),
         click.option("--cluster", type=click.Choice(sorted(JOBQUEUE_CLUSTERS), case_sensitive=False),
                      help="Start a dask-jobqueue cluster of this kind (its settings: jobqueue.<name>.*)."),
-        click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="With --cluster: batch jobs to submit."),
+        click.option("--jobs", type=click.IntRange(min=1), default=None,
+                     help="With --cluster: batch jobs to submit.  [default: 1]"),
         click.option("--queue", help="With --cluster: the queue or partition."),
         click.option("--account", help="With --cluster: the account to charge."),
         click.option("--cores", type=click.IntRange(min=1), help="With --cluster: cores per job."),
@@ -327,7 +377,8 @@ def _scheduler_options(f):
 
 
 def _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store=None):
-    given = {"--queue": queue, "--account": account, "--cores": cores, "--memory": memory, "--walltime": walltime}
+    given = {"--jobs": jobs, "--queue": queue, "--account": account, "--cores": cores, "--memory": memory,
+             "--walltime": walltime}
     if cluster is None and any(v is not None for v in given.values()):
         flag = next(k for k, v in given.items() if v is not None)
         raise click.UsageError(f"{flag} applies only with --cluster NAME (a dask-jobqueue cluster)")

@@ -7,6 +7,10 @@ neither, so a capability's command does not reach up into the command group.
 
 >>> check_address("tcp://10.0.0.5:8786")
 'tcp://10.0.0.5:8786'
+>>> check_address("tcp//10.0.0.5:8786")
+Traceback (most recent call last):
+...
+click.exceptions.BadParameter: 'tcp//10.0.0.5:8786' is not a scheduler address; expected PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ def check_address(address: str) -> str:
 
     expected = "expected PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786"
     text = str(address).strip()
+    if "://" not in text and "/" in text:       # tcp//host:8786, tcp:/host:8786
+        raise click.BadParameter(f"{address!r} is not a scheduler address; {expected}", param_hint="--scheduler")
     scheme = text.split("://", 1)[0] if "://" in text else "tcp"
     try:
         comm_backend(scheme)
