@@ -351,11 +351,9 @@ def verification_sentence(record: Mapping[str, Any]) -> str:
     v = record.get("verification") or {}
     checked = v.get("checked") or []
     workers = list(record.get("workers") or [])
-    reused, computed = int(record.get("reused_shards") or 0), int(record.get("computed_shards") or 0)
 
-    def stored(c: Mapping[str, Any]) -> bool:   # computed by an earlier run: its producer did no work here
-        p = c.get("producer")
-        return p in (None, "?") or bool(reused and workers and p not in workers) or (computed == 0 and reused > 0)
+    def stored(c: Mapping[str, Any]) -> bool:
+        return _stored_check(c, record)
 
     n_stored = sum(1 for c in checked if stored(c))
     same = sum(1 for c in checked if c.get("same_worker") and not stored(c))
@@ -375,6 +373,14 @@ def verification_sentence(record: Mapping[str, Any]) -> str:
     return f"{len(checked)} shards re-run, {verdict}: {'; '.join(parts) or 'none'}{tail}"
 
 
+def _stored_check(c: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+    """Whether check ``c`` re-ran a shard an earlier run stored (its producer did no work here)."""
+    workers = list(record.get("workers") or [])
+    reused, computed = int(record.get("reused_shards") or 0), int(record.get("computed_shards") or 0)
+    p = c.get("producer")
+    return p in (None, "?") or bool(reused and workers and p not in workers) or (computed == 0 and reused > 0)
+
+
 def reused_sentence(record: Mapping[str, Any]) -> str | None:
     """How many of the shards a run reused from its store were re-run (``None``: it reused none).
 
@@ -385,7 +391,10 @@ def reused_sentence(record: Mapping[str, Any]) -> str | None:
     probability ``k/N``. ``research.montecarlo.verify-reused: all`` re-runs every one.
 
     >>> reused_sentence({"verification": {"reused_checked": [3, 9]}, "reused_shards": 16})
-    '2 of 16 reused shards re-run: a stored shard edited within every invariant is caught only if it is one of them (probability 2/16); research.montecarlo.verify-reused: all re-runs every one'
+    '2 of 16 reused shards re-run at random: a stored shard edited within every invariant is caught only if it is one of the 2 (probability 2/16); research.montecarlo.verify-reused: all re-runs every one'
+    >>> reused_sentence({"verification": {"reused_checked": [3, 9], "checked": [{"shard": 5, "producer": "old"}]},
+    ...                  "reused_shards": 16, "workers": ["w"], "computed_shards": 0})  # doctest: +ELLIPSIS
+    "2 of 16 reused shards re-run at random (1 more re-run where the run's own checks fell, ...): ... one of the 2 (probability 2/16); ..."
     >>> reused_sentence({"verification": {"reused_checked": list(range(4))}, "reused_shards": 4})
     '4 of 4 reused shards re-run: every shard this result reuses from the store was recomputed'
     """
@@ -396,9 +405,18 @@ def reused_sentence(record: Mapping[str, Any]) -> str | None:
     if v and "reused_checked" not in v:
         return (f"{reused} shards reused from the store; how many were re-run is not recorded (an older version "
                 "wrote this result): research.montecarlo.verify-reused: all re-runs every one")
-    k = len((v or {}).get("reused_checked") or [])
+    drawn = set((v or {}).get("reused_checked") or [])
+    k = len(drawn)
+    # The run's own hashed checks landed on reused shards too: re-run as well, but public (a
+    # function of the run id), so they count for damage, not for an edit made to avoid them.
+    public = {c.get("shard") for c in ((v or {}).get("checked") or []) if _stored_check(c, record)} - drawn
+    if k + len(public) >= reused and k < reused:
+        return f"{k + len(public)} of {reused} reused shards re-run: every shard this result reuses from the store was recomputed"
     if k >= reused:
         return f"{k} of {reused} reused shards re-run: every shard this result reuses from the store was recomputed"
     why = " (verify=0)" if not v else ""
-    return (f"{k} of {reused} reused shards re-run{why}: a stored shard edited within every invariant is caught only "
-            f"if it is one of them (probability {k}/{reused}); research.montecarlo.verify-reused: all re-runs every one")
+    more = (f" ({len(public)} more re-run where the run's own checks fell, chosen from the run id: public, so an "
+            "edit can avoid them)") if public else ""
+    return (f"{k} of {reused} reused shards re-run{' at random' if k else ''}{why}{more}: a stored shard edited within every "
+            f"invariant is caught only if it is one of the {k} (probability {k}/{reused}); "
+            "research.montecarlo.verify-reused: all re-runs every one")
