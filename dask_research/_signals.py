@@ -24,11 +24,25 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["terminate_as_interrupt"]
+__all__ = ["terminate_as_interrupt", "interrupt_exit_code"]
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """The shell's exit status of a command ended by ``exc``: 128 + the signal (130 for Ctrl-C,
+    143 for SIGTERM raised as :func:`terminate_as_interrupt` raises it), so that a script can
+    tell an interrupted command from a failed one (1).
+
+    >>> interrupt_exit_code(KeyboardInterrupt()), interrupt_exit_code(KeyboardInterrupt("signal 15"))
+    (130, 143)
+    """
+    text = str(exc)
+    if text.startswith("signal ") and text[7:].isdigit():
+        return 128 + int(text[7:])
+    return 128 + int(signal.SIGINT)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from typing import Any
 
 import click
 
-from ._signals import terminate_as_interrupt
+from ._signals import interrupt_exit_code, terminate_as_interrupt
 from ._version import __version__
 from .cli_checks import check_address
 from .jobfile import config_seconds, load_job, one_line
@@ -430,8 +430,10 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
                 _quiet_reported_task_failures(), terminate_as_interrupt():
             result = montecarlo.run(job, client=client, store=store, verify=verify,
                                     shards_per_task=shards_per_task, progress=progress)
-    except KeyboardInterrupt:
-        raise click.ClickException(_interrupted(job, store)) from None
+    except KeyboardInterrupt as e:
+        stop = click.ClickException(_interrupted(job, store))
+        stop.exit_code = interrupt_exit_code(e)     # 130 (Ctrl-C) or 143 (SIGTERM): not a failure's 1
+        raise stop from None
     click.echo(result.to_json() if as_json else str(result))
     if store and not as_json:
         from .montecarlo.store.layout import RUNS_DIR
