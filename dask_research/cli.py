@@ -575,13 +575,20 @@ def _check_read_store(store: str) -> None:
 
 @contextlib.contextmanager
 def _run_prefix():
-    """RUN that is not a hex prefix, or that several runs' ids start with, is a usage error too."""
+    """RUN that is not a hex prefix, or that several runs' ids start with, is a usage error too;
+    so is a replay or verify without ``--job`` (or ``--trust-origin``), which cannot work."""
+    from .montecarlo.audit import PipelineNotGiven
     from .montecarlo.store import BadRunId
 
     try:
         yield
     except BadRunId as e:
         raise click.BadParameter(e.problem, param_hint="RUN") from None
+    except PipelineNotGiven as e:       # the command cannot work without it: a usage error too
+        raise click.BadParameter(f"missing: the run's pipeline is {e.recorded}, and a store never chooses the code "
+                                 "that runs; give --job FILE:JOB (your copy of the job that ran), or --trust-origin "
+                                 "to import what the run recorded (only for a store you trust)",
+                                 param_hint="--job") from None
 
 
 @contextlib.contextmanager

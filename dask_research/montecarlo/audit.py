@@ -129,6 +129,16 @@ def _import_origin(origin: dict, where: str) -> Any:
     return obj
 
 
+class PipelineNotGiven(StoreError):
+    """The run's pipeline is not a job's built in this process and ``trust_origin`` is off: the
+    caller must give the job (the command line's ``--job``); :attr:`recorded` names what the run
+    recorded."""
+
+    def __init__(self, path: str, problem: str, recorded: str = "?"):
+        super().__init__(path, problem)
+        self.recorded = recorded
+
+
 def _load_pipelines(manifest: dict, where: str, trust_origin: bool, scheme: int = SCHEME) -> list:
     """The pipeline candidates for a manifest: those of jobs built here; never imports unless ``trust_origin``.
 
@@ -141,11 +151,11 @@ def _load_pipelines(manifest: dict, where: str, trust_origin: bool, scheme: int 
     found = _built_pipelines(manifest["job"]["pipeline"], scheme)
     if found or trust_origin:
         return found
-    raise StoreError(where, f"records its pipeline as {_recorded(origin)}, which is not the pipeline of any job "
+    raise PipelineNotGiven(where, f"records its pipeline as {_recorded(origin)}, which is not the pipeline of any job "
                      "built in this process, and a store never chooses the code that runs: pass job= the job that "
                      "ran (command line: --job FILE:JOB or MODULE:JOB, naming the Job object in your own copy of "
                      "the code), or --trust-origin (trust_origin=True) to import what it records if you trust "
-                     "whoever wrote this store")
+                     "whoever wrote this store", recorded=_recorded(origin))
 
 
 def _recorded(origin: dict) -> str:

@@ -233,3 +233,16 @@ def test_k_with_shards_is_a_usage_error_not_silently_ignored(tmp_path):
     (tmp_path / "runs").mkdir()
     _usage_error(["mc", "verify", "a8ce", "-k", "3", "--shards", "1", "--store", str(tmp_path)],
                  "-k and --shards exclude each other")
+
+
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("command", [["mc", "replay", "--shard", "1"], ["mc", "verify", "-k", "2"]])
+def test_replay_or_verify_without_the_job_is_a_short_usage_error(stored, command):
+    """It exited 1 with a 400-character line; without --job (or --trust-origin) it cannot work."""
+    from dask_research.montecarlo.job_registry import JOBS
+
+    job, store = stored
+    JOBS.clear()                 # as in a fresh command's process: no job built there
+    line = _usage_error(command[:2] + [job.id[:12]] + command[2:] + ["--store", str(store)], "--job",
+                        "give --job FILE:JOB", "--trust-origin")
+    assert len(line) < 400, line

@@ -117,13 +117,14 @@ def test_a_manifest_never_makes_replay_call_a_builtin_or_library_function(tmp_pa
     rid = made.stdout.split()[-1]
     out = run_python(VICTIM, tmp_path, rid, str(store))
     assert out.returncode == 0, out.stderr
-    assert "RAISED StoreError" in out.stdout and "not the pipeline of any job built in this process" in out.stdout, \
+    # PipelineNotGiven: the StoreError that says the job must come from the caller
+    assert "RAISED PipelineNotGiven" in out.stdout and "not the pipeline of any job built in this process" in out.stdout, \
         out.stdout
     assert "JSON IS A module | f2py imported: False" in out.stdout, out.stdout
     cli = subprocess.run([sys.executable, "-m", "dask_research.cli", "mc", "replay", rid, "--shard", "0",
                           "--store", str(store)], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
                          timeout=120)
-    assert cli.returncode != 0 and "not the pipeline of any job built in this process" in cli.stderr + cli.stdout
+    assert cli.returncode == 2 and "a store never chooses the code that runs; give --job" in cli.stderr + cli.stdout
 
 
 def test_only_pipelines_of_jobs_built_here_are_candidates_never_through_getattr(tmp_path, monkeypatch):

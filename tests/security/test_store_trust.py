@@ -97,7 +97,7 @@ def test_a_hostile_manifest_never_runs_its_file(tmp_path, stored, module):
     for cmd in (["mc", "replay", rid, "--shard", "2", "--store", str(store)],
                 ["mc", "verify", rid, "--store", str(store)]):
         res = _cli(cwd, *cmd)
-        assert res.returncode == 1 and "--trust-origin" in res.stdout + res.stderr, (res.stdout, res.stderr)
+        assert res.returncode == 2 and "--trust-origin" in res.stdout + res.stderr, (res.stdout, res.stderr)
         assert "Traceback" not in res.stdout + res.stderr
         assert not marker.exists()
 
