@@ -666,9 +666,13 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
         click.echo(str(r))
     bad = [r for r in reports if not r.match]
     total = reports[0].of_shards if reports else None
-    scope = ("" if total is None else " (every shard of the run)" if len(reports) >= total else
+    held = reports[0].stored_shards if reports and reports[0].stored_shards is not None else total
+    scope = ("" if total is None or held is None else " (every shard of the run)" if len(reports) >= total else
              f" (a sample: {len(reports)} of the run's {total} shards re-run, the other {total - len(reports)} "
-             "not checked)")
+             "not checked)" if held >= total else
+             f" (a sample: {len(reports)} of the {held} shards this incomplete run has stored ({held} of {total}) "
+             f"re-run, the other {held - len(reports)} not checked)" if len(reports) < held else
+             f" (every shard this incomplete run has stored: {held} of {total})")
     click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly{scope}")
     if bad:
         raise SystemExit(1)
@@ -694,8 +698,13 @@ def mc_show(run_id, store, as_json):
     if run_id is None:
         n = len(info["runs"])
         click.echo(f"{n} run{'' if n == 1 else 's'} in {_redact(store)}")
-        for r in info["runs"]:
-            click.echo(f"  {r}")
+        for r in info["summaries"]:
+            if "problem" in r:
+                click.echo(f"  {r['run_id']}  (unreadable: {printable(r['problem'])})")
+                continue
+            left = "" if r["stored_shards"] >= r["shards"] else " (incomplete: run it again to resume)"
+            click.echo(f"  {r['run_id']}  {printable(r['name'])}, created {printable(r['created'])}, "
+                       f"{r['stored_shards']} of {r['shards']} shards stored{left}")
         return
     click.echo(f"run {info['run_id']} ({printable(info['name'])}), created {printable(info['created'])}")
     click.echo(f"  shards stored {info['stored_shards']} of {info['shards']}"

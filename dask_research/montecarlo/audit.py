@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import posixpath
 import sys
 import types
 import uuid
@@ -39,7 +40,7 @@ from .run import open_store
 from .shard_compute import compute_shard
 from .store import RunStore
 from .store.holdings import stored_state_problem
-from .store.layout import MANIFEST_FILE, RESULT_FILE
+from .store.layout import MANIFEST_FILE, RESULT_FILE, shard_file_range
 from .verify import TOLERANCE, hash_order, states_match
 
 __all__ = ["replay", "replay_many", "ReplayReport", "load_job", "show"]
@@ -59,6 +60,8 @@ class ReplayReport:
     tolerance: str = TOLERANCE
     #: The run's shard count (``None`` if unknown), so a summary can say how many were not re-run.
     of_shards: int | None = None
+    #: How many of the run's shards the store holds (``mc verify``: what a sample was drawn from).
+    stored_shards: int | None = None
 
     def __str__(self) -> str:
         verdict = "identical" if self.match else f"DIFFERENT: {self.difference}"
@@ -341,7 +344,11 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
     run = manifest["run_id"]          # the whole id (a scheme-1 run's is not the job's current id)
     picks = shards if shards is not None else _hashed_stored(rs, run, job.shards, k)
     stored = rs.read_shards(run, only=[s for s in picks if isinstance(s, int)])   # each file holding one, once
-    return [_replay_loaded(rs, job, manifest, stored, s) for s in picks]
+    reports = [_replay_loaded(rs, job, manifest, stored, s) for s in picks]
+    held = _stored_count(rs, run, job.shards)         # what a sample is drawn from (an incomplete run: fewer)
+    for r in reports:
+        r.stored_shards = held
+    return reports
 
 
 #: Most hashed shard indices :func:`_hashed_stored` looks through for stored ones.
@@ -395,7 +402,8 @@ def show(run_id: str | None, store: Any) -> dict:
     """
     rs = _existing_store(store, "show")
     if run_id is None:
-        return {"store": repr(rs), "runs": rs.list_runs()}
+        runs = rs.list_runs()
+        return {"store": repr(rs), "runs": runs, "summaries": [_summary(rs, rid) for rid in runs]}
     rid = rs.resolve(run_id)
     manifest = rs.read_manifest(rid)         # checked: its schema, the shard count a whole number >= 1
     stored = rs.read_shards(rid)            # decoded: an edited accumulator is refused here too
@@ -409,6 +417,26 @@ def show(run_id: str | None, store: Any) -> dict:
             "shards": shards, "stored_shards": len(stored), "complete": len(stored) == shards,
             "range": manifest.get("range"), "versions": manifest.get("versions"),
             "origin": manifest.get("origin"), "result": result}
+
+
+def _stored_count(rs: RunStore, rid: str, shards: int) -> int:
+    """How many shards a run's shard files hold, by their names (nothing decoded)."""
+    ranges = [shard_file_range(posixpath.basename(p)) for p in rs.shard_files(rid)]
+    return min(shards, sum(r[1] - r[0] for r in ranges if r is not None))
+
+
+def _summary(rs: RunStore, rid: str) -> dict:
+    """One line's worth of a run for the listing: its manifest's name, creation time and shard
+    count, and how many shards its shard files' names hold (nothing decoded: ``show(RUN)``
+    checks them); a run whose manifest cannot be read says why instead."""
+    try:
+        manifest = rs.read_manifest(rid)
+        shards = manifest["job"]["partitioning"]["shards"]
+        stored = _stored_count(rs, rid, shards)
+    except StoreError as e:
+        return {"run_id": rid, "problem": e.problem}
+    return {"run_id": rid, "name": manifest.get("name"), "created": manifest.get("created"), "shards": shards,
+            "stored_shards": stored}
 
 
 #: Relative difference under which result.json's summary agrees with its shards (merge order

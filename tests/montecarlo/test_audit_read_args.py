@@ -189,6 +189,12 @@ def test_verify_k_of_an_incomplete_run_checks_stored_shards(tmp_path, job_module
     assert len(picks) == 4 and all(r.match for r in reports)
     assert picks == [s for s in hash_order(job.id, 24) if not first <= s < first + 4][:4]
     assert len(mc.replay_many(job.id, str(store), k=100, job=job)) == 20
+    # the summary counts what the run holds, not the shards it never computed ("the other 22 not checked")
+    out = CliRunner().invoke(main, ["mc", "verify", job.id[:12], "-k", "2", "--store", str(store), "--job",
+                                    f"{path}:job"])
+    assert out.exit_code == 0, out.output
+    assert "(a sample: 2 of the 20 shards this incomplete run has stored (20 of 24) re-run, the other 18 not " \
+           "checked)" in out.output, out.output
     for f in (store / "runs" / job.id / "shards").iterdir():
         f.unlink()
     with pytest.raises(StoreError, match="holds no stored shard to verify"):
@@ -246,3 +252,19 @@ def test_replay_or_verify_without_the_job_is_a_short_usage_error(stored, command
     line = _usage_error(command[:2] + [job.id[:12]] + command[2:] + ["--store", str(store)], "--job",
                         "give --job FILE:JOB", "--trust-origin")
     assert len(line) < 400, line
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_the_listing_tells_runs_apart(stored):
+    """`mc show --store` listed bare 64-character ids: no name, date or completeness."""
+    import shutil
+
+    job, store = stored
+    shards = store / "runs" / job.id / "shards"
+    first = sorted(shards.glob("*.json"))[0]
+    shutil.move(str(first), str(store / "aside.json"))          # as if the run stopped before it
+    out = CliRunner().invoke(main, ["mc", "show", "--store", str(store)])
+    assert out.exit_code == 0, out.output
+    line = next(ln for ln in out.output.splitlines() if job.id in ln)
+    assert job.name in line and ", created 20" in line and "incomplete: run it again to resume" in line, line
+    assert f" of {job.shards} shards stored" in line
