@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from ..experiments.types import Hypothesis
 
-__all__ = ["BranchArrays", "branch_stats", "hypotheses", "reward_vectors", "rewards"]
+__all__ = ["BranchArrays", "branch_stats", "hypotheses", "reward_vectors", "rewards", "resume_quietly"]
 
 
 @dataclass
@@ -97,3 +97,17 @@ def hypotheses(draw: st.DrawFn, branches: int = 4, min_size: int = 1, max_size: 
 def reward_vectors(dims: int, bounded: bool = True) -> st.SearchStrategy[tuple[float, ...]]:
     """Vector rewards of ``dims`` objectives."""
     return st.tuples(*[rewards(bounded) for _ in range(dims)])
+
+
+def resume_quietly(path, **kw):
+    """:meth:`IterationScheduler.resume` of the journal at ``path`` without the
+    :class:`~dask_research.experiments.lock.JournalLockWarning` a test's own earlier scheduler
+    (still alive in this process, as after a simulated crash) makes it give."""
+    import warnings
+
+    from ..experiments import IterationScheduler
+    from ..experiments.lock import JournalLockWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", JournalLockWarning)
+        return IterationScheduler.resume(path, **kw)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import warnings
 
 import dask
 import pytest
 
 from dask_research.exceptions import CheckpointError, ExperimentError, InputError
-from dask_research.experiments import Hypothesis, IterationScheduler, JournalLockWarning, Result
+from dask_research.experiments import Hypothesis, IterationScheduler, Result
+from dask_research.testing.experiments import resume_quietly
 
 
 def hyps(n: int = 5, branches: str = "ab") -> list[Hypothesis]:
@@ -29,10 +29,7 @@ def crashed_session(path, budget: int = 4, asked: int = 4, told: int = 2) -> lis
     return [h.id for h in hs[told:]]
 
 
-def resume(path, **kw) -> IterationScheduler:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", JournalLockWarning)
-        return IterationScheduler.resume(path, **kw)
+resume = resume_quietly
 
 
 @pytest.mark.timeout(60, method="thread")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 
 import pytest
 
 from dask_research.exceptions import CheckpointError
-from dask_research.experiments import Hypothesis, IterationScheduler, JournalLockWarning
+from dask_research.experiments import Hypothesis, IterationScheduler
 from dask_research.experiments.checkpoint import _encode
+from dask_research.testing.experiments import resume_quietly
 
 
 def journal(path) -> list[bytes]:
@@ -32,10 +32,7 @@ def kind(line: bytes) -> str | None:
     return rec["e"]["kind"] if rec.get("kind") == "event" else None
 
 
-def resume(path, **kw) -> IterationScheduler:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", JournalLockWarning)
-        return IterationScheduler.resume(path, **kw)
+resume = resume_quietly
 
 
 @pytest.mark.timeout(60, method="thread")
