@@ -105,15 +105,22 @@ def unpack(log: Iterable[tuple[float, Any]]) -> Iterator[tuple[float, dict]]:
     """``(log time, event)`` for every event of a topic's log, batches opened, in order.
 
     Reads what producers log today and logged before the envelope (a dict with ``event``, or
-    ``action`` for power transitions); entries that are not dicts are skipped.
+    ``action`` for power transitions); entries that are not dicts, and a batch whose
+    ``events`` is not a list (any client can log anything), are skipped.
 
-    >>> list(unpack([(1.0, "noise"), (2.0, {"action": "pause"})]))
+    >>> list(unpack([(1.0, "noise"), (2.0, {"action": "pause"}), (3.0, {"event": "batch", "events": 5})]))
     [(2.0, {'action': 'pause'})]
     """
     for t, msg in log:
         if not isinstance(msg, dict):
             continue
-        for ev in (msg.get("events") or ()) if msg.get("event") == "batch" else (msg,):
+        if msg.get("event") == "batch":
+            inner = msg.get("events")
+            # a list as logged; a tuple once it crossed a Dask comm (msgpack arrays)
+            evs: Iterable[Any] = inner if isinstance(inner, (list, tuple)) else ()
+        else:
+            evs = (msg,)
+        for ev in evs:
             if isinstance(ev, dict):
                 yield t, ev
 

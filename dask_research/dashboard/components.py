@@ -14,10 +14,14 @@ Examples
 """
 from __future__ import annotations
 
+import heapq
 import html
 import logging
 import math
+import time
+from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -94,10 +98,10 @@ def run_status(start: dict, later: list, clients=None) -> str:
         if kind == "done":
             return "done"
         if kind == "failed":
-            return f"failed: {msg.get('reason') or msg.get('error') or 'unknown reason'}"
+            return f"failed: {_short(msg.get('reason') or msg.get('error') or 'unknown reason')}"
     client = start.get("client")
-    if clients is not None and client and client not in clients:
-        return f"stale: its client {client} has left the scheduler"
+    if clients is not None and client and (not _hashable(client) or client not in clients):
+        return f"stale: its client {_short(client, 80)} has left the scheduler"
     return "running"
 
 
@@ -113,6 +117,50 @@ def _running_blocks(scheduler, prefix: str) -> list[tuple[int, int]]:
 def _log(scheduler, subsystem: str) -> list[tuple[float, Any]]:
     """The log of ``subsystem``'s topic (``research.<subsystem>.event-topic``) on ``scheduler``."""
     return list(scheduler.get_events(topic(subsystem)))
+
+
+class _LogCursor:
+    """Where a page got to in a topic's log: an update reads only the entries logged since.
+
+    The scheduler keeps the last ``distributed.admin.low-level-log-length`` entries of a topic
+    and hands the same entry objects back on every ``get_events``, so the last entry read is
+    found again by identity. Where it is gone (the log wrapped past it between two updates)
+    every entry the log holds is new.
+
+    >>> cur = _LogCursor()
+    >>> log = [(0.0, "a"), (1.0, "b")]
+    >>> cur.new(log), cur.new(log), cur.new(log + [(2.0, "c")])
+    (([(0.0, 'a'), (1.0, 'b')], False), ([], False), ([(2.0, 'c')], False))
+    >>> cur.new([(3.0, "d")])
+    ([(3.0, 'd')], True)
+    """
+
+    def __init__(self) -> None:
+        self.last: Any = None
+
+    def new(self, log: Sequence) -> tuple[list, bool]:
+        """The entries of ``log`` after the last one read, and whether the log wrapped past it."""
+        fresh, wrapped = len(log), False
+        if self.last is not None:
+            for back in range(1, len(log) + 1):
+                if log[-back] is self.last:
+                    fresh = back - 1
+                    break
+            else:
+                wrapped = True
+        if fresh:
+            self.last = log[-1]
+        return list(log[len(log) - fresh:]), wrapped
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``str(value)`` cut to ``limit`` characters (a page shows names, never a whole essay).
+
+    >>> _short("x" * 300, 10)
+    'xxxxxxxxx…'
+    """
+    text = str(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class ShardBoard:
@@ -142,28 +190,26 @@ class ShardBoard:
         self.cells: ShardCells | None = None
         self.ends: list[dict] = []
         self.estimate: dict | None = None        # the latest accepted event with a running estimate
-        self._last: Any = None                   # the last log entry folded in
+        self._cursor = _LogCursor()              # the last log entry folded in
+        self.missed = False                      # whether the log dropped events of the run unread
         self._drawn = -1
         self._xy: tuple[list, list, list] = ([], [], [])
 
     def _fold_new_events(self) -> None:
-        """Fold in the events logged since the last update (all of them after the log wrapped).
+        """Fold in the events logged since the last update (all it holds after the log wrapped).
 
         Work follows the new events and the cells, never the run's shards (issue 28: a
-        10^7-shard run cost 1.5 s of the scheduler's event loop per update)."""
-        log = self.scheduler.get_events(topic("montecarlo"))
-        fresh = len(log)
-        if self._last is not None:
-            for back in range(1, len(log) + 1):
-                if log[-back] is self._last:
-                    fresh = back - 1
-                    break
-            else:          # the log wrapped past what was folded in: start over from what it holds
-                self.start, self.cells, self.ends, self.estimate = None, None, [], None
-        if not fresh:
+        10^7-shard run cost 1.5 s of the scheduler's event loop per update). Where the log
+        wrapped past the last event read (more events between two updates than the scheduler
+        keeps), the events it dropped are lost to the page, which goes on with the run it
+        showed (it started over from the log and, the run's ``start`` gone, froze on its
+        last picture) and says that it missed some."""
+        entries, wrapped = self._cursor.new(self.scheduler.get_events(topic("montecarlo")))
+        if wrapped and self.start is not None:
+            self.missed = True
+        if not entries:
             return
-        self._last = log[-1]
-        for _, msg in unpack(log[len(log) - fresh:]):
+        for _, msg in unpack(entries):
             kind = msg.get("event")
             if kind == "start":
                 reason = check_start(msg)
@@ -171,6 +217,7 @@ class ShardBoard:
                     skip_bad_event("Shards", msg, reason)
                     continue
                 self.start, self.cells, self.ends, self.estimate = msg, ShardCells(int(msg["shards"])), [], None
+                self.missed = False
                 continue
             if self.cells is None or self.start is None or msg.get("run") != self.start["run"]:
                 continue
@@ -211,17 +258,31 @@ class ShardBoard:
                 half = 1.96 * float(acc["stderr"])
                 est = (f"{word} {float(acc['mean']):.6g} &plusmn; {half:.3g} (95 % CI of the mean; "
                        f"stderr {float(acc['stderr']):.3g}; n={int(acc['n']):,})")
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):
                 skip_bad_event("Shards", acc, "mean, stderr and n are not numbers")
                 self.estimate = None
         # Names come from users: escaped, so a job called "<script>" is text, not markup.
-        name, run = html.escape(str(start.get("name", ""))), html.escape(str(start["run"])[:12])
+        name, run = html.escape(_short(start.get("name", ""))), html.escape(str(start["run"])[:12])
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
                              f"({html.escape(status)}): {cells.n:,} shards, " + ", ".join(f"{v:,} {k}" for k, v in counts.items() if v)
-                             + (f"<br>{est}" if est else ""))
+                             + (f"<br>{est}" if est else "")
+                             + ("<br>(the scheduler's event log dropped some of this run's events before "
+                                "the page read them: counts may be low)" if self.missed else ""))
 
 
 _STATS_NUMBERS = ("t", "size", "inserted", "sampled", "exposed_mean_s")
+#: The most tiers a plane has (a stats event with more is not drawn).
+_MAX_TIERS = 64
+
+
+def _finite(v: Any) -> bool:
+    """A real number (not a bool) within float's range, neither NaN nor infinite."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:            # an int past float's range
+        return False
 
 
 def _bad_stats(m: dict) -> str | None:
@@ -235,18 +296,81 @@ def _bad_stats(m: dict) -> str | None:
     """
     for key in _STATS_NUMBERS:
         v = m.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+        if not _finite(v):
             return f"{key} {v!r} is not a finite number"
     step = m.get("step_mean_s")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float, np.integer, np.floating))):
-        return f"step_mean_s {step!r} is not a number"
+    if step is not None and not _finite(step):
+        return f"step_mean_s {step!r} is not a finite number"
     tiers = m.get("tiers", [])
     # a list as published; a tuple once it crossed a Dask comm (msgpack decodes arrays as tuples)
-    if not isinstance(tiers, (list, tuple)) or not all(
-            isinstance(t, dict) and isinstance(t.get("rows"), (int, np.integer)) and isinstance(t.get("used"), (int, np.integer))
-            for t in tiers):
+    if not isinstance(tiers, (list, tuple)) or len(tiers) > _MAX_TIERS or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) and _finite(t.get("rows"))
+            and _finite(t.get("used")) and isinstance(t["rows"], (int, np.integer))
+            and isinstance(t["used"], (int, np.integer)) for t in tiers):
         return "tiers is not a list of {name, rows, used}"
+    if len({t["name"] for t in tiers}) < len(tiers):
+        return "two tiers have the same name"
     return None
+
+
+class PlaneFold:
+    """The Experience page's series, per plane, folded in one ``stats`` event at a time.
+
+    An event costs a few appends, so a page update costs the events logged since the last one
+    (it re-read the whole log every second: about 100 ms per update with the 1,000 entries the
+    scheduler keeps). Each series keeps its last :attr:`MAX_POINTS` points, and at most
+    :attr:`MAX_PLANES` planes are followed (the ones that published last).
+    """
+
+    #: Points kept per series (the latest ones).
+    MAX_POINTS = 2000
+    #: Planes followed; past that the one that published least recently is forgotten.
+    MAX_PLANES = 64
+    COLUMNS = ("t", "size", "ingest_rate", "sample_rate", "exposed_ms", "exposed_pct")
+
+    def __init__(self) -> None:
+        self.series: dict[str, dict[str, Any]] = {}
+        self.recent: dict[str, list[dict]] = {}            # the plane's last few events: rate bases
+        self.total: dict[str, int] = {}                    # points ever added, per plane
+        self.latest: str | None = None                     # the plane that published last
+
+    def feed(self, m: dict) -> str | None:
+        """Fold one event in; why it was skipped, or ``None`` (also for an event of another kind)."""
+        if m.get("event") != "stats":
+            return None
+        reason = _bad_stats(m)
+        if reason is not None:
+            return reason
+        name = _short(m.get("plane", "plane"), 200)
+        if name not in self.series:
+            if len(self.series) >= self.MAX_PLANES:
+                oldest = min(self.series, key=lambda k: self.series[k]["t"][-1])
+                for d in (self.series, self.recent, self.total):
+                    d.pop(oldest, None)
+            self.series[name] = {k: deque(maxlen=self.MAX_POINTS) for k in self.COLUMNS}
+            self.series[name]["tiers"] = []
+            self.total[name] = 0
+        s = self.series[name]
+        t = float(m["t"])
+        prev = _rate_base(self.recent.setdefault(name, []), t)
+        dt = (t - prev["t"]) if prev else 0.0
+        s["t"].append(t * 1000.0)
+        s["size"].append(float(m["size"]))
+        # a cluster plane's count drops when a shard is lost: a rate is never negative
+        s["ingest_rate"].append(max(0.0, (float(m["inserted"]) - prev["inserted"]) / dt) if prev and dt > 0 else 0.0)
+        s["sample_rate"].append(max(0.0, (float(m["sampled"]) - prev["sampled"]) / dt) if prev and dt > 0 else 0.0)
+        exposed = float(m["exposed_mean_s"])
+        s["exposed_ms"].append(exposed * 1e3)
+        step = float(m.get("step_mean_s") or 0.0)
+        s["exposed_pct"].append(100.0 * exposed / step if step > 0 else 0.0)
+        s["tiers"] = [{"name": x["name"], "rows": float(x["rows"]), "used": float(x["used"])}
+                      for x in m.get("tiers", [])]
+        base = {"t": t, "inserted": float(m["inserted"]), "sampled": float(m["sampled"])}
+        self.recent[name] = (self.recent[name] + [base])[-8:]
+        self.total[name] += 1
+        if self.latest is None or self.latest not in self.series or t * 1000.0 >= self.series[self.latest]["t"][-1]:
+            self.latest = name
+        return None
 
 
 def plane_series(events: list) -> dict[str, dict[str, list]]:
@@ -254,7 +378,8 @@ def plane_series(events: list) -> dict[str, dict[str, list]]:
 
     A rate is taken over at least half the plane's usual publishing interval: the last event of
     a run comes a few milliseconds after the one before (published when the plane closes), and
-    255 transitions in 18 ms drew an ingest spike of 14,000/s over a run of 500/s.
+    255 transitions in 18 ms drew an ingest spike of 14,000/s over a run of 500/s. Malformed
+    events are skipped with a warning each (see :class:`PlaneFold`).
 
     >>> ev = [(i, {"event": "stats", "plane": "p", "t": t, "size": n, "capacity": 10**6, "inserted": n,
     ...            "sampled": 0, "tiers": [], "exposed_mean_s": 0.0})
@@ -262,31 +387,12 @@ def plane_series(events: list) -> dict[str, dict[str, list]]:
     >>> [round(r) for r in plane_series(ev)["p"]["ingest_rate"]]
     [0, 500, 500, 500, 500]
     """
-    out: dict[str, dict[str, list]] = {}
-    recent: dict[str, list[dict]] = {}              # the plane's last few events: rate bases
+    fold = PlaneFold()
     for _, m in unpack(events):
-        if m.get("event") != "stats":
-            continue
-        reason = _bad_stats(m)
+        reason = fold.feed(m)
         if reason is not None:
             skip_bad_event("Experience", m, reason)
-            continue
-        name = str(m.get("plane", "plane"))
-        s = out.setdefault(name, {"t": [], "size": [], "ingest_rate": [], "sample_rate": [],
-                                  "exposed_ms": [], "exposed_pct": [], "tiers": []})
-        prev = _rate_base(recent.setdefault(name, []), m["t"])
-        dt = (m["t"] - prev["t"]) if prev else 0.0
-        s["t"].append(m["t"] * 1000.0)
-        s["size"].append(m["size"])
-        # a cluster plane's count drops when a shard is lost: a rate is never negative
-        s["ingest_rate"].append(max(0.0, (m["inserted"] - prev["inserted"]) / dt) if prev and dt > 0 else 0.0)
-        s["sample_rate"].append(max(0.0, (m["sampled"] - prev["sampled"]) / dt) if prev and dt > 0 else 0.0)
-        s["exposed_ms"].append(m["exposed_mean_s"] * 1e3)
-        step = m.get("step_mean_s") or 0.0
-        s["exposed_pct"].append(100.0 * m["exposed_mean_s"] / step if step > 0 else 0.0)
-        s["tiers"] = m.get("tiers", [])
-        recent[name] = (recent[name] + [m])[-8:]
-    return out
+    return {name: {k: (v if k == "tiers" else list(v)) for k, v in s.items()} for name, s in fold.series.items()}
 
 
 def _rate_base(recent: list[dict], t: float) -> dict | None:
@@ -311,11 +417,13 @@ def freshness(t_last: float, now: float | None = None, interval: float | None = 
     >>> freshness(t, now=t + 64, interval=1.0)
     'last update 10:47:03 (64 s ago; stale: the plane has stopped publishing)'
     """
-    import time
-
     now = time.time() if now is None else now
     ago = max(0.0, now - t_last)
-    text = f"last update {time.strftime('%H:%M:%S', time.localtime(t_last))} ({ago:.0f} s ago"
+    try:
+        when = time.strftime('%H:%M:%S', time.localtime(t_last))
+    except (OverflowError, ValueError, OSError):     # a time no clock reads (another client's bug)
+        when = f"t={t_last:.6g}"
+    text = f"last update {when} ({ago:.0f} s ago"
     if interval is not None and ago > max(10.0, 3 * interval):
         text += "; stale: the plane has stopped publishing"
     return text + ")"
@@ -353,42 +461,223 @@ class ExperiencePanel:
         self.tier_fig.hbar_stack(["used", "free"], y="tier", height=0.6, color=["#55a868", "#d9d9d9"],
                                  source=self.tiers)
         self.root = column(self.summary, row(rates, latency, sizing_mode=sizing), self.tier_fig, sizing_mode=sizing)
+        self.fold = PlaneFold()
+        self._cursor = _LogCursor()
+        self._plane: str | None = None      # the plane drawn, and how many of its points were sent
+        self._sent = 0
+        self._summary_at = -math.inf
 
     def update(self) -> None:
-        series = plane_series(_log(self.scheduler, "replay"))
-        if not series:
+        """Fold in the replay events logged since the last update; redraw the latest plane.
+
+        Its series are streamed (only the new points go to the browser)."""
+        entries, _ = self._cursor.new(self.scheduler.get_events(topic("replay")))
+        for _, m in unpack(entries):
+            reason = self.fold.feed(m)
+            if reason is not None:
+                skip_bad_event("Experience", m, reason)
+        fold = self.fold
+        name = fold.latest
+        if name is None or name not in fold.series:
             return
-        name = max(series, key=lambda k: series[k]["t"][-1])   # the plane that published last
-        s = series[name]
-        self.source.data = {k: s[k] for k in ("t", "ingest_rate", "sample_rate", "exposed_ms", "exposed_pct")}
+        s, total = fold.series[name], fold.total[name]
+        new = total - self._sent if name == self._plane else total
+        if not new and not self._stale_summary():
+            return
+        columns = ("t", "ingest_rate", "sample_rate", "exposed_ms", "exposed_pct")
+        if name != self._plane or new > len(s["t"]):
+            self.source.data = {k: list(s[k]) for k in columns}
+        elif new:
+            self.source.stream({k: _tail(s[k], new) for k in columns}, rollover=fold.MAX_POINTS)
+        self._plane, self._sent = name, total
         tiers = s["tiers"]
         self.tiers.data = {"tier": [t["name"] for t in tiers], "used": [t["used"] for t in tiers],
-                           "free": [max(0, t["rows"] - t["used"]) for t in tiers]}
+                           "free": [max(0.0, t["rows"] - t["used"]) for t in tiers]}
         self.tier_range.factors = [t["name"] for t in tiers]
         pct = s["exposed_pct"][-1] if s["exposed_pct"] else 0.0
         t = s["t"]
         interval = (t[-1] - t[-2]) / 1000.0 if len(t) > 1 else None
-        self.summary.text = (f"<b>{html.escape(name)}</b>: {s['size'][-1]:,} transitions stored; "
+        self._summary_at = time.monotonic()
+        self.summary.text = (f"<b>{html.escape(name)}</b>: {s['size'][-1]:,.0f} transitions stored; "
                              f"learner exposed latency {s['exposed_ms'][-1]:.3f} ms ({pct:.1f} % of a step)"
-                             + (f"; {len(series)} planes publishing" if len(series) > 1 else "")
-                             + f"; {freshness(t[-1] / 1000.0, interval=interval)}")
+                             + (f"; {len(fold.series)} planes publishing" if len(fold.series) > 1 else "")
+                             + f"; {html.escape(freshness(t[-1] / 1000.0, interval=interval))}")
+
+    def _stale_summary(self) -> bool:
+        """Whether the summary's "N s ago" is due a refresh (once a second) with no new event."""
+        return time.monotonic() - self._summary_at >= 1.0
 
 
 def _num(x: Any) -> float:
+    """``float(x)``, or NaN for what is not a number (a string, None, an int past float's range).
+
+    >>> _num("inf"), _num(None), _num(10**400)
+    (inf, nan, nan)
+    """
     try:
         return float(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
 
 
+def _hashable(*values: Any) -> bool:
+    try:
+        hash(values)
+    except TypeError:
+        return False
+    return True
+
+
+#: Events of the Branches page that name a branch.
+_BRANCH_KINDS = ("dispatch", "prune", "paper.trigger")
+
+
+class BranchFold:
+    """What the Branches page shows of the latest experiments run, folded in one event at a time.
+
+    An event costs a few dictionary operations, so a page update costs the events logged since
+    the last one, never the run's length (it re-read the whole log on every update: 3 s of the
+    scheduler's event loop per update with 300,000 events in the log). A score line keeps its
+    last :attr:`MAX_POINTS` points and the slot-use series its last :attr:`MAX_OCCUPANCY`.
+
+    Events come from any client of the scheduler: :meth:`feed` checks the fields it reads and
+    skips an event it cannot read (returning why), leaving the state as it was.
+    """
+
+    #: Points kept per score line (the latest ones).
+    MAX_POINTS = 1000
+    #: Points kept of the slot-use series (the latest ones).
+    MAX_OCCUPANCY = 5000
+
+    def __init__(self, max_lines: int = 10) -> None:
+        self.max_lines = max_lines
+        self.run: Any = None
+        self.started = False
+        self.epoch = 0                       # a new run: a new epoch (the page redraws all)
+        self._reset(None)
+
+    def _reset(self, run: Any) -> None:
+        self.run = run
+        self.epoch += 1
+        self.branches: dict[str, dict[str, Any]] = {}
+        self.order: list[str] = []
+        self.scores: dict[str, tuple[deque, deque]] = {}
+        self.measured: set[str] = set()                  # branches with a result so far
+        self.busy_t: deque = deque([0.0], maxlen=self.MAX_OCCUPANCY)
+        self.busy_n: deque = deque([0], maxlen=self.MAX_OCCUPANCY)
+        self.ahead_n: deque = deque([0], maxlen=self.MAX_OCCUPANCY)
+        self.occupancy_total = 1                         # points ever added to the series
+        self.holder: dict[Any, Any] = {}                 # slot -> the experiment running there
+        self.lanes: dict[Any, list] = {}                 # slot -> experiments queued ahead behind it
+        self.slot_of: dict[Any, Any] = {}                # experiment -> its slot, until it ends
+        self.stop: Any = None
+        self.results = 0
+        self.pruned: set[str] = set()
+        self.papers: list[str] = []
+
+    def _occupancy(self, t: float) -> None:
+        self.busy_t.append(t)
+        self.busy_n.append(len(self.holder))
+        self.ahead_n.append(sum(map(len, self.lanes.values())))
+        self.occupancy_total += 1
+
+    def feed(self, r: dict) -> str | None:
+        """Fold one event in; why it was skipped, or ``None`` (also for another run's events)."""
+        kind, run = r.get("event"), r.get("run")
+        if kind == "add" and run is not None and (not self.started or run != self.run):
+            self._reset(run)
+            self.started = True
+        if not self.started or run != self.run:
+            return None
+        b: Any = r.get("branch")
+        if b is not None and not isinstance(b, str):
+            return f"branch {b!r} is not a name"
+        if b is None and kind in _BRANCH_KINDS:
+            return "it names no branch"
+        t = _num(r.get("t"))
+        if kind == "select":
+            scores = r.get("scores") or {}
+            if not isinstance(scores, dict):
+                return f"scores {scores!r} is not a mapping of branch to score"
+            for name, v in scores.items():
+                if isinstance(name, str) and name in self.measured:
+                    line = self.scores.get(name)
+                    if line is None:
+                        line = self.scores[name] = (deque(maxlen=self.MAX_POINTS), deque(maxlen=self.MAX_POINTS))
+                    line[0].append(t)
+                    line[1].append(_num(v))
+            return None
+        if kind == "dispatch":
+            h = r.get("hypothesis", ("dispatch", r.get("seq"), t))
+            slot = r.get("slot", ("own", h))
+            if not _hashable(h, slot):
+                return "its hypothesis or slot is not an id"
+        elif kind in ("result", "failure", "finish", "cancel"):
+            h = r.get("hypothesis")
+            if not _hashable(h):
+                return "its hypothesis is not an id"
+        if b is not None and b not in self.branches:
+            self.branches[b] = {"runs": 0, "pending": 0, "mean": math.nan, "pruned": False, "paper": False}
+            self.order.append(b)
+        if kind == "dispatch":
+            if h in self.slot_of:                   # a re-dispatch: the first one left its slot
+                _leave(h, self.holder, self.lanes, self.slot_of)
+            else:
+                self.branches[b]["pending"] += 1
+            self.slot_of[h] = slot
+            if r.get("ahead") and slot in self.holder:
+                self.lanes.setdefault(slot, []).append(h)
+            else:
+                self.holder[slot] = h
+            self._occupancy(t)
+        elif kind in ("result", "failure", "finish", "cancel"):
+            if kind in ("result", "failure") and b in self.branches:
+                br = self.branches[b]
+                br["pending"] = max(0, br["pending"] - 1)
+                if kind == "result":
+                    br["runs"] += 1
+                    br["mean"] = _num(r.get("mean"))
+                    self.measured.add(b)
+                    self.results += 1
+            if h in self.slot_of:
+                _leave(h, self.holder, self.lanes, self.slot_of)
+            elif h is None and self.holder:         # an old log without hypothesis ids
+                self.holder.pop(next(iter(self.holder)))
+            self._occupancy(t)
+        elif kind == "prune":
+            if not self.branches[b]["pruned"]:
+                self.branches[b]["pruned"] = True
+                self.pruned.add(b)
+        elif kind == "paper.trigger":
+            if not self.branches[b]["paper"]:
+                self.branches[b]["paper"] = True
+                self.papers.append(b)
+        elif kind == "stop":
+            self.stop = r.get("reason")
+        return None
+
+    def top(self) -> list[str]:
+        """The busiest branches with a score line, at most ``max_lines``."""
+        return [k for k in heapq.nlargest(self.max_lines, (k for k in self.order if k in self.scores),
+                                          key=lambda name: self.branches[name]["runs"])]
+
+    def view(self) -> dict[str, Any] | None:
+        if not self.started:
+            return None
+        return {"run": self.run, "branches": self.branches, "order": self.order,
+                "scores": {k: (list(self.scores[k][0]), list(self.scores[k][1])) for k in self.top()},
+                "occupancy": (list(self.busy_t), list(self.busy_n), list(self.ahead_n)), "stop": self.stop}
+
+
 def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
-    """Per-branch state, score lines and slot use of the latest experiments run.
+    """Per-branch state, score lines and slot use of the latest experiments run (:class:`BranchFold`).
 
     A branch's score line starts at its first result (before it, its score is the bonus over no
     data: infinite, or a guess) and its points are the selections, drawn as steps. Slot use
     counts the experiments that hold a slot, and apart from them those queued ahead behind a
     slot's running experiment (a dispatch with ``ahead``, which starts when that one ends),
-    so three slots never read as six experiments running.
+    so three slots never read as six experiments running. Malformed events are skipped with a
+    warning each.
 
     >>> ev = [(0, {"event": "add", "run": "r"}),
     ...       (1, {"event": "select", "run": "r", "t": 0.1, "scores": {"a": "inf"}}),
@@ -401,80 +690,12 @@ def branch_view(events: list, max_lines: int = 10) -> dict[str, Any] | None:
     >>> view["scores"], view["occupancy"]
     ({'a': ([0.3], [1.5])}, ([0.0, 0.1, 0.2, 0.3], [0, 1, 1, 1], [0, 0, 1, 0]))
     """
-    records: list[dict] = []
-    run = None
+    fold = BranchFold(max_lines)
     for _, r in unpack(events):
-        if r.get("run") != run:
-            if r.get("event") != "add" and run is not None:
-                continue
-            if r.get("event") == "add" and r.get("run") != run:
-                run, records = r.get("run"), []
-        records.append(r)
-    if run is None:
-        return None
-    branches: dict[str, dict[str, Any]] = {}
-    order: list[str] = []
-    scores: dict[str, tuple[list, list]] = {}
-    measured: set[str] = set()                      # branches with a result so far
-    busy_t, busy_n, ahead_n = [0.0], [0], [0]
-    holder: dict[Any, Any] = {}                     # slot -> the experiment running there
-    lanes: dict[Any, list] = {}                     # slot -> experiments queued ahead behind it
-    slot_of: dict[Any, Any] = {}                    # experiment -> its slot, until it ends
-    stop = None
-
-    def occupancy(t: float) -> None:
-        busy_t.append(t)
-        busy_n.append(len(holder))
-        ahead_n.append(sum(map(len, lanes.values())))
-
-    for r in records:
-        b: Any = r.get("branch")
-        kind, t = r.get("event"), _num(r.get("t"))
-        if b is not None and b not in branches:
-            branches[b] = {"runs": 0, "pending": 0, "mean": math.nan, "pruned": False, "paper": False}
-            order.append(b)
-        if kind == "select":
-            for name, v in (r.get("scores") or {}).items():
-                if name in measured:
-                    xs, ys = scores.setdefault(name, ([], []))
-                    xs.append(t)
-                    ys.append(_num(v))
-        elif kind == "dispatch":
-            h = r.get("hypothesis", ("dispatch", r.get("seq"), t))
-            if h in slot_of:                        # a re-dispatch: the first one left its slot
-                _leave(h, holder, lanes, slot_of)
-            else:
-                branches[b]["pending"] += 1
-            slot = r.get("slot", ("own", h))
-            slot_of[h] = slot
-            if r.get("ahead") and slot in holder:
-                lanes.setdefault(slot, []).append(h)
-            else:
-                holder[slot] = h
-            occupancy(t)
-        elif kind in ("result", "failure", "finish", "cancel"):
-            h = r.get("hypothesis")
-            if kind in ("result", "failure") and b in branches:
-                br = branches[b]
-                br["pending"] = max(0, br["pending"] - 1)
-                if kind == "result":
-                    br["runs"] += 1
-                    br["mean"] = _num(r.get("mean"))
-                    measured.add(b)
-            if h in slot_of:
-                _leave(h, holder, lanes, slot_of)
-            elif h is None and holder:              # an old log without hypothesis ids
-                holder.pop(next(iter(holder)))
-            occupancy(t)
-        elif kind == "prune":
-            branches[b]["pruned"] = True
-        elif kind == "paper.trigger":
-            branches[b]["paper"] = True
-        elif kind == "stop":
-            stop = r.get("reason")
-    top = sorted(order, key=lambda name: -branches[name]["runs"])[:max_lines]
-    return {"run": run, "branches": branches, "order": order, "scores": {k: scores[k] for k in top if k in scores},
-            "occupancy": (busy_t, busy_n, ahead_n), "stop": stop}
+        reason = fold.feed(r)
+        if reason is not None:
+            skip_bad_event("Branches", r, reason)
+    return fold.view()
 
 
 def _leave(h: Any, holder: dict, lanes: dict, slot_of: dict) -> None:
@@ -552,29 +773,57 @@ class BranchBoard:
         outside_legend(self.occ_fig)
         self.root = column(self.summary, self.bars, row(self.score_fig, self.occ_fig, sizing_mode=sizing),
                            sizing_mode=sizing)
+        self.fold = BranchFold()
+        self._cursor = _LogCursor()
+        self._drawn_epoch = 0                # the fold's epoch last drawn (0: nothing drawn yet)
+        self._occ_sent = 0                   # slot-use points sent to the browser
 
     def update(self) -> None:
-        view = branch_view(_log(self.scheduler, "experiments"))
-        if view is None:
+        """Fold in the experiments events logged since the last update; redraw if there were any.
+
+        The bars show the first 200 branches; the slot-use series is streamed (only its new
+        points go to the browser)."""
+        entries, _ = self._cursor.new(self.scheduler.get_events(topic("experiments")))
+        for _, r in unpack(entries):
+            reason = self.fold.feed(r)
+            if reason is not None:
+                skip_bad_event("Branches", r, reason)
+        fold = self.fold
+        if not fold.started or (not entries and self._drawn_epoch == fold.epoch):
             return
-        br = view["branches"]
-        names = view["order"][:200]
+        br = fold.branches
+        names = fold.order[:200]
         color = ["#c44e52" if br[n]["pruned"] else "#ccb974" if br[n]["paper"] else "#4c72b0" for n in names]
         status = ["pruned" if br[n]["pruned"] else "paper" if br[n]["paper"] else "active" for n in names]
-        self.source.data = {"branch": names, "mean": [0.0 if math.isnan(br[n]["mean"]) else br[n]["mean"] for n in names],
+        means = [br[n]["mean"] for n in names]
+        self.source.data = {"branch": names, "mean": [m if math.isfinite(m) else 0.0 for m in means],
                             "runs": [br[n]["runs"] for n in names], "pending": [br[n]["pending"] for n in names],
                             "color": color, "status": status}
         self.branch_range.factors = names
-        lines = [(name, *_steps(xs, [y if math.isfinite(y) else math.nan for y in ys]))
-                 for name, (xs, ys) in view["scores"].items()]
+        lines = [(name, *_steps(list(fold.scores[name][0]), [y if math.isfinite(y) else math.nan
+                                                              for y in fold.scores[name][1]]))
+                 for name in fold.top()]
         self.lines.data = {"xs": [x for _, x, _ in lines], "ys": [y for _, _, y in lines],
                            "color": [self.COLORS[i % len(self.COLORS)] for i in range(len(lines))],
                            "branch": [n for n, _, _ in lines]}
-        t, n, ahead = view["occupancy"]
-        self.occ.data = {"t": t, "n": n, "ahead": ahead}
-        runs = sum(b["runs"] for b in br.values())
-        papers = [html.escape(str(k)) for k, b in br.items() if b["paper"]]
-        pruned = sum(b["pruned"] for b in br.values())
-        self.summary.text = (f"run <code>{html.escape(str(view['run']))}</code>: {len(br)} branches, {runs} results, "
-                             f"{pruned} pruned, papers: {', '.join(papers) or 'none'}"
-                             + (f"; stopped: {html.escape(str(view['stop']))}" if view["stop"] else ""))
+        new = fold.occupancy_total - self._occ_sent
+        if self._drawn_epoch != fold.epoch or new > len(fold.busy_t):
+            self.occ.data = {"t": list(fold.busy_t), "n": list(fold.busy_n), "ahead": list(fold.ahead_n)}
+        elif new:
+            self.occ.stream({"t": _tail(fold.busy_t, new), "n": _tail(fold.busy_n, new),
+                             "ahead": _tail(fold.ahead_n, new)}, rollover=fold.MAX_OCCUPANCY)
+        self._occ_sent, self._drawn_epoch = fold.occupancy_total, fold.epoch
+        papers = [html.escape(_short(k, 80)) for k in fold.papers[:20]] + (["…"] if len(fold.papers) > 20 else [])
+        stop = fold.stop
+        self.summary.text = (f"run <code>{html.escape(_short(fold.run, 80))}</code>: {len(br)} branches, "
+                             f"{fold.results} results, {len(fold.pruned)} pruned, papers: {', '.join(papers) or 'none'}"
+                             + (f"; stopped: {html.escape(_short(stop))}" if stop else ""))
+
+
+def _tail(values: deque, n: int) -> list:
+    """The last ``n`` of ``values`` in order, in time proportional to ``n``.
+
+    >>> _tail(deque([1, 2, 3, 4]), 2)
+    [3, 4]
+    """
+    return list(islice(reversed(values), n))[::-1]
