@@ -9,7 +9,6 @@ import logging
 import urllib.request
 
 import pytest
-from distributed import Client, LocalCluster
 
 pytest.importorskip("bokeh")
 
@@ -121,15 +120,6 @@ def test_a_bad_event_warns_once_however_many_updates(caplog):
     skipped = [r.getMessage() for r in caplog.records if "skipped an event" in r.getMessage()]
     assert len(skipped) == 2, skipped
     assert pages[1].source.data["branch"] == ["a"]
-
-
-@pytest.fixture
-def dashboard_cluster(loop):
-    import dask_research.dashboard  # noqa: F401
-
-    with LocalCluster(loop=loop, n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cl, Client(cl, set_as_default=False) as c:
-        yield cl, c
 
 
 def test_every_page_answers_after_hostile_events_over_a_real_comm(dashboard_cluster):

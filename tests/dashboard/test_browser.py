@@ -3,7 +3,6 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 
 pytest.importorskip("bokeh")
 PIL = pytest.importorskip("PIL.Image")
@@ -38,15 +37,6 @@ def _has_color(img, hex_color: str, tol: int = 12, min_pixels: int = 50) -> bool
     rgb = np.asarray(img.convert("RGB")).reshape(-1, 3).astype(int)
     target = np.array([int(hex_color[i:i + 2], 16) for i in (1, 3, 5)])
     return int((np.abs(rgb - target).max(axis=1) <= tol).sum()) >= min_pixels
-
-
-@pytest.fixture
-def dashboard_cluster(loop):
-    import dask_research.dashboard  # noqa: F401
-
-    with LocalCluster(loop=loop, n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address="127.0.0.1:0") as cl, Client(cl, set_as_default=False) as c:
-        yield cl, c
 
 
 def test_shards_page_renders_the_run(dashboard_cluster, browser, tmp_path):

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
 pytest.importorskip("bokeh")
 
@@ -9,17 +9,8 @@ from dask_research.dashboard.components import STATE_NAMES, ShardBoard, run_stat
 from dask_research.testing.processes import wait_for  # noqa: E402
 
 
-@pytest.fixture
-def cluster(loop):
-    import dask_research.dashboard  # noqa: F401
-
-    with LocalCluster(loop=loop, n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cl, Client(cl, set_as_default=False) as c:
-        yield cl, c
-
-
-def test_shard_board_shows_a_real_run(cluster):
-    cl, c = cluster
+def test_shard_board_shows_a_real_run(dashboard_cluster):
+    cl, c = dashboard_cluster
     job = mc.Job(lambda a: np.sin(a), {"a": mc.Normal(0, 1)}, shards=40, samples_per_shard=512, seed=2, bins=16)
     board = ShardBoard(cl.scheduler)
     board.update()
@@ -52,8 +43,8 @@ def test_states_from_events():
     assert [STATE_NAMES[s] for s in states] == ["accepted", "accepted", "re-run", "re-run", "queued", "queued"]
 
 
-def test_many_shards_are_grouped_into_cells(cluster):
-    cl, c = cluster
+def test_many_shards_are_grouped_into_cells(dashboard_cluster):
+    cl, c = dashboard_cluster
     c.log_event("research.montecarlo", {"event": "start", "run": "big", "shards": 100_000, "key_prefix": "x"})
     c.log_event("research.montecarlo", {"event": "accepted", "run": "big", "start": 0, "stop": 50_000})
     board = ShardBoard(cl.scheduler)
@@ -74,10 +65,10 @@ def _fails_on_workers(a):
     raise RuntimeError("solver diverged")
 
 
-def test_a_failed_run_is_shown_as_failed_with_its_reason(cluster):
+def test_a_failed_run_is_shown_as_failed_with_its_reason(dashboard_cluster):
     from dask_research.exceptions import PipelineError
 
-    cl, c = cluster
+    cl, c = dashboard_cluster
     job = mc.Job(_fails_on_workers, {"a": mc.Normal(0, 1)}, shards=64, samples_per_shard=256, seed=4, bins=16)
     with pytest.raises(PipelineError, match="solver diverged"):
         mc.run(job, client=c, verify=0, progress=False, shards_per_task=1)
@@ -88,8 +79,8 @@ def test_a_failed_run_is_shown_as_failed_with_its_reason(cluster):
     assert "running" not in text
 
 
-def test_a_run_whose_client_left_the_scheduler_is_shown_as_stale(cluster):
-    cl, c = cluster
+def test_a_run_whose_client_left_the_scheduler_is_shown_as_stale(dashboard_cluster):
+    cl, c = dashboard_cluster
     other = Client(cl.scheduler_address, set_as_default=False)
     try:
         gone = other.id
@@ -132,12 +123,12 @@ def test_shard_states_read_envelopes_batches_and_the_older_shape_alike():
 
 
 @pytest.mark.parametrize("bad", ["abc", -5, 1e15, True, None])
-def test_a_malformed_start_event_is_skipped_with_one_warning_and_the_page_still_answers(cluster, caplog, bad):
+def test_a_malformed_start_event_is_skipped_with_one_warning_and_the_page_still_answers(dashboard_cluster, caplog, bad):
     """A start event with shards "abc", -5 or 1e15 made the Shards page answer HTTP 500 for everyone."""
     import logging
     import urllib.request
 
-    cl, c = cluster
+    cl, c = dashboard_cluster
     c.log_event("research.montecarlo", {"event": "start", "run": "good", "shards": 8, "key_prefix": "g"})
     c.log_event("research.montecarlo", {"event": "start", "run": "bad", "shards": bad, "key_prefix": "b"})
     c.log_event("research.montecarlo", {"event": "accepted", "run": "good", "start": 0, "stop": "x"})
@@ -155,12 +146,12 @@ def test_a_malformed_start_event_is_skipped_with_one_warning_and_the_page_still_
         assert page.status == 200
 
 
-def test_the_page_costs_cells_and_new_events_not_shards(cluster, monkeypatch):
+def test_the_page_costs_cells_and_new_events_not_shards(dashboard_cluster, monkeypatch):
     """A 10^12-shard run is 4,096 cells of aggregates (it was a per-shard array: 1.5 s per update at
     10^7 shards); an update folds in only the events logged since the last one."""
     from dask_research.dashboard import shard_cells
 
-    cl, c = cluster
+    cl, c = dashboard_cluster
     n = 10**12
     c.log_event("research.montecarlo", {"event": "start", "run": "huge", "shards": n, "key_prefix": "h"})
     c.log_event("research.montecarlo", {"event": "accepted", "run": "huge", "start": 0, "stop": n // 2})
@@ -186,8 +177,8 @@ def test_the_page_costs_cells_and_new_events_not_shards(cluster, monkeypatch):
     assert len(applied) == 3
 
 
-def test_the_estimate_is_labelled_a_95_ci_and_is_no_longer_running_when_done(cluster):
-    cl, c = cluster
+def test_the_estimate_is_labelled_a_95_ci_and_is_no_longer_running_when_done(dashboard_cluster):
+    cl, c = dashboard_cluster
     for msg in ({"event": "start", "run": "r2", "shards": 4, "key_prefix": "q"},
                 {"event": "accepted", "run": "r2", "start": 0, "stop": 4, "mean": 1.5, "stderr": 0.1, "n": 400}):
         c.log_event("research.montecarlo", msg)
