@@ -24,7 +24,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import posixpath
 import sys
 import types
 import uuid
@@ -40,7 +39,7 @@ from .run import open_store
 from .shard_compute import compute_shard
 from .store import RunStore
 from .store.holdings import stored_state_problem
-from .store.layout import MANIFEST_FILE, RESULT_FILE, shard_file_range
+from .store.layout import MANIFEST_FILE, RESULT_FILE
 from .verify import TOLERANCE, hash_order, states_match
 
 __all__ = ["replay", "replay_many", "ReplayReport", "load_job", "show"]
@@ -342,10 +341,11 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
     rs = _existing_store(store, "replay")
     job, manifest = load_job(run_id, rs, job, trust_origin)
     run = manifest["run_id"]          # the whole id (a scheme-1 run's is not the job's current id)
-    picks = shards if shards is not None else _hashed_stored(rs, run, job.shards, k)
+    ranges = _held_ranges(rs, run)
+    picks = shards if shards is not None else _hashed_stored(rs, run, job.shards, k, ranges)
     stored = rs.read_shards(run, only=[s for s in picks if isinstance(s, int)])   # each file holding one, once
     reports = [_replay_loaded(rs, job, manifest, stored, s) for s in picks]
-    held = _stored_count(rs, run, job.shards)         # what a sample is drawn from (an incomplete run: fewer)
+    held = sum(b - a for a, b in ranges)             # what a sample is drawn from (an incomplete run: fewer)
     for r in reports:
         r.stored_shards = held
     return reports
@@ -355,19 +355,26 @@ def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int
 MAX_HASHED_SCAN = 1 << 20
 
 
-def _hashed_stored(rs: RunStore, run: str, shards: int, k: int) -> list[int]:
-    """The first ``k`` shards in the run id's hash order that a shard file is named for.
-
-    A complete run's are :func:`hash_order`'s first ``k``; an incomplete run's (a run to
-    resume) skip the shards not stored yet, instead of failing on the first one of them. At
-    most :data:`MAX_HASHED_SCAN` indices are looked through; none stored is a :class:`StoreError`.
-    """
-    merged: list[list[int]] = []          # the files' ranges (they may overlap), as disjoint ones
+def _held_ranges(rs: RunStore, run: str) -> list[list[int]]:
+    """The shards a run's shard files are named for, as disjoint ``[start, stop)`` ranges in order
+    (the files' own ranges may overlap; nothing is decoded)."""
+    merged: list[list[int]] = []
     for a, b in rs.shard_ranges(run):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
+    return merged
+
+
+def _hashed_stored(rs: RunStore, run: str, shards: int, k: int, merged: list[list[int]]) -> list[int]:
+    """The first ``k`` shards in the run id's hash order that a shard file is named for
+    (``merged``: :func:`_held_ranges`).
+
+    A complete run's are :func:`hash_order`'s first ``k``; an incomplete run's (a run to
+    resume) skip the shards not stored yet, instead of failing on the first one of them. At
+    most :data:`MAX_HASHED_SCAN` indices are looked through; none stored is a :class:`StoreError`.
+    """
     starts = [a for a, _ in merged]
 
     def held(s: int) -> bool:
@@ -419,12 +426,6 @@ def show(run_id: str | None, store: Any) -> dict:
             "origin": manifest.get("origin"), "result": result}
 
 
-def _stored_count(rs: RunStore, rid: str, shards: int) -> int:
-    """How many shards a run's shard files hold, by their names (nothing decoded)."""
-    ranges = [shard_file_range(posixpath.basename(p)) for p in rs.shard_files(rid)]
-    return min(shards, sum(r[1] - r[0] for r in ranges if r is not None))
-
-
 def _summary(rs: RunStore, rid: str) -> dict:
     """One line's worth of a run for the listing: its manifest's name, creation time and shard
     count, and how many shards its shard files' names hold (nothing decoded: ``show(RUN)``
@@ -432,7 +433,7 @@ def _summary(rs: RunStore, rid: str) -> dict:
     try:
         manifest = rs.read_manifest(rid)
         shards = manifest["job"]["partitioning"]["shards"]
-        stored = _stored_count(rs, rid, shards)
+        stored = sum(b - a for a, b in _held_ranges(rs, rid))
     except StoreError as e:
         return {"run_id": rid, "problem": e.problem}
     return {"run_id": rid, "name": manifest.get("name"), "created": manifest.get("created"), "shards": shards,
