@@ -102,14 +102,15 @@ def _connect(client_class, address: str, seconds: float):
         except BaseException as e:      # noqa: BLE001 - handed to the caller's thread
             box["error"] = e
 
+    bound = max(2 * seconds, seconds + 5.0)
     thread = threading.Thread(target=make, name="research-connect", daemon=True)
     thread.start()
-    thread.join(max(2 * seconds, seconds + 5.0))
+    thread.join(bound)
     if thread.is_alive():
         raise click.ClickException(
             f"cannot reach the scheduler at {address}: something accepts connections there but did not answer "
-            f"as a Dask scheduler within {max(2 * seconds, seconds + 5.0):g} s (the dashboard's port? a scheduler "
-            "listens on 8786 unless told otherwise)")
+            f"as a Dask scheduler within {bound:g} s (the dashboard's port? a scheduler listens on 8786 unless "
+            "told otherwise)")
     e = box.get("error")
     if e is None:
         return box["client"]
@@ -131,7 +132,7 @@ def _resolves(host: str) -> bool:
     except (socket.gaierror, UnicodeError):
         return False
     except OSError:
-        return True
+        pass                    # another failure: not a name that does not resolve
     return True
 
 
@@ -665,17 +666,34 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
     for r in reports:
         click.echo(str(r))
     bad = [r for r in reports if not r.match]
-    total = reports[0].of_shards if reports else None
-    held = reports[0].stored_shards if reports and reports[0].stored_shards is not None else total
-    scope = ("" if total is None or held is None else " (every shard of the run)" if len(reports) >= total else
-             f" (a sample: {len(reports)} of the run's {total} shards re-run, the other {total - len(reports)} "
-             "not checked)" if held >= total else
-             f" (a sample: {len(reports)} of the {held} shards this incomplete run has stored ({held} of {total}) "
-             f"re-run, the other {held - len(reports)} not checked)" if len(reports) < held else
-             f" (every shard this incomplete run has stored: {held} of {total})")
-    click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly{scope}")
+    click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly{_verify_scope(reports)}")
     if bad:
         raise SystemExit(1)
+
+
+def _verify_scope(reports: list) -> str:
+    """What ``mc verify`` checked of the run, for its last line: every shard, or a sample of the
+    run's shards, or of those an incomplete run has stored.
+
+    >>> from types import SimpleNamespace as R
+    >>> _verify_scope([R(of_shards=8, stored_shards=8)] * 2)
+    " (a sample: 2 of the run's 8 shards re-run, the other 6 not checked)"
+    >>> _verify_scope([R(of_shards=640, stored_shards=320)] * 2)
+    ' (a sample: 2 of the 320 shards this incomplete run has stored (320 of 640) re-run, the other 318 not checked)'
+    """
+    total = reports[0].of_shards if reports else None
+    held = reports[0].stored_shards if reports and reports[0].stored_shards is not None else total
+    n = len(reports)
+    if total is None or held is None:
+        return ""
+    if n >= total:
+        return " (every shard of the run)"
+    if held >= total:
+        return f" (a sample: {n} of the run's {total} shards re-run, the other {total - n} not checked)"
+    if n < held:
+        return (f" (a sample: {n} of the {held} shards this incomplete run has stored ({held} of {total}) re-run, "
+                f"the other {held - n} not checked)")
+    return f" (every shard this incomplete run has stored: {held} of {total})"
 
 
 @mc.command("show")

@@ -287,7 +287,6 @@ class Checks:
             if ride is not None and s not in self.checks and (
                     ride[1] != producer or not self._alive(time.monotonic()) - {producer}):
                 self.checks[s] = ({"shard": s, "producer": producer, "verifier": ride[1], "in_block": True}, None)
-                self.attempts[s] = []
                 ready[s] = ride
             else:
                 self.submit(s, producer)

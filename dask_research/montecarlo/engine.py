@@ -103,7 +103,7 @@ class Execution:
         if threads is None and workers:
             threads = sum(int(info.get("nthreads") or 0) for info in workers.values()) or None
         self.threads = threads
-        self.workers = workers
+        self.one_worker = workers is not None and len(workers) == 1   # its checks ride in the last blocks
         self.bounds = block_bounds(job.shards, block)
         self.outcome = Outcome(reused=len(self.known))
         self.events = EventOutbox(client)
@@ -147,8 +147,7 @@ class Execution:
         # alongside the rest of the run instead of after it. The tree fixes the bits, not the order.
         todo = deque(sorted(todo, key=lambda i: not self.verification.checked_early(*self.bounds[i])))
         # With one worker the early checks ride in the last blocks (no other worker to run them).
-        self.window.riders = self.verification.assign_riders(list(todo), self.bounds,
-                                                             one_worker=self.workers is not None and len(self.workers) == 1)
+        self.window.riders = self.verification.assign_riders(list(todo), self.bounds, one_worker=self.one_worker)
         try:
             self._drain(todo, lambda: self.acceptance.root is not None and not self.window.pending)
             groups = self.window.groups
