@@ -152,6 +152,17 @@ class _LogCursor:
             self.last = log[-1]
         return list(log[len(log) - fresh:]), wrapped
 
+    def feed(self, log: Sequence, fold: Any, page: str) -> list:
+        """The entries of ``log`` after the last one read, each of their events given to
+        ``fold.feed``; an event it refuses (it returns why) is skipped with one warning naming
+        ``page`` (:func:`skip_bad_event`)."""
+        entries, _ = self.new(log)
+        for _, msg in unpack(entries):
+            reason = fold.feed(msg)
+            if reason is not None:
+                skip_bad_event(page, msg, reason)
+        return entries
+
 
 def _short(value: Any, limit: int = 200) -> str:
     """``str(value)`` cut to ``limit`` characters (a page shows names, never a whole essay).
@@ -471,11 +482,7 @@ class ExperiencePanel:
         """Fold in the replay events logged since the last update; redraw the latest plane.
 
         Its series are streamed (only the new points go to the browser)."""
-        entries, _ = self._cursor.new(self.scheduler.get_events(topic("replay")))
-        for _, m in unpack(entries):
-            reason = self.fold.feed(m)
-            if reason is not None:
-                skip_bad_event("Experience", m, reason)
+        self._cursor.feed(self.scheduler.get_events(topic("replay")), self.fold, "Experience")
         fold = self.fold
         name = fold.latest
         if name is None or name not in fold.series:
@@ -783,11 +790,7 @@ class BranchBoard:
 
         The bars show the first 200 branches; the slot-use series is streamed (only its new
         points go to the browser)."""
-        entries, _ = self._cursor.new(self.scheduler.get_events(topic("experiments")))
-        for _, r in unpack(entries):
-            reason = self.fold.feed(r)
-            if reason is not None:
-                skip_bad_event("Branches", r, reason)
+        entries = self._cursor.feed(self.scheduler.get_events(topic("experiments")), self.fold, "Branches")
         fold = self.fold
         if not fold.started or (not entries and self._drawn_epoch == fold.epoch):
             return
