@@ -26,17 +26,16 @@ triggers it.
 """
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import numbers
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import ExperimentError, InputError
 from .decision_trace import _jsonable
 from .execute import coerce_result
+from .own_loop import run_to_end
 from .report import Report
 from .scheduler_run import Run
 from .types import BranchStats, ExperimentResult, Hypothesis
@@ -200,24 +199,7 @@ async def _await(aw: Any) -> Any:
 
 
 def _finish(aw: Any) -> Any:
-    """Run an ``async def`` paper writer's awaitable to its end, here and now: on a loop of
-    its own, in a helper thread where an event loop already runs in this one (a notebook, where
-    ``asyncio.run`` refused and every such paper failed)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_await(aw))
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["out"] = asyncio.run(_await(aw))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=target, name="paper-writer", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["out"]
+    """Run an ``async def`` paper writer's awaitable to its end, here and now
+    (:func:`.own_loop.run_to_end`: in a notebook, where ``asyncio.run`` refused and every such
+    paper failed, on a loop of its own in a helper thread)."""
+    return run_to_end(lambda: _await(aw), "paper-writer")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import threading
 import time
 import warnings
 import weakref
@@ -30,6 +29,7 @@ from .checkpoint import Journal, hypothesis_to_json
 from .driver import LoopDriver
 from .ledger import BranchLedger
 from .limits import check_batch_memory
+from .own_loop import run_to_end
 from .policies.base import Policy
 from .progress_bar import ProgressBar
 from .recorder import Recorder
@@ -251,12 +251,8 @@ class IterationScheduler:
         client's loop. With an asynchronous client use ``await run_async()``.
         """
         self._check_runnable()
-        if self.client is None:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                return asyncio.run(self.run_async())
-            return self._run_in_thread()
+        if self.client is None:     # its own loop (in a helper thread where one runs here: Jupyter)
+            return run_to_end(self.run_async, "IterationScheduler")
         if client_asynchronous(self.client) or in_async_call(getattr(self.client, "loop", None)):
             raise ExperimentError(
                 "the client is asynchronous; use `report = await sched.run_async()` instead of "
@@ -271,56 +267,6 @@ class IterationScheduler:
             while self._running and time.monotonic() < deadline:
                 time.sleep(0.05)
             raise
-
-    def _run_in_thread(self) -> Report:
-        """:meth:`run` where an event loop already runs in this thread (Jupyter): the run gets
-        a loop in a helper thread. A KeyboardInterrupt here (Ctrl-C, "interrupt the kernel")
-        stops the run as it stops one on this thread's own loop (its experiments cancelled,
-        its journal closed) and is raised once the run has wound down; an untimed ``join``
-        deferred it until the whole run had ended."""
-        box: dict[str, Any] = {}
-        guard = threading.Lock()
-
-        async def main() -> Report:
-            with guard:
-                if box.get("interrupted"):
-                    raise asyncio.CancelledError
-                box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
-            return await self.run_async()
-
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                box["report"] = asyncio.run(main())
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-                box["error"] = exc
-            finally:
-                done.set()
-
-        t = threading.Thread(target=target, name="IterationScheduler", daemon=True)
-        t.start()
-        # a timed wait, so that a signal's handler runs in this thread meanwhile; on an Event,
-        # not Thread.join: a join that Ctrl-C interrupts marks the thread stopped while it
-        # still runs (CPython 3.11), and later joins return at once
-        try:
-            while not done.wait(0.25):
-                pass
-        except KeyboardInterrupt:
-            with guard:
-                box["interrupted"] = True
-                task, loop = box.get("task"), box.get("loop")
-            if task is not None and loop is not None:
-                try:
-                    loop.call_soon_threadsafe(task.cancel)
-                except RuntimeError:        # its loop is closed: the run has ended anyway
-                    pass
-            while not done.wait(0.25):      # the run winds down: experiments cancelled,
-                pass                        # journal closed
-            raise
-        if "error" in box:
-            raise box["error"]
-        return box["report"]
 
     async def run_async(self) -> Report:
         """Coroutine version of :meth:`run` (for asynchronous clients and notebooks)."""
