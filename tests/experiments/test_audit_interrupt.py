@@ -12,6 +12,7 @@ import pytest
 
 from dask_research.exceptions import CheckpointError, ExperimentError
 from dask_research.experiments import Hypothesis, IterationScheduler
+from dask_research.testing.threads import in_thread
 
 
 @pytest.mark.timeout(120, method="thread")
@@ -28,9 +29,7 @@ def test_close_from_another_thread_during_a_run_is_refused_and_keeps_the_lease(t
 
     sched = IterationScheduler(runner, slots=1, progress=False, checkpoint=path)
     sched.add([Hypothesis("a0", "a"), Hypothesis("b0", "b")])
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.update(report=sched.run()), daemon=True)
-    t.start()
+    t, box = in_thread(sched.run)
     try:
         assert started.wait(60)
         with pytest.raises(ExperimentError, match=r"close\(\) while run\(\) is in progress"):
@@ -40,7 +39,7 @@ def test_close_from_another_thread_during_a_run_is_refused_and_keeps_the_lease(t
     finally:
         gate.set()
         t.join(60)
-    assert box["report"].total_runs == 2
+    assert box["result"].total_runs == 2
     sched.close()                                  # after the run: nothing to refuse
     assert IterationScheduler.resume(path, runner).stats["a"].runs == 1
 
@@ -172,9 +171,7 @@ def test_tell_from_another_thread_during_a_run_is_refused(tmp_path):
         return 0.5
 
     sched = IterationScheduler.resume(path, runner, progress=False)
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.update(report=sched.run()), daemon=True)
-    t.start()
+    t, box = in_thread(sched.run)
     try:
         assert started.wait(60)
         with pytest.raises(ExperimentError, match=r"run\(\) is in progress; tell\(\) is for"):
@@ -182,4 +179,4 @@ def test_tell_from_another_thread_during_a_run_is_refused(tmp_path):
     finally:
         gate.set()
         t.join(60)
-    assert sorted(r.hypothesis.id for r in box["report"].results) == ["a0", "b0"]
+    assert sorted(r.hypothesis.id for r in box["result"].results) == ["a0", "b0"]
