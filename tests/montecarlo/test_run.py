@@ -420,7 +420,7 @@ def test_embedded_process_workers_get_the_malloc_fix(monkeypatch):
 
 
 @pytest.mark.timeout(240, method="thread")
-def test_a_run_that_waited_for_the_lease_plans_for_the_cluster_it_then_has(loop, tmp_path):
+def test_a_run_that_waited_for_the_lease_plans_for_the_cluster_it_then_has(loop, tmp_path, capsys):
     """The refusals now come before the run's lease; a second client of the same run waits for
     that lease (as long as the holder lives), and its cluster may grow meanwhile. A run that
     waited plans again: its window is 8 blocks per thread of the cluster it runs on."""
@@ -428,6 +428,7 @@ def test_a_run_that_waited_for_the_lease_plans_for_the_cluster_it_then_has(loop,
 
     from dask_research.montecarlo import RunStore
     from dask_research.montecarlo.store import HeldRun
+    from dask_research.testing.processes import wait_for
     from dask_research.testing.threads import in_thread
 
     job = _job(shards=16, samples_per_shard=256)
@@ -439,13 +440,16 @@ def test_a_run_that_waited_for_the_lease_plans_for_the_cluster_it_then_has(loop,
         big = None
         try:
             t, out = in_thread(lambda: mc.run(job, client=c, store=str(tmp_path), progress=False))
-            time.sleep(2.0)                     # past REPLAN_AFTER_WAIT; the run waits for the lease
+            said: list[str] = []                # once the run says it waits for the lease, its first
+            wait_for(lambda: said.append(capsys.readouterr().err) or "waiting for it" in "".join(said)
+                     or not t.is_alive(), 120, "the run to wait for the lease")   # plan is made
             assert t.is_alive(), out
             big = c.sync(Worker, cl.scheduler.address, nthreads=7, dashboard_address=None)
             deadline = time.monotonic() + 60
             while sum(w["nthreads"] for w in c.scheduler_info()["workers"].values()) < 8:
                 assert time.monotonic() < deadline, c.scheduler_info()
                 time.sleep(0.05)
+            time.sleep(1.5)                     # the run has now waited longer than REPLAN_AFTER_WAIT
             holder.__exit__(None, None, None)
             t.join(120)
             assert not t.is_alive(), "the run did not end once the lease was free"
