@@ -205,9 +205,11 @@ class Execution:
             if not window.pending:
                 raise RuntimeError("internal error: nothing pending but the run is not finished")
             done, values = self.client.sync(self._collect, window, POLL)
-            cancelled = [f for f in done if f in window.pending and f.status == "cancelled"]
-            if cancelled:
-                raise_if_cancelled(self.client, self.run_id, cancelled)
+            if any(f in window.pending and f.status == "cancelled" for f in done):
+                # every cancelled future of the window: the one being fetched may have lost its reason
+                first = [f for f in done if f in window.pending]
+                seen = set(first)
+                raise_if_cancelled(self.client, self.run_id, first + [f for f in window.pending if f not in seen])
             for idx, fut in self.acceptance.take(done, values):
                 self.watch.failed(idx, fut)
             if self.verification.due and self._last_blocks(todo):

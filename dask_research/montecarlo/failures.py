@@ -59,27 +59,42 @@ def raise_if_cancelled(client: Any, run_id: str, done: list) -> None:
     """A future of the run was cancelled, not by the run: the scheduler is gone, or someone.
 
     The lost scheduler re-raises Dask's own cancellation (the run turns it into
-    :func:`lost_scheduler_error`); any other cancellation fails the run saying so.
+    :func:`lost_scheduler_error`); any other cancellation fails the run saying so, with the
+    first reason that one of the cancelled futures carries. (A future whose result was being
+    gathered when it was cancelled is reset and re-reported by Dask without the reason, as
+    ``"unknown"``; its siblings cancelled in the same call keep it, so all are read.)
 
     >>> raise_if_cancelled(None, "ab" * 32, [])      # nothing cancelled: nothing to say
     """
     cancelled = [f for f in done if f.status == "cancelled"]
     if not cancelled:
         return
-    err: BaseException | None = None
-    try:
-        cancelled[0].result(timeout=1)
-    except FutureCancelledError as e:
-        err = e
-    except Exception:
-        pass
-    reason = getattr(err, "reason", None)
-    if reason == LOST or getattr(client, "status", "running") != "running":
-        raise err or FutureCancelledError(cancelled[0].key, reason=LOST)  # type: ignore[call-arg]
+    errors = [_cancellation(f) for f in cancelled]
+    if any(getattr(e, "reason", None) == LOST for e in errors) or \
+            getattr(client, "status", "running") != "running":
+        raise next((e for e in errors if getattr(e, "reason", None) == LOST), None) or \
+            next((e for e in errors if e is not None), None) or \
+            FutureCancelledError(cancelled[0].key, reason=LOST)  # type: ignore[call-arg]
+    reason = next((r for r in (getattr(e, "reason", None) for e in errors) if r not in _NO_REASON), None)
     keys = ", ".join(str(f.key) for f in cancelled[:3])
     raise ResearchError(f"run {run_id[:12]}: task {keys} was cancelled from outside the run "
                         f"(reason: {reason or 'not given'}); stored shards are kept and the same "
                         "command resumes")
+
+
+#: What Dask says for a cancellation whose reason it did not pass on.
+_NO_REASON = (None, "", "unknown", "already forgotten")
+
+
+def _cancellation(future: Any) -> BaseException | None:
+    """The :class:`FutureCancelledError` that a cancelled ``future`` holds, if it tells one."""
+    try:
+        future.result(timeout=1)
+    except FutureCancelledError as e:
+        return e
+    except Exception:
+        pass
+    return None
 
 
 def lost_scheduler_error(exc: BaseException, *, address: str | None, run_id: str, shards: int, have: int,

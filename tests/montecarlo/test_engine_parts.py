@@ -448,6 +448,16 @@ def test_a_cancellation_from_outside_and_a_lost_scheduler_read_differently():
     with pytest.raises(ResearchError, match=r"task mc-block-t-0-1 was cancelled from outside the run "
                        r"\(reason: by-an-operator\)"):
         raise_if_cancelled(running, "ab" * 32, [Cancelled("by-an-operator")])
+    # The block being fetched when it was cancelled is reset and re-reported by Dask as "unknown"
+    # (or "already forgotten"); its siblings cancelled in the same call keep the operator's reason.
+    with pytest.raises(ResearchError, match=r"\(reason: by-an-operator\)"):
+        raise_if_cancelled(running, "ab" * 32, [Cancelled("unknown"), Cancelled("already forgotten"),
+                                                Cancelled("by-an-operator")])
+    with pytest.raises(ResearchError, match=r"\(reason: not given\)"):
+        raise_if_cancelled(running, "ab" * 32, [Cancelled("unknown")])
+    with pytest.raises(FutureCancelledError) as info:
+        raise_if_cancelled(running, "ab" * 32, [Cancelled("unknown"), Cancelled(LOST)])
+    assert info.value.reason == LOST
     with pytest.raises(FutureCancelledError) as info:
         raise_if_cancelled(running, "ab" * 32, [Cancelled(LOST)])
     assert lost_scheduler(running, info.value)
