@@ -30,7 +30,7 @@ import click
 
 from ._signals import interrupt_exit_code, terminate_as_interrupt
 from ._version import __version__
-from .cli_checks import check_address
+from .cli_checks import Whole, check_address
 from .jobfile import config_seconds, load_job, one_line
 from .jobfile import load_object as load_object  # where tests and users have imported it from
 
@@ -255,8 +255,8 @@ _job_arg = click.argument("job_ref", metavar="MODULE:JOB")
 
 
 def _job_options(f):
-    f = click.option("--shards", type=click.IntRange(min=1), help="Override the job's shard count.")(f)
-    f = click.option("--seed", type=click.IntRange(min=0), help="Override the job's root seed.")(f)
+    f = click.option("--shards", type=Whole(min=1), help="Override the job's shard count.")(f)
+    f = click.option("--seed", type=Whole(min=0), help="Override the job's root seed.")(f)
     return f
 
 
@@ -364,11 +364,11 @@ def _scheduler_options(f):
                      help="A running scheduler (tcp://HOST:PORT); default: an embedded LocalCluster."),
         click.option("--cluster", type=click.Choice(sorted(JOBQUEUE_CLUSTERS), case_sensitive=False),
                      help="Start a dask-jobqueue cluster of this kind (its settings: jobqueue.<name>.*)."),
-        click.option("--jobs", type=click.IntRange(min=1), default=None,
+        click.option("--jobs", type=Whole(min=1), default=None,
                      help="With --cluster: batch jobs to submit.  [default: 1]"),
         click.option("--queue", help="With --cluster: the queue or partition."),
         click.option("--account", help="With --cluster: the account to charge."),
-        click.option("--cores", type=click.IntRange(min=1), help="With --cluster: cores per job."),
+        click.option("--cores", type=Whole(min=1), help="With --cluster: cores per job."),
         click.option("--memory", type=_Memory(), help="With --cluster: memory per job, e.g. 4GB."),
         click.option("--walltime", type=_Walltime(), help="With --cluster: the job's time limit, e.g. 01:00:00."),
     ]
@@ -411,7 +411,7 @@ def _job_log_directory(cluster: str, store: str | None) -> str | None:
 @_job_options
 @_scheduler_options
 @click.option("--store", metavar="URL", help="Run store (path or fsspec URL): persist shards, resume, replay.")
-@click.option("--verify", type=click.IntRange(min=0), help="Shards recomputed and compared, on another worker where there is one (default from config).")
+@click.option("--verify", type=Whole(min=0), help="Shards recomputed and compared, on another worker where there is one (default from config).")
 @click.option("--shards-per-task", type=_PowerOfTwo(), help="A power of two; default from pilot timing.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default from config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -625,7 +625,7 @@ _trust_opt = click.option("--trust-origin", is_flag=True,
 
 @mc.command("replay")
 @click.argument("run_id", metavar="RUN")
-@click.option("--shard", type=click.IntRange(min=0), required=True, help="The shard to recompute alone.")
+@click.option("--shard", type=Whole(min=0), required=True, help="The shard to recompute alone.")
 @_store_opt
 @_job_opt
 @_trust_opt
@@ -644,7 +644,7 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
 
 @mc.command("verify")
 @click.argument("run_id", metavar="RUN")
-@click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("-k", "k", type=Whole(min=1), default=4, show_default=True,
               help="Shards chosen from the hash of the run id.")
 @click.option("--shards", type=_ShardList(), help="Comma-separated shard indices instead of -k.")
 @_store_opt

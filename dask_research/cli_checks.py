@@ -16,7 +16,31 @@ from __future__ import annotations
 
 import click
 
-__all__ = ["check_address", "check_worker_arguments"]
+__all__ = ["check_address", "check_worker_arguments", "Whole"]
+
+
+class Whole(click.IntRange):
+    """A whole number of at least ``min``; ``--shard abc`` says "is not a whole number (>= 0)".
+
+    (Click's own wording, "is not a valid integer range", names a type the user never typed.)
+
+    >>> Whole(min=0).convert("7", None, None)
+    7
+    >>> Whole(min=1).convert("abc", None, None)
+    Traceback (most recent call last):
+    ...
+    click.exceptions.BadParameter: 'abc' is not a whole number (expected one >= 1).
+    """
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):  # type: ignore[override]
+        if isinstance(value, str):
+            try:
+                int(value.strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number (expected one >= {self.min}).", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def check_address(address: str) -> str:

@@ -281,9 +281,27 @@ def load_object(ref: str) -> Any:
     try:
         obj = getattr(module, name)
     except AttributeError:
-        public = sorted(k for k in vars(module) if not k.startswith("_"))
-        raise click.BadParameter(f"{mod_ref!r} has no attribute {name!r}; it has {public}") from None
+        raise click.BadParameter(missing_name(module, mod_ref, name)) from None
     return obj
+
+
+def missing_name(module: Any, mod_ref: str, name: str) -> str:
+    """The line for a ``MODULE:NAME`` whose module has no ``name``: the closest name, and what it has.
+
+    The modules it imported (``np``, ``mc``) are not among the names it offers.
+
+    >>> import types
+    >>> m = types.ModuleType("myjob")
+    >>> m.job, m.f, m.np, m._private = object(), print, types, 1
+    >>> missing_name(m, "myjob.py", "jobb")
+    "'myjob.py' has no attribute 'jobb' (did you mean 'job'?); it has ['f', 'job']"
+    """
+    import difflib
+
+    public = sorted(k for k, v in vars(module).items() if not k.startswith("_") and not inspect.ismodule(v))
+    close = difflib.get_close_matches(name, public, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{mod_ref!r} has no attribute {name!r}{hint}; it has {public}"
 
 
 def one_line(e: BaseException) -> str:

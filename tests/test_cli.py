@@ -81,6 +81,15 @@ def test_bad_job_references_are_explained(job_file, ref, message):
     assert out.exit_code == 2 and message in out.output
 
 
+def test_a_misspelt_job_name_gets_the_closest_name_and_not_the_imported_modules(job_file):
+    out = CliRunner().invoke(main, ["mc", "run", f"{job_file}:jobb", "--no-progress"])
+    assert out.exit_code == 2, out.output
+    assert "has no attribute 'jobb' (did you mean 'job'?)" in out.output
+    offered = out.output.split("; it has ", 1)[1]
+    assert "'job'" in offered and "'pipeline'" in offered
+    assert "'np'" not in offered and "'mc'" not in offered, offered
+
+
 def test_an_unmarked_function_is_refused_before_it_runs(job_file):
     """``FILE:main`` (a slip for ``:job``) was called, running a whole job; now one line, nothing run."""
     import os
@@ -521,3 +530,15 @@ def test_a_run_made_with_shards_and_seed_overrides_verifies_and_replays_from_the
     wrong = subprocess.run(cli + ["mc", "verify", run_id[:12], "--store", "s", "--job", f"{other}:job", "-k", "1"],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert wrong.returncode != 0 and "is not the one that ran" in wrong.stdout + wrong.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    (["mc", "replay", "{file}:job", "--shard", "abc"], "'abc' is not a whole number (expected one >= 0)"),
+    (["mc", "run", "{file}:job", "--shards", "2.5"], "'2.5' is not a whole number (expected one >= 1)"),
+    (["mc", "verify", "{file}:job", "-k", "x"], "'x' is not a whole number (expected one >= 1)"),
+])
+def test_a_number_option_given_a_word_says_a_whole_number_was_expected(job_file, args, said):
+    """Click's wording ("is not a valid integer range") named a type nobody typed."""
+    out = CliRunner().invoke(main, [a.format(file=job_file) for a in args])
+    assert out.exit_code == 2, out.output
+    assert said in out.output and "integer range" not in out.output
