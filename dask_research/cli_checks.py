@@ -34,7 +34,7 @@ class Whole(click.IntRange):
 
     name = "integer"
 
-    def convert(self, value, param, ctx):  # type: ignore[override]
+    def convert(self, value, param, ctx):
         if isinstance(value, str):
             try:
                 int(value.strip())
