@@ -729,11 +729,9 @@ def mc_show(run_id, store, as_json):
                f"{'' if info['complete'] else ' (incomplete: run it again to resume)'}")
     res = info["result"]
     if res and res.get("mean") is not None:         # recomputed from the stored shards by show
-        from .montecarlo.result import reused_sentence, verification_sentence
+        from .montecarlo.result import mean_text, reused_sentence, verification_sentence
 
-        ci = res.get("mean_interval95")
-        ci_text = f" (95 % CI of the mean [{ci[0]:.6g}, {ci[1]:.6g}])" if isinstance(ci, list) and len(ci) == 2 else ""
-        click.echo(f"  mean {res['mean']:.6g}{ci_text}, stderr {res['stderr']:.3g}; output sd {res['sd']:.6g}, "
+        click.echo(f"  mean {mean_text(res['mean'], res['stderr'])}; output sd {res['sd']:.6g}, "
                    f"n {res['n']:,} (recomputed from the stored shards)")
         if res.get("verification"):        # the run's own record: show re-runs no shard
             click.echo(f"  verified {printable(verification_sentence(res), 2000)} (as the run recorded it; "

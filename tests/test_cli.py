@@ -390,8 +390,12 @@ def test_show_of_an_embedded_run_does_not_claim_other_workers(job_file, tmp_path
     assert f"verified {n} shards re-run, all match: {n} on the same worker that computed them" in show.output
     assert "on other workers" not in show.output and "another worker" not in show.output
     # The mean is shown with its 95 % CI, labelled, never a bare "+- stderr".
-    lo, hi = summary["mean_interval95"]
-    assert f"95 % CI of the mean [{lo:.6g}, {hi:.6g}]" in show.output and "+-" not in show.output
+    # The same line as the run's own summary prints (one formatter: result.mean_text).
+    from dask_research.montecarlo.result import mean_text
+
+    line = mean_text(summary["mean"], summary["stderr"])
+    assert f"mean {line}" in show.output and "+-" not in show.output
+    assert "95 % CI of the mean [" in line
     # Run it again: the same sentence as the run itself prints for a resumed run.
     again = CliRunner().invoke(main, ["mc", "run", f"{job_file}:job", "--no-progress", "--store", store])
     assert again.exit_code == 0 and "stored by an earlier run, recomputed on this cluster" in again.output

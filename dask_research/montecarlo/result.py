@@ -34,7 +34,7 @@ from .linearize import Linearized
 if TYPE_CHECKING:
     from .run_settings import RunSettings
 
-__all__ = ["Result", "Interval", "verification_sentence", "reused_sentence"]
+__all__ = ["Result", "Interval", "mean_text", "verification_sentence", "reused_sentence"]
 
 
 def _decimals(halfwidth: float) -> int | None:
@@ -46,6 +46,30 @@ def _decimals(halfwidth: float) -> int | None:
 
 def _num(x: float, decimals: int | None) -> str:
     return f"{x:.6g}" if decimals is None or not math.isfinite(x) else f"{x:.{decimals}f}"
+
+
+def mean_text(mean: float, stderr: float, level: float = 0.95) -> str:
+    """The mean with its confidence interval, labelled, as every place that prints one says it.
+
+    The half-width shows two significant digits and the mean and interval as many decimals;
+    the standard error two significant digits, trailing zeros kept (``0.040``, not ``0.04``).
+    ``Result``'s summary, ``mc show`` and the HTML report print this one line.
+
+    >>> mean_text(-0.0257696, 0.0398)
+    '-0.026 ± 0.078 (95 % CI of the mean [-0.104, 0.052]; stderr 0.040)'
+    >>> mean_text(1.5, 0.0)
+    '1.5 ± 0 (95 % CI of the mean [1.5, 1.5]; stderr 0)'
+    """
+    z = _z(level)
+    half = z * stderr
+    d = _decimals(half)
+    return (f"{_num(mean, d)} ± {_num(half, d)} ({level * 100:g} % CI of the mean "
+            f"[{_num(mean - half, d)}, {_num(mean + half, d)}]; stderr {_stderr_text(stderr)})")
+
+
+def _stderr_text(stderr: float) -> str:
+    """Two significant digits, trailing zeros kept: ``0.040``, ``1.2e-05``."""
+    return f"{stderr:#.2g}".rstrip(".") if math.isfinite(stderr) and stderr > 0 else f"{stderr:g}"
 
 
 def _z(level: float) -> float:
@@ -290,13 +314,10 @@ class Result:
         """The mean with its confidence interval, the sd, then the output's intervals, labelled."""
         pct = f"{level * 100:g} %"
         z = _z(level)
-        lo, hi = self.mean_interval(level)
-        d = _decimals(z * self.stderr)
         iv = self.interval(level)
         a = (1 - level) / 2 * 100
         return [
-            f"  mean                 {_num(self.mean, d)} ± {_num(z * self.stderr, d)} "
-            f"({pct} CI of the mean [{_num(lo, d)}, {_num(hi, d)}]; stderr {self.stderr:.2g})",
+            f"  mean                 {mean_text(self.mean, self.stderr, level)}",
             f"  sd                   {self.sd:.6g}   skewness {self.skewness:.3g}   "
             f"excess kurtosis {self.kurtosis:.3g}",
             f"  output {pct} sampled  [{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] "
@@ -319,7 +340,7 @@ class Result:
         z = _z(0.95)
         d = _decimals(z * self.stderr)
         yield "samples", f"{self.n:,}"
-        yield "mean", f"{_num(self.mean, d)} ± {_num(z * self.stderr, d)} (stderr {self.stderr:.2g})"
+        yield "mean", f"{_num(self.mean, d)} ± {_num(z * self.stderr, d)} (stderr {_stderr_text(self.stderr)})"
         yield "95 % CI of the mean", f"[{_num(lo, d)}, {_num(hi, d)}]"
         yield "sd", f"{self.sd:.6g}"
         yield "output 95 % sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] (percentiles of the outputs)"
