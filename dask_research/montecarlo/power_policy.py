@@ -9,10 +9,12 @@ See :mod:`dask_research.montecarlo.power` for what the policy does and how to in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed import Status, WorkerPlugin
@@ -228,11 +230,20 @@ class PowerPolicy(WorkerPlugin):
                                                              Status.closing_gracefully):
                 return
             await asyncio.sleep(0.05)
-        self.check()
+        await self._tick()
 
-    def _tick(self) -> None:
+    async def _tick(self) -> None:
+        """The periodic check, on the worker's event loop: the battery is read off the loop.
+
+        A sensor read runs on a thread of its own; the loop awaits it (``READ_TIMEOUT`` at most)
+        instead of joining it, so a slow or hung sensor never stalls the worker's heartbeats,
+        transfers and task dispatch (``check()``, called directly, still joins it).
+        """
+        if not self._ready():
+            return
+        reading = await self._read_battery_async() if self.policy != "stopped" else None
         if self._ready():
-            self.check()
+            self._check(lambda: reading)
 
     def _read_cpu(self) -> float | None:
         try:
@@ -243,6 +254,32 @@ class PowerPolicy(WorkerPlugin):
             return None
 
     def _read_battery(self) -> tuple[float, bool] | None:
+        """Read the battery on a thread, joined for ``READ_TIMEOUT`` at most (blocks the caller)."""
+        started = self._begin_read()
+        if started is None:
+            return None
+        thread, box = started
+        thread.join(READ_TIMEOUT)
+        return self._end_read(thread, box)
+
+    async def _read_battery_async(self) -> tuple[float, bool] | None:
+        """:meth:`_read_battery` awaited on the running loop instead of joined."""
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):     # the loop closed while the sensor hung
+                loop.call_soon_threadsafe(done.set)
+
+        started = self._begin_read(on_done=wake)
+        if started is None:
+            return None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done.wait(), READ_TIMEOUT)
+        return self._end_read(*started)
+
+    def _begin_read(self, on_done: Callable[[], None] | None = None) -> tuple[threading.Thread, dict] | None:
+        """Start one battery read on a daemon thread; ``None`` while the sensor keeps hanging."""
         reader = self.battery or psutil_battery
         self._stuck_reads = [t for t in self._stuck_reads if t.is_alive()]
         if not self._stuck_reads:
@@ -254,12 +291,18 @@ class PowerPolicy(WorkerPlugin):
         def read() -> None:
             try:
                 box["reading"] = reader()
-            except Exception as e:  # reported below, on the event loop
+            except Exception as e:  # reported by _end_read
                 box["error"] = e
+            finally:
+                if on_done is not None:
+                    on_done()
 
         thread = threading.Thread(target=read, name="research-power-battery", daemon=True)
         thread.start()
-        thread.join(READ_TIMEOUT)
+        return thread, box
+
+    def _end_read(self, thread: threading.Thread, box: dict) -> tuple[float, bool] | None:
+        """The reading of a read begun by :meth:`_begin_read`; a thread still reading is stuck."""
         if thread.is_alive():
             self._stuck_reads.append(thread)
             if len(self._stuck_reads) >= MAX_STUCK_READS:
@@ -290,6 +333,9 @@ class PowerPolicy(WorkerPlugin):
 
     def check(self) -> dict[str, Any]:
         """Read the battery and the CPU counter once, pause or resume, and return :attr:`state`."""
+        return self._check(self._read_battery)
+
+    def _check(self, read_battery: Callable[[], tuple[float, bool] | None]) -> dict[str, Any]:
         w = self.worker
         if w is None:
             raise RuntimeError("PowerPolicy.check() needs a worker; register the plugin first")
@@ -311,7 +357,7 @@ class PowerPolicy(WorkerPlugin):
                     "used; this worker takes no more work", pause=True)
                 return self.state
 
-        reading = self._read_battery()
+        reading = read_battery()
         if reading is None:
             self.battery_percent = self.plugged = None
         else:

@@ -560,3 +560,60 @@ def test_sigint_reaches_dask_worker_once(tmp_path, how):
         assert proc.wait(timeout=15) == 11         # dask worker's exit code; one SIGINT
     finally:
         _stop(proc)
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_the_periodic_check_awaits_a_hung_sensor_instead_of_blocking_the_workers_loop(monkeypatch):
+    """The audit's left-over: a stuck battery sensor held the worker's event loop for up to
+    READ_TIMEOUT per check (heartbeats, transfers and dispatch waited). The loop now keeps
+    running other callbacks while the read is awaited; the policy still treats it as absent."""
+    import asyncio
+    import inspect
+    import threading
+
+    from dask_research.montecarlo import power_policy
+
+    monkeypatch.setattr(power_policy, "READ_TIMEOUT", 1.0, raising=False)
+    release = threading.Event()
+
+    def reader():
+        release.wait(30)
+        return (10.0, False)
+
+    plugin, worker = _checked_worker(battery=reader)
+    plugin._ready = lambda: True
+
+    async def scenario():
+        beats = []
+
+        async def heartbeat():
+            while True:
+                beats.append(1)
+                await asyncio.sleep(0.01)
+
+        hb = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0)
+        before = len(beats)
+        tick = plugin._tick()                  # the old tick joined the read thread right here
+        if inspect.isawaitable(tick):
+            await tick
+        during = len(beats) - before
+        hb.cancel()
+        return during
+
+    try:
+        during = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert during >= 3, f"the loop ran {during} other callbacks while the sensor hung"
+    assert plugin.battery_percent is None and plugin.policy == "running"
+    assert plugin._read_failed == {"battery"}
+    for thread in plugin._stuck_reads:
+        thread.join(5)
+    plugin.battery = lambda: (10.0, False)
+
+    async def again():
+        await plugin._tick()
+
+    asyncio.run(again())                       # a sensor that answers is heard on the next tick
+    assert plugin.policy == "paused" and worker.status == Status.paused
