@@ -32,6 +32,11 @@ thread of its own, and the result comes back on the same connection.
   starts another one, so a worker that thaws does not run them too.
 - **A driver that dies**: the scheduler releases its client's actors, and an actor released
   starts nothing more (what was queued in it is not run; a resume dispatches it again).
+- **A lost scheduler** (the client's status leaves ``"running"``): the workers close with it,
+  and no actor can be placed again. Every experiment in flight is handed back to the driver as
+  cancelled on the cluster (:class:`~.backends.ClusterCancelled`), which stops the run as the
+  tasks transport does: one line, nothing counted, the journal kept for a resume. It used to
+  wait for a worker forever, without a word.
 
 What it gives up (see :doc:`peers`, "When to pick which"): experiments do not appear in Dask's
 task stream; the driver needs a route to every worker (``direct_to_workers=True``; without one,
@@ -73,7 +78,7 @@ from typing import Any
 
 from .._compat import actor_call, actor_released, scheduler_workers, worker_context
 from ..events import Outbox
-from .backends import ClusterSideJobs, PickledRunner
+from .backends import ClusterCancelled, ClusterSideJobs, PickledRunner
 from .execute import execute_sync
 from .types import ExperimentResult, Hypothesis, Result
 
@@ -416,6 +421,8 @@ class ActorBackend(ClusterSideJobs):
         self._closed = False
         self._asking: asyncio.Future | None = None
         self._asked = 0.0
+        self._live: dict[_Call, None] = {}    # submitted, not yet delivered or given up, in order
+        self._connected = self._client_status() == "running"   # seen connected (see _stranded)
         if not self._direct:
             self._say("proxied", "transport='actors' calls each experiment's actor through the "
                       "scheduler (about 0.4 ms of its CPU per experiment) because the client was made "
@@ -436,13 +443,14 @@ class ActorBackend(ClusterSideJobs):
         if self._pickled is None:
             self._pickled = PickledRunner(self.runner)    # raises here if it does not pickle
         call = _Call(h, 0 if slot is None else slot)
+        self._live[call] = None
         st = self._slots[call.slot]
         st.pending.append(call)
         self._pump(call.slot)
         return call
 
     async def wait(self, timeout: float | None) -> list[Outcome]:
-        if not self._ready:
+        if not self._ready and self._stranded() is None:
             self._wake = wake = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait({wake}, timeout=timeout)
@@ -450,12 +458,65 @@ class ActorBackend(ClusterSideJobs):
                 self._wake = None
                 wake.cancel()
         out, self._ready = self._ready, []
+        status = self._stranded()
+        if status is not None:          # after what came back before (it ran: it counts)
+            out += self._give_up_all(status)
+        return out
+
+    # -- a lost scheduler -----------------------------------------------------------------
+    def _client_status(self) -> str:
+        return str(getattr(self.client, "status", "running"))
+
+    def _stranded(self) -> str | None:
+        """The client's status if it lost its scheduler during this run (it was seen
+        ``"running"`` and is not now: ``"connecting"`` while Dask tries to reconnect, then
+        ``"closed"``); ``None`` while it is connected."""
+        status = self._client_status()
+        if status == "running":
+            self._connected = True
+            return None
+        return status if self._connected else None
+
+    async def _connected_again(self, call: _Call) -> bool:
+        """``True`` at once while the client is connected; with its scheduler lost, ``False``
+        once :meth:`wait` has given ``call`` up (this task is cancelled then), or ``True`` if
+        the client reconnects first (the call's actor is then judged as after a lost worker)."""
+        if self._stranded() is None:
+            return True
+        self.poke()
+        while self._stranded() is not None and not call.over:
+            await asyncio.sleep(PLACE_POLL)
+        return not call.over
+
+    def _give_up_all(self, status: str) -> list[Outcome]:
+        """Every experiment in flight, given up as cancelled on the cluster: its slot's actor
+        went with the scheduler (its worker closes when its own connection to the scheduler
+        breaks), and no actor can be placed again. The driver stops the run on the first (see
+        :meth:`~.driver.LoopDriver._cancelled_outside`), as it does for the tasks transport."""
+        # "connecting": Dask's client cancelled every future, the actors' too, with this reason
+        reason = "scheduler-connection-lost" if status == "connecting" else f"the client is {status}"
+        out: list[Outcome] = []
+        for call in list(self._live):
+            if call.over:
+                continue
+            call.over = True
+            if call.task is not None and call.task is not asyncio.current_task():
+                call.task.cancel()
+            st = self._slots[call.slot]
+            if call in st.pending:
+                st.pending.remove(call)
+            if call.actor is not None:
+                self._unsend(call, call.actor)
+            key = call.actor.key if call.actor is not None else f"slot-{call.slot}"
+            out.append((call, ClusterCancelled(key, reason)))
+        self._live.clear()
         return out
 
     async def cancel(self, token: _Call) -> None:
         """Give one experiment up: a waiting one is dropped from its actor; a running one keeps
         its thread there, so its actor retires and the slot moves (see the module)."""
         call = token
+        self._live.pop(call, None)
         if call.over:
             return
         call.over = True
@@ -485,7 +546,10 @@ class ActorBackend(ClusterSideJobs):
             st.pending.clear()
         for task in list(self._tasks):
             task.cancel()
-        retiring = [actor for actor in self._actors if not actor.lost]
+        # with the scheduler lost, the workers close too (or the scheduler releases the actors
+        # of a client that went away): nothing to retire, and a call to a worker that is gone
+        # would only wait out its connect timeout
+        retiring = [actor for actor in self._actors if not actor.lost] if self._stranded() is None else []
         if retiring:
             calls = [asyncio.ensure_future(self._call(a, "retire")) for a in retiring]
             await asyncio.wait(calls, timeout=MOVE_AFTER)
@@ -499,7 +563,7 @@ class ActorBackend(ClusterSideJobs):
                                          reason="dask-research: the run's slot actors are done")
             except Exception:  # noqa: BLE001 - a lost scheduler: the futures are released anyway
                 pass
-        await self._outbox.drain()
+        await self._drain()
 
     # -- calls ----------------------------------------------------------------------------
     def _say(self, what: str, text: str) -> None:
@@ -555,12 +619,15 @@ class ActorBackend(ClusterSideJobs):
                 status, value = await self._call(actor, "run", call.number, call.h)
             except asyncio.CancelledError:
                 raise
-            except OSError as exc:
-                if await self._lost(actor, exc):
-                    return                # _lost moved it
-                continue                  # the worker lives: the same call again (same number)
             except Exception as exc:  # noqa: BLE001 - what the call raised is the outcome
-                status, value = "done", exc
+                if not await self._connected_again(call):
+                    return                # the scheduler is gone: wait() gave the call up
+                if not isinstance(exc, OSError):
+                    status, value = "done", exc
+                elif await self._lost(actor, exc):
+                    return                # _lost moved it
+                else:
+                    continue              # the worker lives: the same call again (same number)
             break
         if call.over or call.actor is not actor:
             return
@@ -585,6 +652,7 @@ class ActorBackend(ClusterSideJobs):
     def _deliver(self, call: _Call) -> None:
         assert call.answer is not None
         call.over = True
+        self._live.pop(call, None)
         self._ready.append((call, call.answer[0]))
         self.poke()
 

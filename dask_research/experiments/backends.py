@@ -284,6 +284,15 @@ class ClusterSideJobs:
         for record in records:
             self._outbox.put(record)
 
+    async def _drain(self) -> None:
+        """Wait until the events shipped so far reach the scheduler, unless the client lost it
+        (its status is not ``"running"``): a shipment then only fails, once the connect timeout
+        has passed (``distributed.comm.timeouts.connect``, 30 s by default), and the run's
+        one-line error waited for that. The shipper still ends on its own (logged once)."""
+        if str(getattr(self.client, "status", "running")) != "running":
+            return
+        await self._outbox.drain()      # best effort: a failed shipment is logged, not raised
+
 
 class DaskBackend(ClusterSideJobs):
     """Experiments as Dask futures watched by ``distributed.as_completed``.
@@ -443,4 +452,4 @@ class DaskBackend(ClusterSideJobs):
                 await self.client.cancel(left, asynchronous=True, reason="dask-research: the run ended")
             except Exception:  # noqa: BLE001 - a lost scheduler: released with the client
                 pass
-        await self._outbox.drain()      # best effort: a failed shipment is logged, not raised
+        await self._drain()

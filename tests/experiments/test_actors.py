@@ -459,3 +459,103 @@ def test_a_killed_driver_resumes_on_actors_into_the_uninterrupted_run(tmp_path):
             report = sched.run()
     twice = cs.run_twice(report, log, queue_ahead=1)
     assert len(twice) <= 2          # what was running or had just started at the kill, at most
+
+
+# -- a lost scheduler ------------------------------------------------------------------------
+def _steady_runner(delay):
+    def runner(h):
+        import time
+
+        time.sleep(delay)
+        return 0.5
+    return runner
+
+
+async def _stranded_backend():
+    """An :class:`ActorBackend` of a client that loses its scheduler before any actor is placed
+    (a stand-in client: no scheduler answers it, so every slot waits for a worker)."""
+    from types import SimpleNamespace
+
+    from dask_research.experiments.actors import ActorBackend
+    from dask_research.experiments.backends import ClusterCancelled
+
+    client = SimpleNamespace(status="running", direct_to_workers=True)
+    backend = ActorBackend(client, _steady_runner(0.0), True, None, "r" * 12, slots=2)
+    calls = [backend.submit(Hypothesis(f"h{k}", "a"), queued=k >= 2, slot=k % 2) for k in range(3)]
+    before = await backend.wait(0.2)           # waiting for a worker: nothing yet
+    client.status = "connecting"               # what Dask's client says once the scheduler is gone
+    out = await backend.wait(60)
+    await backend.close()
+    assert before == []
+    assert [tok for tok, _ in out] == calls                                  # every one, in order
+    assert all(isinstance(o, ClusterCancelled) and o.reason == "scheduler-connection-lost" for _, o in out)
+    assert await backend.wait(0.01) == []                                    # each once
+    return True
+
+
+def test_a_lost_scheduler_gives_every_experiment_in_flight_up_as_cancelled():
+    """Without a scheduler no actor can be placed: the backend used to wait for a worker forever."""
+    assert asyncio.run(_stranded_backend())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")
+@pytest.mark.parametrize("transport", ["actors", "tasks"])
+def test_a_run_whose_scheduler_is_killed_stops_in_one_line_and_resumes(tmp_path, transport):
+    """The ``dask scheduler`` process is killed (SIGKILL) mid-run; its workers close with it.
+    The run on actors used to wait forever without a word (the driver looked for a worker to
+    place the slots' actors on again). Now it stops as on the tasks transport: one line, the
+    experiments in flight cancelled (not failed: no branch pruned), the journal intact, and the
+    same command resumes on a new cluster, running them first."""
+    path = str(tmp_path / "loop.jsonl")
+    runner = _steady_runner(0.3)
+    hyps = [Hypothesis(f"{b}{k}", b) for k in range(12) for b in "ab"]
+    with actor_cluster(tmp_path, 2) as (client, cl):
+        sched = IterationScheduler(runner, slots=2, client=client, queue_ahead=1, transport=transport,
+                                   checkpoint=path, progress=False)
+        sched.add(hyps)
+        box = {}
+
+        def go():
+            try:
+                box["report"] = sched.run()
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                box["error"] = exc
+
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        wait_for(lambda: "error" in box or "report" in box or sum(st.runs for st in sched.stats.values()) >= 3,
+                 120, "three results")
+        assert not box, box
+        cl.scheduler.kill()
+        cl.scheduler.wait(30)
+        thread.join(180)                # the client tries to reconnect for 60 s; detected within a poll
+        assert not thread.is_alive(), f"the run on {transport} hung after its scheduler died"
+        sched.close()
+    err = box.get("error")
+    assert type(err).__name__ == "ExperimentError", box
+    msg = str(err)
+    assert "\n" not in msg and msg.startswith("the Dask client lost its scheduler (client status "), msg
+    assert "experiment(s) in flight were not counted" in msg and "or a resume" in msg, msg
+    trace = sched._recorder.trace
+    assert trace is not None
+    done = [e.hypothesis for e in trace.of("result")]
+    cancelled = [e.hypothesis for e in trace.of("cancel")]
+    assert len(done) >= 3 and cancelled and not trace.of("failure", "prune")
+    assert all("lost its scheduler" in e.data["reason"] for e in trace.of("cancel"))
+
+    resumed = IterationScheduler.resume(path, runner)
+    assert resumed.transport == transport
+    assert all(st.failures == 0 and st.pruned is None for st in resumed.stats.values())
+    resumed.close()
+    (tmp_path / "again").mkdir()
+    with actor_cluster(tmp_path / "again", 2) as (client, _):
+        resumed = IterationScheduler.resume(path, runner, client=client)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", JournalLockWarning)
+            report = resumed.run()
+    assert report.stop_reason == "queue_empty" and report.failures == 0 and not report.failed
+    again = [e.hypothesis for e in report.events.of("dispatch")][len(trace.of("dispatch")):]
+    assert again[:len(cancelled)] == cancelled                 # what was in flight runs first
+    # the report of a resumed run counts the journaled results too: every one once, none again
+    assert sorted(r.hypothesis.id for r in report.results) == sorted(h.id for h in hyps)

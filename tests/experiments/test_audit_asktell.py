@@ -62,6 +62,18 @@ def test_a_pending_ask_told_directly_after_a_resume_counts_too(tmp_path):
 
 
 @pytest.mark.timeout(60, method="thread")
+def test_a_resumed_run_counts_the_experiments_pending_at_the_crash_too(tmp_path):
+    """run() counts as ask() does: the two pending at the crash are dispatched again first
+    and spend the budget (2 outcomes journaled + 2 = 4); nothing new is dispatched."""
+    path = tmp_path / "search.jsonl"
+    pending = crashed_session(path)
+    report = resume(path, runner=lambda h: 0.5, progress=False).run()
+    again = [e.hypothesis for e in report.events.of("dispatch") if not e.data.get("restored")]
+    assert again == pending and all(e.data.get("requeued") for e in report.events.of("dispatch")[-2:])
+    assert report.stop_reason == "max_experiments" and report.dispatched == 2 and report.total_runs == 4
+
+
+@pytest.mark.timeout(60, method="thread")
 def test_a_pending_ask_is_not_asked_again_past_a_lowered_budget(tmp_path):
     """Resumed with the budget lowered to what the journal already counts: run() would not
     dispatch the pending experiments again, and neither does ask()."""
