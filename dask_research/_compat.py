@@ -31,6 +31,7 @@ __all__ = [
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
     "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous", "actor_call",
     "worker_context", "scheduler_workers", "actor_released", "dask_worker_command", "run_each",
+    "scheduler_plugin", "add_scheduler_plugin", "scheduler_plugins_see_events",
 ]
 
 
@@ -388,6 +389,41 @@ def forget_unsubmitted_jobs(cluster: Any, submitted: Callable[[Any], bool]) -> i
             spec.pop(name, None)
             dropped += 1
     return dropped
+
+
+def scheduler_plugin(scheduler: Any, name: str) -> Any | None:
+    """The plugin ``scheduler`` runs under ``name`` (``Scheduler.plugins``), or ``None``: none by
+    that name, or no plugin table at all (a stand-in for a scheduler, or a Dask that moved it;
+    the caller then does without).
+
+    >>> scheduler_plugin(object(), "x") is None
+    True
+    """
+    plugins = getattr(scheduler, "plugins", None)
+    if not isinstance(plugins, dict):
+        return None
+    return plugins.get(name)
+
+
+def add_scheduler_plugin(scheduler: Any, plugin: Any, name: str) -> None:
+    """Run ``plugin`` on ``scheduler`` under ``name`` from the scheduler's side
+    (``Scheduler.add_plugin``, what ``Client.register_plugin`` does over the wire); a plugin
+    already there under ``name`` is kept."""
+    add = getattr(scheduler, "add_plugin", None)
+    if not callable(add):
+        raise _moved("Scheduler.add_plugin")
+    add(plugin, name=name, idempotent=True)
+
+
+def scheduler_plugins_see_events() -> bool:
+    """Whether this Dask calls ``SchedulerPlugin.log_event`` for every event the scheduler logs
+    (the hook came with the event broker; an older scheduler never calls it).
+
+    >>> scheduler_plugins_see_events()
+    True
+    """
+    base = _attr("distributed.diagnostics.plugin", "SchedulerPlugin")
+    return callable(getattr(base, "log_event", None))
 
 
 def bandwidth_workers(scheduler: Any) -> dict[tuple[str, str], float]:

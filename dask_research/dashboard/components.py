@@ -1,7 +1,13 @@
 """Dashboard components: one class per figure, each with ``root``, ``source`` and ``update()``.
 
-They read the scheduler's event log (and, for running shards, the scheduler's task states)
-and never change either.
+Each page draws a fold of its topic's events (:class:`ShardFold`, :class:`BranchFold`,
+:class:`PlaneFold`). Where the scheduler runs the research plugin
+(:class:`~dask_research.dashboard.plugin.ResearchEventsPlugin`, installed by the
+``dask_research.dashboard`` preload and at the first page opened), the page reads the
+plugin's fold, which saw every event from the moment it was installed, so a page opened late
+shows the whole of the run; where it does not, the page folds the scheduler's event log itself
+(:class:`_LogCursor`) and sees what the log still holds. Pages read the events (and, for
+running shards, the scheduler's task states) and never change either.
 
 Examples
 --------
@@ -34,7 +40,8 @@ from .shard_cells import STATE_NAMES, ShardCells, check_start
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "branch_view", "shard_states", "run_status", "plane_series", "STATE_NAMES", "STATE_COLORS"]
+__all__ = ["ShardBoard", "ExperiencePanel", "BranchBoard", "ShardFold", "BranchFold", "PlaneFold", "branch_view",
+           "shard_states", "run_status", "plane_series", "feed_event", "STATE_NAMES", "STATE_COLORS"]
 
 STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"]
 
@@ -42,6 +49,17 @@ STATE_COLORS = ["#d9d9d9", "#4c72b0", "#55a868", "#1b5e20", "#c44e52", "#dd8452"
 def skip_bad_event(page: str, msg: Any, reason: str) -> None:
     """One warning for an event a page cannot read (a buggy producer, another client's version)."""
     logger.warning("research %s page: skipped an event it cannot read (%s): %.200r", page, reason, msg)
+
+
+def feed_event(fold: Any, msg: dict, page: str) -> None:
+    """Give one event to ``fold.feed``; an event it refuses (it returns why), or one it fails on,
+    is skipped with one warning naming ``page`` (:func:`skip_bad_event`), never raised."""
+    try:
+        reason = fold.feed(msg)
+    except Exception as e:  # noqa: BLE001 - a fold's bug must cost one event, not the page or the scheduler
+        reason = f"{type(e).__name__}: {_short(e)}"
+    if reason is not None:
+        skip_bad_event(page, msg, reason)
 
 
 def latest_run(events: list) -> tuple[dict | None, list]:
@@ -158,10 +176,42 @@ class _LogCursor:
         ``page`` (:func:`skip_bad_event`)."""
         entries, _ = self.new(log)
         for _, msg in unpack(entries):
-            reason = fold.feed(msg)
-            if reason is not None:
-                skip_bad_event(page, msg, reason)
+            feed_event(fold, msg, page)
         return entries
+
+
+class _Feed:
+    """Where a page's fold comes from, and how many events it took since the page last looked.
+
+    Where ``scheduler`` runs the research plugin (:mod:`dask_research.dashboard.plugin`), the
+    page reads the plugin's fold of ``subsystem``: it was fed as the scheduler logged each event,
+    so :meth:`poll` reads no log and costs nothing but a subtraction. Elsewhere (a scheduler
+    without the plugin, an older Dask, a stand-in) the page has its own ``fold_type()`` and
+    :meth:`poll` folds in the log entries since the last poll (:class:`_LogCursor`). Which one
+    is decided when the page is made.
+    """
+
+    def __init__(self, scheduler: Any, subsystem: str, fold_type: Any, page: str) -> None:
+        from .plugin import folds_of  # the plugin's module imports this one
+
+        shared = folds_of(scheduler)
+        self.scheduler, self.subsystem, self.page = scheduler, subsystem, page
+        self.shared = shared is not None
+        self.fold: Any = shared[subsystem] if shared is not None else fold_type()
+        self.cursor = None if shared is not None else _LogCursor()
+        self.seen = 0                           # the fold's ``fed`` when the page last looked
+
+    def poll(self) -> int:
+        """How many events the fold took since the last poll (folding them in first, from the
+        log, where the page has its own fold)."""
+        if self.cursor is not None:
+            entries, wrapped = self.cursor.new(self.scheduler.get_events(topic(self.subsystem)))
+            if wrapped and hasattr(self.fold, "log_wrapped"):
+                self.fold.log_wrapped()
+            for _, msg in unpack(entries):
+                feed_event(self.fold, msg, self.page)
+        new, self.seen = self.fold.fed - self.seen, self.fold.fed
+        return new
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -172,6 +222,80 @@ def _short(value: Any, limit: int = 200) -> str:
     """
     text = str(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _estimate(msg: dict) -> dict | None:
+    """The running estimate of an ``accepted`` event as numbers, or ``None`` where it has none."""
+    try:
+        return {"mean": float(msg["mean"]), "stderr": float(msg["stderr"]), "n": int(msg["n"])}
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+class ShardFold:
+    """What the Shards page shows of the latest Monte-Carlo run, folded in one event at a time.
+
+    A valid ``start`` replaces the run held: the fold holds one run, its :class:`ShardCells`
+    (4,096 cells at most), its latest running estimate and its last :attr:`MAX_ENDS` ``done`` /
+    ``failed`` events, however many runs come and go. Events of other runs are ignored. An
+    event costs the cells it touches, never the run's shards (issue 28: a 10^7-shard run cost
+    1.5 s of the scheduler's event loop per update). :meth:`feed` checks the fields it reads and
+    returns why it skipped an event (a bad ``start`` is no run; a bad ``accepted`` range changes
+    nothing; an ``accepted`` whose estimate is not numbers counts its shards but keeps the
+    estimate it had).
+
+    >>> fold = ShardFold()
+    >>> fold.feed({"event": "start", "run": "r", "shards": 4, "key_prefix": "p"})
+    >>> fold.feed({"event": "accepted", "run": "r", "start": 0, "stop": 3, "mean": 0.5, "stderr": 0.1, "n": 30})
+    >>> fold.feed({"event": "accepted", "run": "r", "start": 3, "stop": 9})
+    "shards [3, 9) are not a range within the run's 4 shards"
+    >>> fold.cells.shard_counts()["accepted"], fold.estimate["mean"], fold.fed
+    (3, 0.5, 3)
+    """
+
+    #: ``done`` / ``failed`` events kept of the run held (the last one says what became of it).
+    MAX_ENDS = 8
+
+    def __init__(self) -> None:
+        self.start: dict | None = None           # the run's start event
+        self.cells: ShardCells | None = None
+        self.ends: deque = deque(maxlen=self.MAX_ENDS)
+        self.estimate: dict | None = None        # mean, stderr, n of the latest accepted event with them
+        self.missed = False                      # whether the log dropped events of the run unread
+        self.fed = 0                             # events given to feed, ever
+
+    def feed(self, msg: dict) -> str | None:
+        """Fold one event in; why it was skipped, or ``None`` (also for another run's events)."""
+        self.fed += 1
+        kind = msg.get("event")
+        if kind == "start":
+            reason = check_start(msg)
+            if reason is not None:
+                return reason
+            self.start, self.cells, self.estimate, self.missed = msg, ShardCells(int(msg["shards"])), None, False
+            self.ends = deque(maxlen=self.MAX_ENDS)
+            return None
+        if self.cells is None or self.start is None or msg.get("run") != self.start["run"]:
+            return None
+        if kind in ("done", "failed"):
+            self.ends.append(msg)
+            return None
+        try:
+            self.cells.apply(msg)
+        except ValueError as e:
+            return str(e)
+        if kind == "accepted" and msg.get("mean") is not None:
+            estimate = _estimate(msg)
+            if estimate is None:
+                return "mean, stderr and n are not numbers"
+            self.estimate = estimate
+        return None
+
+    def log_wrapped(self) -> None:
+        """The page's log cursor lost its place (the log dropped events unread): the run held
+        misses some (a new ``start`` clears it)."""
+        if self.start is not None:
+            self.missed = True
 
 
 class ShardBoard:
@@ -197,58 +321,38 @@ class ShardBoard:
         from bokeh.layouts import column
 
         self.root = column(self.summary, Div(text=legend), fig, sizing_mode=kwargs.get("sizing_mode"))
-        self.start: dict | None = None           # the latest run's start event, its cells and end events
-        self.cells: ShardCells | None = None
-        self.ends: list[dict] = []
-        self.estimate: dict | None = None        # the latest accepted event with a running estimate
-        self._cursor = _LogCursor()              # the last log entry folded in
-        self.missed = False                      # whether the log dropped events of the run unread
+        self._feed = _Feed(scheduler, "montecarlo", ShardFold, "Shards")
+        self.fold: ShardFold = self._feed.fold
         self._drawn = -1
         self._xy: tuple[list, list, list] = ([], [], [])
 
-    def _fold_new_events(self) -> None:
-        """Fold in the events logged since the last update (all it holds after the log wrapped).
+    @property
+    def start(self) -> dict | None:
+        """The ``start`` event of the run shown (``None``: no run yet)."""
+        return self.fold.start
 
-        Work follows the new events and the cells, never the run's shards (issue 28: a
-        10^7-shard run cost 1.5 s of the scheduler's event loop per update). Where the log
-        wrapped past the last event read (more events between two updates than the scheduler
-        keeps), the events it dropped are lost to the page, which goes on with the run it
-        showed (it started over from the log and, the run's ``start`` gone, froze on its
-        last picture) and says that it missed some."""
-        entries, wrapped = self._cursor.new(self.scheduler.get_events(topic("montecarlo")))
-        if wrapped and self.start is not None:
-            self.missed = True
-        if not entries:
-            return
-        for _, msg in unpack(entries):
-            kind = msg.get("event")
-            if kind == "start":
-                reason = check_start(msg)
-                if reason is not None:
-                    skip_bad_event("Shards", msg, reason)
-                    continue
-                self.start, self.cells, self.ends, self.estimate = msg, ShardCells(int(msg["shards"])), [], None
-                self.missed = False
-                continue
-            if self.cells is None or self.start is None or msg.get("run") != self.start["run"]:
-                continue
-            if kind in ("done", "failed"):
-                self.ends.append(msg)
-                continue
-            try:
-                self.cells.apply(msg)
-            except ValueError as e:
-                skip_bad_event("Shards", msg, str(e))
-                continue
-            if kind == "accepted" and msg.get("mean") is not None:
-                self.estimate = msg
+    @property
+    def cells(self) -> ShardCells | None:
+        """The cells of the run shown."""
+        return self.fold.cells
+
+    @property
+    def missed(self) -> bool:
+        """Whether the page missed events of the run shown (only a page that reads the log itself)."""
+        return self.fold.missed
 
     def update(self) -> None:
-        self._fold_new_events()
-        start, cells = self.start, self.cells
+        """Fold in what is new (see :class:`_Feed`) and redraw the run held (its running blocks
+        are the scheduler's tasks now). Where the page reads the log itself and the log wrapped
+        past the last event read (more events between two updates than the scheduler keeps),
+        the events it dropped are lost to the page, which goes on with the run it showed and
+        says that it missed some; with the research plugin nothing is missed."""
+        self._feed.poll()
+        fold = self.fold
+        start, cells = fold.start, fold.cells
         if start is None or cells is None:
             return
-        status = run_status(start, self.ends, clients=set(getattr(self.scheduler, "clients", {}) or ()))
+        status = run_status(start, list(fold.ends), clients=set(getattr(self.scheduler, "clients", {}) or ()))
         # A run that ended (or lost its client) drives no task: blocks being cancelled are not running.
         running = _running_blocks(self.scheduler, str(start.get("key_prefix", ""))) if status == "running" else []
         pick = cells.states(running)
@@ -262,16 +366,11 @@ class ShardBoard:
                             "state": [STATE_NAMES[c] for c in pick], "shards": labels}
         counts = cells.shard_counts(running)
         est = ""
-        acc = self.estimate
+        acc = fold.estimate                     # numbers: checked as the event was folded in
         if acc is not None:
             word = "running estimate" if status == "running" else "estimate"
-            try:
-                half = 1.96 * float(acc["stderr"])
-                est = (f"{word} {float(acc['mean']):.6g} &plusmn; {half:.3g} (95 % CI of the mean; "
-                       f"stderr {float(acc['stderr']):.3g}; n={int(acc['n']):,})")
-            except (KeyError, TypeError, ValueError, OverflowError):
-                skip_bad_event("Shards", acc, "mean, stderr and n are not numbers")
-                self.estimate = None
+            est = (f"{word} {acc['mean']:.6g} &plusmn; {1.96 * acc['stderr']:.3g} (95 % CI of the mean; "
+                   f"stderr {acc['stderr']:.3g}; n={acc['n']:,})")
         # Names come from users: escaped, so a job called "<script>" is text, not markup.
         name, run = html.escape(_short(start.get("name", ""))), html.escape(str(start["run"])[:12])
         self.summary.text = (f"<b>{name}</b> <code>{run}</code> "
@@ -344,9 +443,11 @@ class PlaneFold:
         self.recent: dict[str, list[dict]] = {}            # the plane's last few events: rate bases
         self.total: dict[str, int] = {}                    # points ever added, per plane
         self.latest: str | None = None                     # the plane that published last
+        self.fed = 0                                       # events given to feed, ever
 
     def feed(self, m: dict) -> str | None:
         """Fold one event in; why it was skipped, or ``None`` (also for an event of another kind)."""
+        self.fed += 1
         if m.get("event") != "stats":
             return None
         reason = _bad_stats(m)
@@ -472,17 +573,18 @@ class ExperiencePanel:
         self.tier_fig.hbar_stack(["used", "free"], y="tier", height=0.6, color=["#55a868", "#d9d9d9"],
                                  source=self.tiers)
         self.root = column(self.summary, row(rates, latency, sizing_mode=sizing), self.tier_fig, sizing_mode=sizing)
-        self.fold = PlaneFold()
-        self._cursor = _LogCursor()
+        self._feed = _Feed(scheduler, "replay", PlaneFold, "Experience")
+        self.fold: PlaneFold = self._feed.fold
         self._plane: str | None = None      # the plane drawn, and how many of its points were sent
         self._sent = 0
         self._summary_at = -math.inf
 
     def update(self) -> None:
-        """Fold in the replay events logged since the last update; redraw the latest plane.
+        """Fold in the replay events logged since the last update (see :class:`_Feed`); redraw
+        the latest plane.
 
         Its series are streamed (only the new points go to the browser)."""
-        self._cursor.feed(self.scheduler.get_events(topic("replay")), self.fold, "Experience")
+        self._feed.poll()
         fold = self.fold
         name = fold.latest
         if name is None or name not in fold.series:
@@ -545,7 +647,9 @@ class BranchFold:
     An event costs a few dictionary operations, so a page update costs the events logged since
     the last one, never the run's length (it re-read the whole log on every update: 3 s of the
     scheduler's event loop per update with 300,000 events in the log). A score line keeps its
-    last :attr:`MAX_POINTS` points and the slot-use series its last :attr:`MAX_OCCUPANCY`.
+    last :attr:`MAX_POINTS` points and the slot-use series its last :attr:`MAX_OCCUPANCY`. The
+    fold holds one run: an ``add`` of another run replaces it, so what it keeps is one run's
+    however many runs come and go.
 
     Events come from any client of the scheduler: :meth:`feed` checks the fields it reads and
     skips an event it cannot read (returning why), leaving the state as it was.
@@ -561,6 +665,7 @@ class BranchFold:
         self.run: Any = None
         self.started = False
         self.epoch = 0                       # a new run: a new epoch (the page redraws all)
+        self.fed = 0                         # events given to feed, ever
         self._reset(None)
 
     def _reset(self, run: Any) -> None:
@@ -590,6 +695,7 @@ class BranchFold:
 
     def feed(self, r: dict) -> str | None:
         """Fold one event in; why it was skipped, or ``None`` (also for another run's events)."""
+        self.fed += 1
         kind, run = r.get("event"), r.get("run")
         if kind == "add" and run is not None and (not self.started or run != self.run):
             self._reset(run)
@@ -780,19 +886,20 @@ class BranchBoard:
         outside_legend(self.occ_fig)
         self.root = column(self.summary, self.bars, row(self.score_fig, self.occ_fig, sizing_mode=sizing),
                            sizing_mode=sizing)
-        self.fold = BranchFold()
-        self._cursor = _LogCursor()
+        self._feed = _Feed(scheduler, "experiments", BranchFold, "Branches")
+        self.fold: BranchFold = self._feed.fold
         self._drawn_epoch = 0                # the fold's epoch last drawn (0: nothing drawn yet)
         self._occ_sent = 0                   # slot-use points sent to the browser
 
     def update(self) -> None:
-        """Fold in the experiments events logged since the last update; redraw if there were any.
+        """Fold in the experiments events logged since the last update (see :class:`_Feed`);
+        redraw if there were any.
 
         The bars show the first 200 branches; the slot-use series is streamed (only its new
         points go to the browser)."""
-        entries = self._cursor.feed(self.scheduler.get_events(topic("experiments")), self.fold, "Branches")
+        new_events = self._feed.poll()
         fold = self.fold
-        if not fold.started or (not entries and self._drawn_epoch == fold.epoch):
+        if not fold.started or (not new_events and self._drawn_epoch == fold.epoch):
             return
         br = fold.branches
         names = fold.order[:200]

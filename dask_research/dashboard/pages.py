@@ -20,9 +20,15 @@ from __future__ import annotations
 
 from .._compat import add_periodic_callback, dashboard_template, dashboard_theme, log_errors
 from .components import BranchBoard, ExperiencePanel, ShardBoard
+from .plugin import install
 
 
-def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
+def _page(doc, scheduler, board, title: str, extra: dict, interval: int = 500) -> None:
+    """Fill ``doc`` with a ``board`` of ``scheduler``, after making sure it runs the research
+    plugin (:func:`.plugin.install`: a scheduler whose pages were registered by import alone
+    gets it at the first page opened), so the page reads the plugin's folds."""
+    install(scheduler)
+    component = board(scheduler, sizing_mode="stretch_width")
     component.update()
     add_periodic_callback(doc, component, interval)
     doc.title = f"Dask: {title}"
@@ -34,14 +40,14 @@ def _page(doc, component, title: str, extra: dict, interval: int = 500) -> None:
 
 @log_errors
 def shards_doc(scheduler, extra, doc):
-    _page(doc, ShardBoard(scheduler, sizing_mode="stretch_width"), "Research Shards", extra)
+    _page(doc, scheduler, ShardBoard, "Research Shards", extra)
 
 
 @log_errors
 def experience_doc(scheduler, extra, doc):
-    _page(doc, ExperiencePanel(scheduler, sizing_mode="stretch_width"), "Research Experience", extra, 1000)
+    _page(doc, scheduler, ExperiencePanel, "Research Experience", extra, 1000)
 
 
 @log_errors
 def branches_doc(scheduler, extra, doc):
-    _page(doc, BranchBoard(scheduler, sizing_mode="stretch_width"), "Research Branches", extra)
+    _page(doc, scheduler, BranchBoard, "Research Branches", extra)
