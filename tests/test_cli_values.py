@@ -37,7 +37,7 @@ CASES = [
     ("run --seed -1", ["mc", "run", EXAMPLE, "--seed", "-1"], "'--seed': -1 is not in the range x>=0"),
     ("run --seed 2**128", ["mc", "run", EXAMPLE, "--seed", str(2**128)], "an integer in [0, 2**128)"),
     ("run --verify -1", ["mc", "run", EXAMPLE, "--verify", "-1", *SMALL], "'--verify': -1 is not in the range"),
-    ("run --verify x", ["mc", "run", EXAMPLE, "--verify", "x", *SMALL], "'--verify': 'x' is not a valid integer"),
+    ("run --verify x", ["mc", "run", EXAMPLE, "--verify", "x", *SMALL], "'--verify': 'x' is not a whole number (expected one >= 0)"),
     ("run --shards-per-task 3", ["mc", "run", EXAMPLE, "--shards-per-task", "3", *SMALL], "'3' is not a power of two"),
     ("run --jobs 0", ["mc", "run", EXAMPLE, "--cluster", "slurm", "--jobs", "0", *SMALL], "'--jobs': 0 is not in"),
     ("run --cores 0", ["mc", "run", EXAMPLE, "--cluster", "slurm", "--cores", "0", *SMALL], "'--cores': 0 is not"),
