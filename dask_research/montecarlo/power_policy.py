@@ -294,6 +294,7 @@ class PowerPolicy(WorkerPlugin):
             except Exception as e:  # reported by _end_read
                 box["error"] = e
             finally:
+                box["done"] = True            # before waking the loop: the thread may not have exited yet
                 if on_done is not None:
                     on_done()
 
@@ -302,8 +303,8 @@ class PowerPolicy(WorkerPlugin):
         return thread, box
 
     def _end_read(self, thread: threading.Thread, box: dict) -> tuple[float, bool] | None:
-        """The reading of a read begun by :meth:`_begin_read`; a thread still reading is stuck."""
-        if thread.is_alive():
+        """The reading of a read begun by :meth:`_begin_read`; a read not done yet is stuck."""
+        if not box.get("done"):
             self._stuck_reads.append(thread)
             if len(self._stuck_reads) >= MAX_STUCK_READS:
                 self._retry_at = time.monotonic() + self._retry_delay
