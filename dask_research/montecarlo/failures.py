@@ -70,10 +70,9 @@ def raise_if_cancelled(client: Any, run_id: str, done: list) -> None:
     if not cancelled:
         return
     errors = [_cancellation(f) for f in cancelled]
-    if any(getattr(e, "reason", None) == LOST for e in errors) or \
-            getattr(client, "status", "running") != "running":
-        raise next((e for e in errors if getattr(e, "reason", None) == LOST), None) or \
-            next((e for e in errors if e is not None), None) or \
+    lost = next((e for e in errors if getattr(e, "reason", None) == LOST), None)
+    if lost is not None or getattr(client, "status", "running") != "running":
+        raise lost or next((e for e in errors if e is not None), None) or \
             FutureCancelledError(cancelled[0].key, reason=LOST)  # type: ignore[call-arg]
     reason = next((r for r in (getattr(e, "reason", None) for e in errors) if r not in _NO_REASON), None)
     keys = ", ".join(str(f.key) for f in cancelled[:3])
