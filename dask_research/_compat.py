@@ -25,7 +25,7 @@ DISTRIBUTED_VERSION: str = distributed.__version__
 
 __all__ = [
     "DISTRIBUTED_VERSION", "DaskCompatError", "CommClosedError", "FutureCancelledError",
-    "FuturesCancelledError", "in_async_call", "wait_futures", "scheduler_log_event",
+    "FuturesCancelledError", "cancellation_of", "in_async_call", "wait_futures", "scheduler_log_event",
     "scheduler_identity", "scheduler_call", "add_scheduler_handler", "set_scheduler_metadata", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
@@ -63,6 +63,24 @@ CommClosedError: type[BaseException] = _attr("distributed.comm.core", "CommClose
 
 
 # ----------------------------------------------------------------------------- client side
+
+def cancellation_of(future: Any) -> BaseException | None:
+    """The :class:`FutureCancelledError` that a cancelled ``future`` holds, if it tells one.
+
+    Its ``reason`` says why (``"lost dependencies"``, a lost scheduler, an operator's
+    ``client.cancel``); Dask re-reports a future reset while it was gathered as ``"unknown"``.
+    Reading it never raises: a future that is not cancelled, or one Dask cannot answer for
+    (it has raised ``UnboundLocalError`` from ``utils.sync`` for a future cancelled while read),
+    gives ``None``.
+    """
+    try:
+        future.result(timeout=1)
+    except FutureCancelledError as e:
+        return e
+    except Exception:  # noqa: BLE001 - not a cancellation, or Dask could not say
+        pass
+    return None
+
 
 def in_async_call(loop: Any) -> bool:
     """Whether the caller runs on ``loop``'s thread inside a coroutine (``distributed.utils``).

@@ -16,7 +16,7 @@ import asyncio
 import concurrent.futures
 from typing import Any
 
-from .._compat import CommClosedError, FutureCancelledError, FuturesCancelledError
+from .._compat import CommClosedError, FutureCancelledError, FuturesCancelledError, cancellation_of
 from ..exceptions import ResearchError
 
 __all__ = ["LOST", "one_line", "lost_scheduler", "raise_if_cancelled", "lost_scheduler_error", "killed_workers_error"]
@@ -69,7 +69,7 @@ def raise_if_cancelled(client: Any, run_id: str, done: list) -> None:
     cancelled = [f for f in done if f.status == "cancelled"]
     if not cancelled:
         return
-    errors = [_cancellation(f) for f in cancelled]
+    errors = [cancellation_of(f) for f in cancelled]
     lost = next((e for e in errors if getattr(e, "reason", None) == LOST), None)
     if lost is not None or getattr(client, "status", "running") != "running":
         raise lost or next((e for e in errors if e is not None), None) or \
@@ -83,17 +83,6 @@ def raise_if_cancelled(client: Any, run_id: str, done: list) -> None:
 
 #: What Dask says for a cancellation whose reason it did not pass on.
 _NO_REASON = (None, "", "unknown", "already forgotten")
-
-
-def _cancellation(future: Any) -> BaseException | None:
-    """The :class:`FutureCancelledError` that a cancelled ``future`` holds, if it tells one."""
-    try:
-        future.result(timeout=1)
-    except FutureCancelledError as e:
-        return e
-    except Exception:
-        pass
-    return None
 
 
 def lost_scheduler_error(exc: BaseException, *, address: str | None, run_id: str, shards: int, have: int,

@@ -62,3 +62,54 @@ def test_double_dqn_with_prioritized_cluster_replay_learns_cartpole():
     assert result.final_mean_return >= 150 and result.solved_at_env_steps <= 100_000
     assert result.updates > 1000
     _both_shards_served(result)
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_rollout_that_dask_cancels_is_run_again_and_the_run_goes_on(caplog):
+    """A rollout future that comes back cancelled (a lost dependency, an operator's cancel) is
+    submitted again with fresh weights instead of read (reading it raised inside Dask)."""
+    from distributed import Future
+
+    cancelled: list = []
+
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as c:
+        def progress(_counters):
+            if cancelled:
+                return
+            keys = [k for ks in c.processing().values() for k in ks if str(k).startswith("rollout-")]
+            if keys:
+                c.cancel([Future(keys[0], client=c)], reason="the test cancels it")
+                cancelled.append(keys[0])
+
+        with caplog.at_level("WARNING", logger="dask_research.replay.rl.dqn"):
+            result = train_dqn(c, DQNConfig(target_return=500.0, max_env_steps=2_000,
+                                            learning_starts=1_000, **SMALL), progress=progress)
+    assert cancelled, "no rollout was in flight to cancel"
+    said = [r.getMessage() for r in caplog.records if "was cancelled by Dask" in r.getMessage()]
+    assert len(said) == 1 and str(cancelled[0]) in said[0] and "the test cancels it" in said[0]
+    assert result.env_steps >= 2_000 and result.updates > 0      # the run went on to its budget
+
+
+class _Cancelled:
+    def __init__(self, key, reason):
+        self.key, self.reason, self.status = key, reason, "cancelled"
+
+    def result(self, timeout=None):
+        from dask_research._compat import FutureCancelledError
+
+        raise FutureCancelledError(self.key, reason=self.reason)
+
+
+def test_a_cancelled_rollout_stops_the_run_in_one_line_when_retrying_cannot_help():
+    from types import SimpleNamespace
+
+    from dask_research.exceptions import ResearchError
+    from dask_research.replay.rl import dqn
+
+    live, lost = SimpleNamespace(status="running"), SimpleNamespace(status="closed")
+    dqn._resubmittable(live, _Cancelled("rollout-a", "lost dependencies"), 0)    # retried: no error
+    with pytest.raises(ResearchError, match=r"lost its scheduler .*rollout-a.*reason: gone"):
+        dqn._resubmittable(lost, _Cancelled("rollout-a", "gone"), 0)
+    with pytest.raises(ResearchError, match=r"cancelled 32 rollouts in a row .*rollout-b"):
+        dqn._resubmittable(live, _Cancelled("rollout-b", None), dqn.MAX_CANCELLED_IN_A_ROW - 1)

@@ -66,7 +66,8 @@ def _envs(run: str, actor: int, n_envs: int, env_id: str, seed: int) -> dict[str
             env = gym.make_vec(env_id, num_envs=n_envs)
             obs, _ = env.reset(seed=seed)
             st = {"env": env, "obs": obs, "prev_done": np.zeros(n_envs, bool),
-                  "ret": np.zeros(n_envs), "rng": np.random.default_rng(seed), "steps": 0}
+                  "ret": np.zeros(n_envs), "rng": np.random.default_rng(seed), "steps": 0,
+                  "lock": threading.Lock()}
             _ENVS[key] = st
         return st
 
@@ -93,9 +94,16 @@ def rollout(plane: str, run: str, actor: int, weights: list[np.ndarray], epsilon
     t0 = time.perf_counter()
     shard = local_shard(plane)
     st = _envs(run, actor, n_envs, env_id, seed)
+    # One rollout at a time per actor: a rollout the learner resubmitted after Dask cancelled
+    # the previous one may start while that one still runs here (Dask cannot stop a running task).
+    with st["lock"]:
+        return _step(shard, st, weights, epsilon, int(vector_steps), n_envs, actor, t0)
+
+
+def _step(shard: Any, st: dict[str, Any], weights: list[np.ndarray], epsilon: float, T: int,
+          n_envs: int, actor: int, t0: float) -> dict[str, Any]:
     env, rng = st["env"], st["rng"]
     obs, prev_done, ret = st["obs"], st["prev_done"], st["ret"]
-    T = int(vector_steps)
     o_buf = np.empty((T, n_envs, 4), np.float32)
     n_buf = np.empty((T, n_envs, 4), np.float32)
     a_buf = np.empty((T, n_envs), np.int64)

@@ -16,6 +16,10 @@ ingest into that worker's shard. The loop:
 4. stop when the mean return of the last ``window`` episodes reaches ``target_return`` or
    after ``max_env_steps``.
 
+A rollout that Dask cancels (a lost dependency, an operator's ``client.cancel``) is logged and
+submitted again with freshly broadcast weights; a lost scheduler, or 32 cancellations in a row,
+stops the run with one line.
+
 Everything is seeded (torch, the plane's allocation draws, each shard, each actor's
 environments and exploration); the interleaving of actors and learner is not, so two runs
 differ slightly.
@@ -40,6 +44,8 @@ import numpy as np
 
 from ... import replay
 from ..._cluster import workers_info
+from ..._compat import cancellation_of
+from ...exceptions import ResearchError
 from .actor import SPEC, close_run, rollout
 
 logger = logging.getLogger(__name__)
@@ -129,6 +135,29 @@ def _close_actors(client: Any, run: str) -> None:
         logger.debug("could not close the environments of %s on every worker: %s", run, e)
 
 
+#: Cancelled rollouts resubmitted in a row, with no rollout finishing between, before the run
+#: gives up: Dask keeps cancelling what it is given, so retrying is no longer useful.
+MAX_CANCELLED_IN_A_ROW = 32
+
+
+def _resubmittable(client: Any, future: Any, in_a_row: int) -> None:
+    """Check that a rollout ``future`` Dask cancelled can be submitted again; else raise.
+
+    The run stops with one line when the client lost its scheduler, or after
+    :data:`MAX_CANCELLED_IN_A_ROW` cancellations with no rollout finishing between.
+    """
+    exc = cancellation_of(future)
+    reason = getattr(exc, "reason", None) or "not given"
+    if getattr(client, "status", "running") != "running":
+        raise ResearchError(f"DQN training stopped: the client lost its scheduler (rollout "
+                            f"{future.key} cancelled, reason: {reason})")
+    if in_a_row + 1 >= MAX_CANCELLED_IN_A_ROW:
+        raise ResearchError(f"DQN training stopped: Dask cancelled {in_a_row + 1} rollouts in a row "
+                            f"(last: {future.key}, reason: {reason}); check the workers' logs")
+    logger.warning("rollout %s was cancelled by Dask (reason: %s); submitting it again with "
+                   "freshly broadcast weights", future.key, reason)
+
+
 def train_dqn(client: Any, cfg: DQNConfig | None = None,
               progress: Callable[[dict[str, Any]], None] | None = None,
               plane_kwargs: dict[str, Any] | None = None) -> TrainResult:
@@ -170,7 +199,7 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
     idle: list[int] = []
     chunk = cfg.n_envs * cfg.vector_steps
     slack = len(actors) * chunk
-    env_steps = updates = 0
+    env_steps = updates = cancelled = 0
     returns: list[float] = []
     curve: list[tuple[int, float]] = []
     solved_at = None
@@ -182,6 +211,14 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
             # --- actors: collect finished rollouts, resubmit with the newest weights -------
             finished = [i for i, f in running.items() if f.done()]
             for i in finished:
+                if running[i].status == "cancelled":
+                    # Dask dropped the rollout (a lost dependency: its weights, a worker): run it
+                    # again with freshly broadcast weights; a lost scheduler ends the run.
+                    _resubmittable(client, running.pop(i), cancelled)
+                    cancelled += 1
+                    idle.append(i)
+                    last_broadcast = -cfg.broadcast_every
+                    continue
                 out = running[i].result()
                 env_steps += out["env_steps"]
                 returns.extend(out["returns"])
@@ -193,6 +230,7 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
                         solved_at = env_steps
                 del running[i]
                 idle.append(i)
+                cancelled = 0
                 if progress is not None:
                     progress({"env_steps": env_steps, "updates": updates, "episodes": len(returns),
                               "mean_return": curve[-1][1] if curve else float("nan"),
