@@ -144,6 +144,19 @@ def test_report_header_has_date_versions_seeds_host_and_the_store(demo):
     assert facts["replay a shard"] == res.replay_command
 
 
+def test_the_report_quotes_the_mean_as_the_cli_and_the_summary_do(demo):
+    import html
+
+    from dask_research.montecarlo.result import mean_text
+
+    where, res, _ = demo
+    objs = _bokeh_objects((where / "report.html").read_text())
+    notes = [o["attributes"].get("text", "") for o in objs.values() if o["name"] == "Div"]
+    line = mean_text(res.montecarlo.mean, res.montecarlo.stderr)
+    assert any(f"The mean: {html.escape(line)}; quote this" in t for t in notes), notes
+    assert line in str(res.montecarlo)                       # print(result) says the same
+
+
 def test_every_plot_has_its_full_title_both_axis_labels_and_a_legend_outside_the_data(demo):
     where, res, _ = demo
     figs = _figures((where / "report.html").read_text())
@@ -162,7 +175,7 @@ def test_every_plot_has_its_full_title_both_axis_labels_and_a_legend_outside_the
         assert max(map(len, f["legend"])) <= LEGEND_CHARS, f["legend"]     # the plot fits 1000 px
     legend = {f["title"].split(":")[0].split(" (")[0]: f["legend"] for f in figs}
     assert any("sampled histogram" == x for x in legend["Monte-Carlo"])
-    assert any(x.startswith("sampled mean") and "CI" in x for x in legend["Monte-Carlo"])
+    assert any(x.startswith("mean ") and "± " in x and "CI" in x for x in legend["Monte-Carlo"])
     assert any(x.startswith("output 95 % sampled") for x in legend["Monte-Carlo"])
     assert any(x.startswith("output 95 % normal") for x in legend["Monte-Carlo"])
     latency = next(f for f in figs if f["title"].startswith("Learner"))
@@ -269,7 +282,7 @@ def test_the_histogram_shows_the_data_not_the_frozen_range_margin():
     fake = types.SimpleNamespace(
         histogram=(edges, counts), n=int(counts.sum()), name="saturating", run_id="0" * 12,
         interval=lambda level: iv, quantile=lambda q: (0.33, 0.82), mean=0.584,
-        mean_interval=lambda level: (0.5839, 0.5841),
+        mean_interval=lambda level: (0.5839, 0.5841), stderr=0.0001 / 1.96,
         linearized=types.SimpleNamespace(value=0.591, sd=0.082))
     fig = montecarlo_figure(fake).children[0]
     start, end = fig.x_range.start, fig.x_range.end
