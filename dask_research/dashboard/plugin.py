@@ -46,7 +46,7 @@ from distributed import SchedulerPlugin
 
 from .._compat import DaskCompatError, add_scheduler_plugin, scheduler_plugin, scheduler_plugins_see_events
 from ..events import topic, unpack
-from .components import BranchFold, PlaneFold, ShardFold, feed_event
+from .folds import BranchFold, PlaneFold, ShardFold, feed_event
 
 logger = logging.getLogger(__name__)
 

@@ -112,7 +112,7 @@ def test_a_bad_event_warns_once_however_many_updates(caplog):
     """The Experience page re-read the whole log every second: one warning per bad event per update."""
     events = [dict(STATS, t=11.0), dict(STATS, size="nine"), STATS]
     branch = [BRANCH_RUN[0], dict(BRANCH_RUN[2], branch=["x"]), *BRANCH_RUN[2:]]
-    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.components"):
+    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.folds"):
         pages = [ExperiencePanel(_Scheduler(events)), BranchBoard(_Scheduler(branch))]
         for _ in range(3):
             for page in pages:

@@ -21,7 +21,7 @@ from dask_research.testing.processes import wait_for  # noqa: E402
 
 KEEP = 50          # entries the scheduler's log keeps per topic here
 MC, EXP = "research.montecarlo", "research.experiments"
-COMPONENTS = "dask_research.dashboard.components"
+FOLDS = "dask_research.dashboard.folds"
 
 
 def _cluster(loop, preload):
@@ -140,7 +140,7 @@ def test_a_bad_event_is_skipped_with_one_warning_when_logged_and_the_page_render
     bad_mc = [{"event": "accepted", "run": "long", "start": 0, "stop": "x"},
               {"event": "check", "run": "long", "shard": 10**6, "match": True}]
     bad_exp = [{"event": "dispatch", "run": "x", "t": 0.1, "branch": ["a"], "hypothesis": "h"}]
-    with caplog.at_level(logging.WARNING, logger=COMPONENTS):
+    with caplog.at_level(logging.WARNING, logger=FOLDS):
         _long_mc_run(c, cl, 2 * KEEP, bad=bad_mc)
         _long_branch_run(c, cl, KEEP, bad=bad_exp)
         _on_loop(c, lambda: None)                      # the last events folded in
@@ -160,7 +160,7 @@ def test_a_bad_event_is_skipped_with_one_warning_when_logged_and_the_page_render
 
 
 def test_the_plugin_holds_one_run_per_page_however_many_runs_come_and_go():
-    from dask_research.dashboard.components import PlaneFold, ShardFold
+    from dask_research.dashboard.folds import PlaneFold, ShardFold
     from dask_research.dashboard.plugin import ResearchEventsPlugin
 
     plugin = ResearchEventsPlugin()

@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("bokeh")
 
 from dask_research.dashboard import components  # noqa: E402
-from dask_research.dashboard.components import BranchBoard, BranchFold, ExperiencePanel, PlaneFold  # noqa: E402
+from dask_research.dashboard.components import BranchBoard, ExperiencePanel  # noqa: E402
+from dask_research.dashboard.folds import BranchFold, PlaneFold  # noqa: E402
 
 
 class _Scheduler:

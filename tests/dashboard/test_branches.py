@@ -2,7 +2,8 @@ import pytest
 
 pytest.importorskip("bokeh")
 
-from dask_research.dashboard.components import BranchBoard, branch_view  # noqa: E402
+from dask_research.dashboard.components import BranchBoard
+from dask_research.dashboard.folds import branch_view  # noqa: E402
 from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner  # noqa: E402
 
 

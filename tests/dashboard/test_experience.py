@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("bokeh")
 
 from dask_research import replay  # noqa: E402
-from dask_research.dashboard.components import ExperiencePanel, plane_series  # noqa: E402
+from dask_research.dashboard.components import ExperiencePanel  # noqa: E402
+from dask_research.dashboard.folds import plane_series  # noqa: E402
 from dask_research.exceptions import InputError  # noqa: E402
 from dask_research.replay import publish_plane  # noqa: E402
 
@@ -78,7 +79,7 @@ def test_malformed_stats_are_skipped_with_one_warning(caplog):
             "tiers": [{"name": "host", "used": 9, "rows": 9}], "exposed_mean_s": 0.001, "step_mean_s": 0.01}
     bad = [dict(good, size="nine"), {k: v for k, v in good.items() if k != "t"}, dict(good, tiers="host"),
            dict(good, exposed_mean_s=float("nan"))]
-    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.components"):
+    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.folds"):
         s = plane_series([(0, b) for b in bad] + [(1, good)])["p"]
     assert s["size"] == [9]
     assert len([r for r in caplog.records if "skipped an event" in r.getMessage()]) == len(bad)

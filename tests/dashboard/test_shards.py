@@ -134,7 +134,7 @@ def test_a_malformed_start_event_is_skipped_with_one_warning_and_the_page_still_
     c.log_event("research.montecarlo", {"event": "accepted", "run": "good", "start": 0, "stop": "x"})
     c.log_event("research.montecarlo", {"event": "accepted", "run": "good", "start": 0, "stop": 4})
     wait_for(lambda: len(cl.scheduler.get_events("research.montecarlo")) >= 4, 60, "the events logged")
-    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.components"):
+    with caplog.at_level(logging.WARNING, logger="dask_research.dashboard.folds"):
         board = ShardBoard(cl.scheduler)
         board.update()
         board.update()

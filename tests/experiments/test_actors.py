@@ -318,7 +318,7 @@ def test_actors_on_real_workers(tmp_path):
     before the driver has heard that the one before it on its worker ended; ``get_worker()``,
     ``get_client()`` and ``worker_client()`` work inside; the events reach the Branches page."""
     pytest.importorskip("bokeh")
-    from dask_research.dashboard.components import branch_view
+    from dask_research.dashboard.folds import branch_view
 
     with actor_cluster(tmp_path, 2) as (client, _):
         sched = IterationScheduler(_probe(), slots=2, client=client, queue_ahead=1, transport="actors",

@@ -227,7 +227,7 @@ def test_bad_vector_rewards_fail_the_experiment():
 
 
 def test_dask_log_records_stay_compatible_for_the_dashboard():
-    from dask_research.dashboard.components import branch_view
+    from dask_research.dashboard.folds import branch_view
 
     sched = IterationScheduler(_random_durations(1), slots=3, apply_order="dispatch",
                                policy="kl-ucb", progress=False)
