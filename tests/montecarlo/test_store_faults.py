@@ -4,7 +4,6 @@ import json
 import os
 import pathlib
 import subprocess
-import time
 import uuid
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from dask_research import montecarlo as mc
 from dask_research.exceptions import StoreError
 from dask_research.montecarlo.store import StoreWarning, checksum
+from dask_research.testing.processes import wait_for
 
 from .test_store import job_module, one_worker  # noqa: F401 - fixtures
 
@@ -83,16 +83,6 @@ def tiny_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _no_temporary_file_stays(root, within=60.0):
-    """The temporary files under ``root`` still there after ``within`` seconds (none, we hope)."""
-    deadline = time.monotonic() + within
-    while True:
-        left = [p for p in root.rglob("*") if ".tmp-" in p.name]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(180, method="thread")
 def test_a_full_disk_names_the_path_leaves_no_temporary_file_and_resumes(tmp_path, tiny_fs, job_module, one_worker):
     _, job = job_module
@@ -109,7 +99,8 @@ def test_a_full_disk_names_the_path_leaves_no_temporary_file_and_resumes(tmp_pat
     # A block task already writing on the worker when the run failed finishes its own write
     # there (Dask cannot stop a running task) and removes its temporary file when that fails
     # too: none stays, though one may still exist for a moment after the run has raised.
-    assert _no_temporary_file_stays(tiny_fs) == []
+    wait_for(lambda: not [p for p in tiny_fs.rglob("*") if ".tmp-" in p.name], 60,
+             "the temporary files under the store to go")
     ballast.unlink()
     first = _run(job, one_worker, store, shards_per_task=4, verify=0)    # the same call resumes
     assert first.n == job.total_samples
