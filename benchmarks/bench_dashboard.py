@@ -19,7 +19,9 @@ scores in a ``select``) one log entry each and as ``batch`` entries of 30 (what 
 outbox ships), replay ``stats``, and an event of a topic the plugin does not read. Also the
 memory the plugin allocates and keeps (tracemalloc) after 10^5 events of each kind.
 
-Needs bokeh (the ``[dashboard]`` extra). Run one benchmark at a time::
+The Shards section needs bokeh (the ``[dashboard]`` extra; without it only the plugin section
+runs, and the Shards figures in the JSON stay as they were, as do those ``--quick`` leaves out).
+Run one benchmark at a time::
 
     flock /tmp/dask-research-bench.lock python benchmarks/bench_dashboard.py [--quick]
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import math
 import pathlib
 import random
@@ -233,37 +236,50 @@ async def _time_plugin(kinds: list[dict], per_timing: int, reps: int) -> dict:
     """Per kind: median thread CPU per entry with the plugin and without (two real schedulers)."""
     from distributed import Scheduler
 
+    kw = {"dashboard": False, "dashboard_address": "127.0.0.1:0", "host": "127.0.0.1", "port": 0,
+          "validate": False}
+    quiet = logging.getLogger("distributed.scheduler")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)              # not the schedulers' start and close lines
+    try:
+        async with Scheduler(**kw) as with_s, Scheduler(**kw) as without_s:
+            return await _time_sides(with_s, without_s, kinds, per_timing, reps)
+    finally:
+        quiet.setLevel(level)
+
+
+async def _time_sides(with_s, without_s, kinds: list[dict], per_timing: int, reps: int) -> dict:
+    """:func:`_time_plugin` on its two schedulers: the plugin installed on ``with_s``; the entries of
+    each kind logged in chunks on both, alternating which goes first."""
     from dask_research.dashboard.plugin import folds_of, install
 
-    out = {}
-    kw = {"dashboard": False, "dashboard_address": None, "host": "127.0.0.1", "port": 0, "validate": False}
-    async with Scheduler(**kw) as with_s, Scheduler(**kw) as without_s:
-        if install(with_s) is None or folds_of(with_s) is None:
-            raise SystemExit("bench_dashboard: the research plugin could not be installed on the scheduler")
-        if folds_of(without_s) is not None:
-            raise SystemExit("bench_dashboard: the peer scheduler runs the research plugin too")
-        sides = {"with": with_s, "without": without_s}
-        for kind in kinds:
-            name, setup, stream = kind["topic"], kind["setup"], kind["stream"]
-            per = kind.get("per_timing", per_timing)
-            for s in sides.values():
-                for msg in setup:
-                    s.log_event(name, msg)
-            times: dict[str, list] = {"with": [], "without": []}
-            for rep in range(reps):
-                chunk = stream[rep * per:(rep + 1) * per]
-                order = ("with", "without") if rep % 2 == 0 else ("without", "with")
-                for side in order:
-                    log = sides[side].log_event
-                    t0 = time.thread_time()
-                    for msg in chunk:
-                        log(name, msg)
-                    times[side].append((time.thread_time() - t0) / len(chunk))
-                await asyncio.sleep(0)               # let the loop breathe between repetitions
-            med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-            out[kind["key"]] = med
-        fold = folds_of(with_s)
-        out["_fed"] = {k: getattr(f, "fed", None) for k, f in fold.items()}
+    out: dict = {}
+    if install(with_s) is None or folds_of(with_s) is None:
+        raise SystemExit("bench_dashboard: the research plugin could not be installed on the scheduler")
+    if folds_of(without_s) is not None:
+        raise SystemExit("bench_dashboard: the peer scheduler runs the research plugin too")
+    sides = {"with": with_s, "without": without_s}
+    for kind in kinds:
+        name, setup, stream = kind["topic"], kind["setup"], kind["stream"]
+        per = kind.get("per_timing", per_timing)
+        for s in sides.values():
+            for msg in setup:
+                s.log_event(name, msg)
+        times: dict[str, list] = {"with": [], "without": []}
+        for rep in range(reps):
+            chunk = stream[rep * per:(rep + 1) * per]
+            order = ("with", "without") if rep % 2 == 0 else ("without", "with")
+            for side in order:
+                log = sides[side].log_event
+                t0 = time.thread_time()
+                for msg in chunk:
+                    log(name, msg)
+                times[side].append((time.thread_time() - t0) / len(chunk))
+            await asyncio.sleep(0)               # let the loop breathe between repetitions
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        out[kind["key"]] = med
+    fold = folds_of(with_s)
+    out["_fed"] = {k: getattr(f, "fed", None) for k, f in fold.items()}
     return out
 
 
@@ -316,7 +332,7 @@ def plugin_section(quick: bool) -> tuple[dict, list]:
         w, wo = med["with"] * 1e6, med["without"] * 1e6
         k = kind["events_per_entry"]
         kinds_out[kind["key"]] = {
-            "label": kind["label"], "events_per_entry": k,
+            "label": kind["label"], "events_per_entry": k, "entries_per_timing": kind.get("per_timing", per_timing),
             "with_us_per_entry": w, "without_us_per_entry": wo, "added_us_per_entry": w - wo,
             "with_us_per_event": w / k, "without_us_per_event": wo / k, "added_us_per_event": (w - wo) / k,
             "with_over_without": w / max(wo, 1e-9)}
@@ -332,7 +348,7 @@ def plugin_section(quick: bool) -> tuple[dict, list]:
             print(f"  {key}: {m['bytes']:,} B after {m['events']:,} events")
     print(f"machine busy {100 * load.machine_busy:.0f} % during the timing (load {load_averages()})")
     figures = {"unit": "microseconds of thread CPU (time.thread_time) per Scheduler.log_event call, median",
-               "entries_per_timing": per_timing, "repetitions": reps,
+               "events_per_timing": per_timing, "repetitions": reps,
                "scheduler": "distributed.Scheduler in-process (dashboard off), plugin via "
                             "dask_research.dashboard.plugin.install; peer: the same scheduler without it",
                "kinds": kinds_out, "memory_after_1e5_events": memory,
