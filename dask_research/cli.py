@@ -24,6 +24,7 @@ while running; ``dask-research --traceback ...`` shows the full traceback.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import click
@@ -377,23 +378,34 @@ def _scheduler_options(f):
     return f
 
 
+@contextlib.contextmanager
 def _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store=None):
+    """:func:`_client` for the command's options; a batch log directory it made stays only if a
+    job wrote into it (a cluster that never started leaves no empty ``logs/`` behind)."""
+    from .durable import missing_dirs, remove_empty_dirs
+
     given = {"--jobs": jobs, "--queue": queue, "--account": account, "--cores": cores, "--memory": memory,
              "--walltime": walltime}
     if cluster is None and any(v is not None for v in given.values()):
         flag = next(k for k, v in given.items() if v is not None)
         raise click.UsageError(f"{flag} applies only with --cluster NAME (a dask-jobqueue cluster)")
     logs = _job_log_directory(cluster, store) if cluster is not None else None
-    return _client(scheduler, cluster, jobs, queue=queue, account=account, cores=cores, memory=memory,
-                   walltime=walltime, log_directory=logs)
+    made = missing_dirs(logs) if logs is not None else []
+    if logs is not None:
+        os.makedirs(logs, exist_ok=True)
+    try:
+        with _client(scheduler, cluster, jobs, queue=queue, account=account, cores=cores, memory=memory,
+                     walltime=walltime, log_directory=logs) as client:
+            yield client
+    except BaseException:
+        remove_empty_dirs(made)
+        raise
 
 
 def _job_log_directory(cluster: str, store: str | None) -> str | None:
     """Where ``--cluster``'s batch jobs write their logs, said in one line (issue 29: they were
     ``slurm-1.out``, ``slurm-2.out`` in the working directory): ``jobqueue.<name>.log-directory``
     if set, else ``<store>/logs`` for a local store, else ``dask-research-logs``."""
-    import os
-
     import dask
 
     if dask.config.get(f"jobqueue.{cluster.lower()}.log-directory", default=None):
@@ -401,7 +413,6 @@ def _job_log_directory(cluster: str, store: str | None) -> str | None:
     local = store is not None and "://" not in store or (store or "").startswith("file://")
     path = os.path.join(store.removeprefix("file://"), "logs") if store is not None and local else "dask-research-logs"
     path = os.path.abspath(path)
-    os.makedirs(path, exist_ok=True)
     click.echo(f"batch job logs: {path}/ (set jobqueue.{cluster.lower()}.log-directory to change)", err=True)
     return path
 
@@ -425,7 +436,7 @@ def mc_run(job_ref, shards, seed, scheduler, cluster, jobs, queue, account, core
     from . import montecarlo
 
     job = _apply_overrides(load_job(job_ref), shards, seed)
-    _check_store(store)
+    _check_store(store, creating=True)
     try:
         with _cluster_client(scheduler, cluster, jobs, queue, account, cores, memory, walltime, store) as client, \
                 _quiet_reported_task_failures(), terminate_as_interrupt():
@@ -498,11 +509,12 @@ def _redact(url: str) -> str:
     return redact(url)
 
 
-def _check_store(store: str | None) -> None:
+def _check_store(store: str | None, creating: bool = False) -> None:
     """``--store``, checked before a scheduler is asked or a batch job submitted, writing nothing:
     a path or an fsspec URL whose protocol is known and installed (issue 28: an unknown protocol
     or an empty path was a run failure, exit 1, after ``--scheduler`` had connected or
-    ``--cluster`` had submitted its jobs). Whether it can be created or read is the run's to say.
+    ``--cluster`` had submitted its jobs); with ``creating`` (``mc run``), not a file. Whether it
+    can be created or read is the run's to say.
 
     >>> _check_store("runs/")
     >>> _check_store("nosuchproto://bucket/runs")
@@ -516,12 +528,15 @@ def _check_store(store: str | None) -> None:
     from .montecarlo.run import open_store
 
     try:
-        open_store(store)
+        opened = open_store(store)
     except (InputError, StoreError) as e:
         problem = e.problem if isinstance(e, StoreError) else "is empty"
         raise click.BadParameter(
             f"{_redact(store)!r} {problem}; expected a local path or an fsspec URL whose protocol is installed "
             "(runs/, file:///data/runs, memory://runs, s3://bucket/runs with s3fs)", param_hint="--store") from None
+    found = opened.files.root_problem() if opened is not None and creating else None
+    if found is not None:                  # a file where the store would be: never a run store
+        raise click.BadParameter(f"{_redact(store)!r} {found}", param_hint="--store")
 
 
 class _ShardList(click.ParamType):

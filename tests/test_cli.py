@@ -312,8 +312,10 @@ def _bad_input_cases(tmp_path):
                                         "'tcp://127.0.0.1:notaport' is not a scheduler address"),
         "unknown scheduler protocol": (["mc", "pilot", job, "--target-stderr", "1e-3", "--scheduler", "htp://h:1"],
                                        2, "unknown protocol 'htp'"),
-        "store is a file": (["mc", "run", job, "--store", str(a_file)] + small, 1, str(a_file)),
-        "store cannot be created": (["mc", "run", job, "--store", str(a_file / "runs")] + small, 1, str(a_file)),
+        "store is a file": (["mc", "run", job, "--store", str(a_file)] + small, 2,
+                            f"'{a_file}' is a file, not a run store"),
+        "store cannot be created": (["mc", "run", job, "--store", str(a_file / "runs")] + small, 2,
+                                    f"'{a_file / 'runs'}' cannot be created: {a_file} is a file"),
         "negative target stderr": (["mc", "pilot", job, "--target-stderr", "-1"], 2,
                                    "'-1' is invalid; expected a finite number above 0"),
         "demo into a missing directory": (["demo", "--out", "/bad/dir/r.html"], 2,
@@ -352,9 +354,10 @@ def test_bad_input_gets_one_line_and_the_right_exit_code(tmp_path, case):
 
 
 def test_traceback_flag_shows_the_full_error(tmp_path):
-    a_file = tmp_path / "a_file"
-    a_file.write_text("x")
-    args = ["mc", "run", f"{EXAMPLE}:job", "--store", str(a_file), "--shards", "2", "--no-progress"]
+    broken = tmp_path / "broken.py"
+    broken.write_text("from dask_research import montecarlo as mc\n\n\ndef pipe(a):\n    raise ValueError('no')\n\n\n"
+                      "job = mc.Job(pipe, {'a': mc.Normal(0.0, 1.0)}, shards=2, samples_per_shard=64, seed=1)\n")
+    args = ["mc", "run", f"{broken}:job", "--no-progress"]
     short = CliRunner().invoke(main, args)
     assert short.exit_code == 1 and "Traceback" not in short.output
     full = CliRunner().invoke(main, ["--traceback", *args])

@@ -26,8 +26,20 @@ True
 {'count': 3}
 """
 from . import jsondoc, schema
-from .files import TMP_MARK, AppendFile, ErrorFactory, Files, kind_of, oserror, printable, redact
+from .files import (
+    TMP_MARK,
+    AppendFile,
+    ErrorFactory,
+    Files,
+    kind_of,
+    missing_dirs,
+    oserror,
+    printable,
+    redact,
+    remove_empty_dirs,
+)
 from .lease import LEASE_CAP, Lease, describe_holder, pid_alive
 
 __all__ = ["Files", "AppendFile", "ErrorFactory", "Lease", "LEASE_CAP", "TMP_MARK", "describe_holder",
-           "pid_alive", "oserror", "kind_of", "printable", "redact", "jsondoc", "schema"]
+           "pid_alive", "oserror", "kind_of", "printable", "redact", "jsondoc", "schema", "missing_dirs",
+           "remove_empty_dirs"]

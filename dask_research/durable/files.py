@@ -48,12 +48,13 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import jsondoc
 
-__all__ = ["Files", "ErrorFactory", "AppendFile", "oserror", "kind_of", "redact", "TMP_MARK"]
+__all__ = ["Files", "ErrorFactory", "AppendFile", "oserror", "kind_of", "redact", "TMP_MARK",
+           "missing_dirs", "remove_empty_dirs"]
 
 #: Makes an exception of the capability's own type from ``(path as shown, problem)``.
 ErrorFactory = Callable[[str, str], Exception]
@@ -113,6 +114,37 @@ def printable(text: Any, limit: int = 200) -> str:
     text = str(text)
     out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
     return out + ("..." if len(text) > limit else "")
+
+
+def missing_dirs(path: str) -> list[str]:
+    """The local directories from the first missing ancestor of ``path`` down to ``path``: what
+    creating ``path`` makes (none where it exists). With :func:`remove_empty_dirs`, a command that
+    fails before it wrote anything leaves no empty directory behind.
+
+    >>> import tempfile, os
+    >>> base = tempfile.mkdtemp()
+    >>> [os.path.relpath(d, base) for d in missing_dirs(os.path.join(base, "a", "b"))]
+    ['a', 'a/b']
+    """
+    missing: list[str] = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing[::-1]
+
+
+def remove_empty_dirs(made: Sequence[str]) -> None:
+    """Remove the directories ``made`` (outermost first, as :func:`missing_dirs` lists them), the
+    innermost first, while they are empty; the first that is not (something was written into
+    it) stays, with every one above it."""
+    for path in reversed(made):
+        try:
+            os.rmdir(path)
+        except OSError:          # not empty, or gone: keep what is there
+            return
 
 
 def _is_local_url(url: str) -> bool:

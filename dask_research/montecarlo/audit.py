@@ -410,7 +410,7 @@ def show(run_id: str | None, store: Any) -> dict:
     rs = _existing_store(store, "show")
     if run_id is None:
         runs = rs.list_runs()
-        return {"store": repr(rs), "runs": runs, "summaries": [_summary(rs, rid) for rid in runs]}
+        return {"store": rs.display(rs.root), "runs": runs, "summaries": [_summary(rs, rid) for rid in runs]}
     rid = rs.resolve(run_id)
     manifest = rs.read_manifest(rid)         # checked: its schema, the shard count a whole number >= 1
     stored = rs.read_shards(rid)            # decoded: an edited accumulator is refused here too

@@ -140,6 +140,18 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
     rs = open_store(store)
     if rs is not None:
         rs.prepare()                      # a store that is a file or cannot be created: before any computing
+    try:
+        result = _run(job, client, rs, pilot, s)
+    except BaseException:
+        if rs is not None:               # refused before it stored anything: no empty store left
+            rs.files.discard_if_unused()  # (a store with anything in it stays as it is)
+        raise
+    remember_job(job)
+    return result
+
+
+def _run(job: Job, client: Any, rs: RunStore | None, pilot: Pilot | None, s: RunSettings) -> Result:
+    """:func:`run` once its settings are checked and its store (if any) prepared."""
     # Pilot, refuse what cannot run, ask the store once what it holds of the job, execute the rest.
     p = pilot if pilot is not None else _pilot(job)
     if s.check_merger and job.reducer is not None and len(p.states) >= 3:     # a user's merge
@@ -163,9 +175,7 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
         held = held_run.holdings(job, p) if held_run is not None else Holdings(job.shards)
         if held.range is not None:
             p.range = held.range
-        result = _execute(job, c, p, job.make_reducer(p.range), plan, held, held_run)
-    remember_job(job)
-    return result
+        return _execute(job, c, p, job.make_reducer(p.range), plan, held, held_run)
 
 
 #: Seconds of waiting for the run's lease (another client running the same job on the same store)

@@ -97,7 +97,7 @@ class PlacementReport:
 
     def __str__(self) -> str:
         lines = [f"placement policy: {self.policy} - {self.reason}",
-                 f"{'tier':<10} {'kind':<7} {'read bw':>12} {'holds (transitions)':>31} "
+                 f"{'tier':<10} {'kind':<7} {'read bw':>12} {'holds (transitions, bytes)':>44} "
                  f"{'heat range':>23} {'share of reads':>15}"]
         starred = False
         for t in self.tiers:
@@ -107,8 +107,9 @@ class PlacementReport:
                 bw = f"{t.bandwidth / 1e9:.2f} GB/s" + ("" if t.bandwidth_declared else "*")
                 starred = starred or not t.bandwidth_declared
             heat = "-" if t.used == 0 else f"{t.heat_min:.4g} .. {t.heat_max:.4g}"
-            holds = f"{t.used:,} of {t.rows:,} ({format_bytes(t.capacity_bytes)})"
-            lines.append(f"{t.name:<10} {t.kind:<7} {bw:>12} {holds:>31} {heat:>23} {t.sample_share:>15.1%}")
+            used_bytes = t.capacity_bytes * t.used // t.rows if t.rows else 0
+            holds = f"{t.used:,} of {t.rows:,} ({format_bytes(used_bytes)} of {format_bytes(t.capacity_bytes)})"
+            lines.append(f"{t.name:<10} {t.kind:<7} {bw:>12} {holds:>44} {heat:>23} {t.sample_share:>15.1%}")
         lines.append(f"misplaced now: {self.misplaced:,}; moved so far: {self.moved_total:,}"
                      + (" (* = measured bandwidth)" if starred else ""))
         return "\n".join(lines)

@@ -42,15 +42,18 @@ def test_every_jobqueue_class_by_name():
 
 
 @pytest.mark.timeout(120, method="thread")
-def test_a_submission_the_batch_system_refuses_is_one_line_not_a_hang():
+def test_a_submission_the_batch_system_refuses_is_one_line_not_a_hang(tmp_path):
     # No sbatch on PATH: dask-jobqueue's submission fails in a background callback; the
     # command must say so and exit, not wait for workers forever.
+    store = tmp_path / "runs"
     out = cli(["mc", "run", JOB, "--cluster", "slurm", "--jobs", "2", "--cores", "1", "--memory", "2GB",
-               "--no-progress"], PATH=os.path.dirname(sys.executable))
+               "--no-progress", "--store", str(store)], PATH=os.path.dirname(sys.executable))
     assert out.returncode == 1, out.stderr
     assert "Traceback" not in out.stderr
     assert _errors(out) == ["Error: could not submit the slurm jobs: FileNotFoundError: "
                             "[Errno 2] No such file or directory: 'sbatch'"]
+    assert f"batch job logs: {store}/logs/" in out.stderr
+    assert not store.exists()          # no job ran: its empty log directory (and the store it made) went
 
 
 @pytest.mark.timeout(120, method="thread")

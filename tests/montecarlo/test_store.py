@@ -179,7 +179,11 @@ def test_cli_show_replay_verify(tmp_path, job_module, one_worker, monkeypatch):
     out = runner.invoke(main, ["mc", "verify", job.id, "--store", store, "--shards", "1,2,23"])
     assert out.exit_code == 0 and "3 of 3 shards reproduced exactly" in out.output
     out = runner.invoke(main, ["mc", "show", "ffff", "--store", store])
-    assert out.exit_code == 1 and "has no run starting with 'ffff'" in out.output
+    assert out.exit_code == 1
+    assert f"{store}: has no run starting with 'ffff' (1 run in it; mc show lists them)" in out.output
+    assert "RunStore(" not in out.output
+    out = runner.invoke(main, ["mc", "show", "--store", store, "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["store"] == store       # a path, not a repr
     out = runner.invoke(main, ["mc", "verify", job.id, "--store", store, "--shards", "1,x"])
     assert out.exit_code == 2 and "not a comma-separated list" in out.output
 
@@ -231,3 +235,34 @@ def test_a_store_never_chooses_what_code_runs(tmp_path, job_module, one_worker):
     assert out.exit_code == 2 and "--job" in out.output and "--trust-origin" in out.output   # a usage error
     assert not evil.with_suffix(".ran").exists()
     assert mc.replay(job.id, 2, store, job=job).match
+
+
+def _bad_shape(a):
+    return a[:3]
+
+
+def test_a_run_refused_before_it_stores_anything_leaves_no_empty_store(tmp_path, one_worker):
+    """A wrong pipeline is refused by its pilot; the store directories the run made for it go
+    with it, and a directory that was there before (the user's own) stays."""
+    from dask_research.exceptions import PipelineError
+
+    job = mc.Job(_bad_shape, {"a": mc.Normal(0.0, 1.0)}, shards=4, samples_per_shard=1000, seed=1)
+    new = tmp_path / "new" / "runs"
+    with pytest.raises(PipelineError, match=r"returned shape \(3,\)"):
+        mc.run(job, client=one_worker, store=str(new), progress=False)
+    assert not (tmp_path / "new").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(PipelineError):
+        mc.run(job, client=one_worker, store=str(mine), progress=False)
+    assert mine.is_dir() and not any(mine.iterdir())
+
+
+def test_a_store_path_that_is_a_file_is_a_usage_error(tmp_path, job_module, monkeypatch):
+    path, _ = job_module
+    (tmp_path / "afile").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["mc", "run", f"{path}:job", "--store", "afile", "--no-progress"])
+    assert out.exit_code == 2, out.output
+    assert "'afile' is a file, not a run store; give a directory (it is created if missing)" in out.output
+    assert (tmp_path / "afile").read_text() == "mine"

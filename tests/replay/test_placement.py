@@ -93,9 +93,12 @@ def test_placement_report_explains(tmp_path):
     assert "device" in text and "20.00 GB/s" in text
     rep = plane.placement()
     assert [t.used for t in rep.tiers] == [10, 20, 40]
-    # One unit per column: transitions held of transitions it can hold, its bytes beside them.
+    # Transitions held of those it can hold, then the bytes they take of the tier's bytes.
+    from dask.utils import format_bytes
+
     for t in rep.tiers:
-        assert f"{t.used:,} of {t.rows:,} (" in text, text
+        held = format_bytes(t.capacity_bytes * t.used // t.rows)
+        assert f"{t.used:,} of {t.rows:,} ({held} of {format_bytes(t.capacity_bytes)})" in text, text
     assert rep.tiers[0].sample_share == pytest.approx(1.0)       # the window is all on 'device'
     plane.close()
 

@@ -230,12 +230,14 @@ class RunStore:
         a prefix no run starts with is a plain :class:`StoreError`.
         """
         if not isinstance(run_id, str) or not run_id or not re.fullmatch(r"[0-9a-f]{1,64}", run_id):
-            raise BadRunId(repr(self), f"{run_id!r} is not a run id or a prefix of one (lowercase hex characters)")
-        matches = [r for r in self.list_runs() if r.startswith(run_id)]
+            raise BadRunId(self.display(self.root), f"{run_id!r} is not a run id or a prefix of one (lowercase hex characters)")
+        runs = self.list_runs()
+        matches = [r for r in runs if r.startswith(run_id)]
         if len(matches) > 1:
-            raise BadRunId(repr(self), f"{len(matches)} runs start with {run_id!r}; give more characters")
+            raise BadRunId(self.display(self.root), f"{len(matches)} runs start with {run_id!r}; give more characters")
         if not matches:
-            raise StoreError(repr(self), f"has no run starting with {run_id!r}")
+            raise StoreError(self.display(self.root), f"has no run starting with {run_id!r} ({len(runs)} "
+                             f"run{'s' if len(runs) != 1 else ''} in it; mc show lists them)")
         return matches[0]
 
     def has_run(self, run_id: str) -> bool:

@@ -32,7 +32,7 @@ import posixpath
 from collections.abc import Callable
 from typing import Any
 
-from ...durable import Files, oserror, schema
+from ...durable import Files, missing_dirs, oserror, remove_empty_dirs, schema
 from ...exceptions import StoreError
 from .layout import RUNS_DIR, is_run_id
 
@@ -64,6 +64,8 @@ class StoreFiles:
         self.files = Files(str(url), error=StoreError, storage_options=storage_options)
         self.url, self.root, self.local = self.files.url, self.files.root, self.files.local
         self.guard = guard
+        #: The directories :meth:`prepare` created, the outermost first (see :meth:`discard_if_unused`).
+        self.made: list[str] = []
 
     def __repr__(self) -> str:
         return f"StoreFiles({self.files.display(self.url)!r})"
@@ -120,12 +122,40 @@ class StoreFiles:
                              "the run was written to (mc run --store ...)")
         return self
 
+    def root_problem(self) -> str | None:
+        """Why a local store's root can never be one (it is a file), without touching anything;
+        ``None`` where it can (it is a directory, or missing and created by :meth:`prepare`).
+
+        >>> import tempfile
+        >>> StoreFiles(tempfile.mkstemp()[1]).root_problem()
+        'is a file, not a run store; give a directory (it is created if missing)'
+        """
+        if not self.local:
+            return None
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            return "is a file, not a run store; give a directory (it is created if missing)"
+        made = missing_dirs(self.root)
+        above = os.path.dirname(made[0]) if made else None
+        if above and os.path.exists(above) and not os.path.isdir(above):
+            return f"cannot be created: {self.display(above)} is a file"
+        return None
+
+    def discard_if_unused(self) -> None:
+        """Remove the directories :meth:`prepare` created, where nothing was written into them
+        since: a run refused before it stored anything (a pilot that fails, a cluster that cannot
+        run the job) leaves no empty store behind. A directory something was written into stays.
+        """
+        remove_empty_dirs(self.made)
+        self.made = []
+
     def prepare(self) -> StoreFiles:
         """Create the store's root for writing, or raise a one-line :class:`StoreError` why not."""
         where = self.display(self.root)
         if self.local:
-            if os.path.isfile(self.root) or (os.path.exists(self.root) and not os.path.isdir(self.root)):
-                raise StoreError(where, "is a file, not a run store; give a directory (it is created if missing)")
+            problem = self.root_problem()
+            if problem is not None:
+                raise StoreError(where, problem)
+            self.made = missing_dirs(self.root)
             try:                      # made like every directory of the durability layer: synced
                 os.close(self.files.open_dir(self.root, create=True))
             except StoreError as e:
@@ -221,3 +251,4 @@ class StoreFiles:
 def _short(value: Any, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
