@@ -653,8 +653,17 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     with _shard_out_of_range("--shard"), _run_prefix(), _one_line_store_warnings():
         report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
+    _note_recorded_partitioning(job, report.of_shards)
     if not report.match:
         raise SystemExit(1)
+
+
+def _note_recorded_partitioning(job: Any, run_shards: int | None) -> None:
+    """Say so when the job given (``--job``) has another shard count than the run: the shards were
+    recomputed as the run recorded them (its shard count and seed), not as the file says."""
+    if job is not None and run_shards is not None and job.shards != run_shards:
+        click.echo(f"  (the job given has {job.shards:,} shards; recomputed as the run recorded it: "
+                   f"{run_shards:,} shards, with its seed)")
 
 
 @mc.command("verify")
@@ -680,6 +689,7 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
                                          trust_origin=trust_origin or None)
     for r in reports:
         click.echo(str(r))
+    _note_recorded_partitioning(job, reports[0].of_shards if reports else None)
     bad = [r for r in reports if not r.match]
     click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly{_verify_scope(reports)}")
     if bad:

@@ -176,6 +176,8 @@ def test_cli_show_replay_verify(tmp_path, job_module, one_worker, monkeypatch):
     assert out.exit_code == 0 and "shards stored 24 of 24" in out.output and "verified" in out.output
     out = runner.invoke(main, ["mc", "replay", job.id[:10], "--shard", "3", "--store", store])
     assert out.exit_code == 0 and "identical (exact)" in out.output
+    out = runner.invoke(main, ["mc", "replay", job.id[:10], "--shard", "3", "--store", store, "--job", f"{path}:job"])
+    assert out.exit_code == 0 and "recorded it" not in out.output       # the file's job is the run's
     out = runner.invoke(main, ["mc", "verify", job.id, "--store", store, "--shards", "1,2,23"])
     assert out.exit_code == 0 and "3 of 3 shards reproduced exactly" in out.output
     out = runner.invoke(main, ["mc", "show", "ffff", "--store", store])
@@ -266,3 +268,17 @@ def test_a_store_path_that_is_a_file_is_a_usage_error(tmp_path, job_module, monk
     assert out.exit_code == 2, out.output
     assert "'afile' is a file, not a run store; give a directory (it is created if missing)" in out.output
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_replay_says_when_it_used_the_runs_shard_count_not_the_files(tmp_path, job_module, one_worker):
+    """``mc run FILE:job --shards 8`` then ``mc replay ... --job FILE:job`` (24 shards in the
+    file): the shard is recomputed as the run recorded it, and the command says so."""
+    path, job = job_module
+    store = str(tmp_path / "store")
+    res = mc.run(job.replace(shards=8), client=one_worker, store=store, progress=False)
+    out = CliRunner().invoke(main, ["mc", "replay", res.run_id[:10], "--shard", "3", "--store", store,
+                                    "--job", f"{path}:job"])
+    assert out.exit_code == 0 and "identical (exact)" in out.output, out.output
+    assert "(the job given has 24 shards; recomputed as the run recorded it: 8 shards, with its seed)" in out.output
+    out = CliRunner().invoke(main, ["mc", "verify", res.run_id, "-k", "2", "--store", store, "--job", f"{path}:job"])
+    assert out.exit_code == 0 and "recomputed as the run recorded it: 8 shards" in out.output, out.output
