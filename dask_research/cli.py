@@ -653,17 +653,22 @@ def mc_replay(run_id, shard, store, job_ref, trust_origin):
     with _shard_out_of_range("--shard"), _run_prefix(), _one_line_store_warnings():
         report = montecarlo.replay(run_id, shard, store, job=job, trust_origin=trust_origin or None)
     click.echo(str(report))
-    _note_recorded_partitioning(job, report.of_shards)
+    _note_recorded_partitioning(job, report)
     if not report.match:
         raise SystemExit(1)
 
 
-def _note_recorded_partitioning(job: Any, run_shards: int | None) -> None:
-    """Say so when the job given (``--job``) has another shard count than the run: the shards were
-    recomputed as the run recorded them (its shard count and seed), not as the file says."""
-    if job is not None and run_shards is not None and job.shards != run_shards:
-        click.echo(f"  (the job given has {job.shards:,} shards; recomputed as the run recorded it: "
-                   f"{run_shards:,} shards, with its seed)")
+def _note_recorded_partitioning(job: Any, report: Any) -> None:
+    """Say so when the job given (``--job``) has another shard count or seed than the run: the
+    shards were recomputed as the run recorded them, not as the file says."""
+    if job is None or report is None or report.of_shards is None:
+        return
+    given = {"shards": (job.shards, report.of_shards), "seed": (job.seed, report.seed)}
+    differ = [name for name, (mine, run) in given.items() if run is not None and mine != run]
+    if differ:
+        mine = ", ".join(f"{n} {given[n][0]:,}" if n == "shards" else f"{n} {given[n][0]}" for n in differ)
+        run = ", ".join(f"{n} {given[n][1]:,}" if n == "shards" else f"{n} {given[n][1]}" for n in differ)
+        click.echo(f"  (the job given has {mine}; recomputed as the run recorded it: {run})")
 
 
 @mc.command("verify")
@@ -689,7 +694,7 @@ def mc_verify(run_id, k, shards, store, job_ref, trust_origin):
                                          trust_origin=trust_origin or None)
     for r in reports:
         click.echo(str(r))
-    _note_recorded_partitioning(job, reports[0].of_shards if reports else None)
+    _note_recorded_partitioning(job, reports[0] if reports else None)
     bad = [r for r in reports if not r.match]
     click.echo(f"{len(reports) - len(bad)} of {len(reports)} shards reproduced exactly{_verify_scope(reports)}")
     if bad:

@@ -61,6 +61,8 @@ class ReplayReport:
     of_shards: int | None = None
     #: How many of the run's shards the store holds (``mc verify``: what a sample was drawn from).
     stored_shards: int | None = None
+    #: The run's seed (the shard was recomputed with it, whatever the job given says).
+    seed: int | None = None
 
     def __str__(self) -> str:
         verdict = "identical" if self.match else f"DIFFERENT: {self.difference}"
@@ -327,7 +329,8 @@ def _replay_loaded(rs: RunStore, job: Job, manifest: dict, stored: dict, shard: 
         raise PipelineError(shard, f"raised {type(e).__name__}: {e} (replayed alone in this process, "
                             f"run {run_id[:12]})") from e
     diff = states_match(state, again)
-    return ReplayReport(run_id, shard, diff is None, diff, state, again, rs.display(path), of_shards=job.shards)
+    return ReplayReport(run_id, shard, diff is None, diff, state, again, rs.display(path), of_shards=job.shards,
+                        seed=job.seed)
 
 
 def replay_many(run_id: str, store: Any, shards: list[int] | None = None, k: int = 4,

@@ -111,5 +111,45 @@ def test_a_cancelled_rollout_stops_the_run_in_one_line_when_retrying_cannot_help
     dqn._resubmittable(live, _Cancelled("rollout-a", "lost dependencies"), 0)    # retried: no error
     with pytest.raises(ResearchError, match=r"lost its scheduler .*rollout-a.*reason: gone"):
         dqn._resubmittable(lost, _Cancelled("rollout-a", "gone"), 0)
-    with pytest.raises(ResearchError, match=r"cancelled 32 rollouts in a row .*rollout-b"):
+    with pytest.raises(ResearchError, match=r"lost its scheduler .*scheduler-connection-lost"):
+        dqn._resubmittable(live, _Cancelled("rollout-a", "scheduler-connection-lost"), 0)   # reconnected
+    with pytest.raises(ResearchError, match=r"cancelled 32 rollouts of one actor in a row .*rollout-b"):
         dqn._resubmittable(live, _Cancelled("rollout-b", None), dqn.MAX_CANCELLED_IN_A_ROW - 1)
+
+
+def test_an_actor_reports_the_episodes_of_a_rollout_whose_result_never_arrived():
+    """The learner passes how many of an actor's episodes it has received; a rollout Dask
+    cancelled while it ran still stepped its environments, and the next one reports those too."""
+    from dask_research.replay.rl.actor import _unseen_episodes
+
+    st = {"episodes": [], "episodes_base": 0}
+    assert _unseen_episodes(st, [10.0, 11.0], 0) == [10.0, 11.0]          # received: 2
+    assert _unseen_episodes(st, [12.0], 2) == [12.0]                       # its result is lost
+    assert _unseen_episodes(st, [13.0], 2) == [12.0, 13.0]                 # the next one has both
+    assert st == {"episodes": [12.0, 13.0], "episodes_base": 2}            # what was received is gone
+    assert _unseen_episodes(st, [14.0], None) == [14.0]                    # no count: this call's only
+
+
+def test_actors_of_a_worker_that_left_stop_and_training_goes_on_with_the_others(monkeypatch, caplog):
+    from dask_research.exceptions import ResearchError
+    from dask_research.replay.rl import dqn
+
+    class _F:
+        cancelled = False
+
+        def cancel(self):
+            self.cancelled = True
+
+    addr_of = {0: "tcp://a:1", 1: "tcp://b:1", 2: "tcp://a:1", 3: "tcp://b:1"}
+    running, idle = {0: _F(), 1: _F()}, [2, 3]
+    monkeypatch.setattr(dqn, "workers_info", lambda client: {"tcp://a:1": {}})
+    lost = running[1]
+    with caplog.at_level("WARNING", logger="dask_research.replay.rl.dqn"):
+        dqn._drop_lost_actors(None, addr_of, running, idle)
+        dqn._drop_lost_actors(None, addr_of, running, idle)                # said once
+    assert list(running) == [0] and idle == [2] and lost.cancelled
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker(s) tcp://b:1 left the cluster: their actors stop; training goes on with 2 actors"]
+    monkeypatch.setattr(dqn, "workers_info", lambda client: {})
+    with pytest.raises(ResearchError, match="the workers of every actor left the cluster"):
+        dqn._drop_lost_actors(None, addr_of, running, idle)

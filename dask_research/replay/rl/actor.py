@@ -67,7 +67,7 @@ def _envs(run: str, actor: int, n_envs: int, env_id: str, seed: int) -> dict[str
             obs, _ = env.reset(seed=seed)
             st = {"env": env, "obs": obs, "prev_done": np.zeros(n_envs, bool),
                   "ret": np.zeros(n_envs), "rng": np.random.default_rng(seed), "steps": 0,
-                  "lock": threading.Lock()}
+                  "lock": threading.Lock(), "episodes": [], "episodes_base": 0}
             _ENVS[key] = st
         return st
 
@@ -83,11 +83,15 @@ def close_run(run: str) -> int:
 
 def rollout(plane: str, run: str, actor: int, weights: list[np.ndarray], epsilon: float,
             vector_steps: int, n_envs: int = 8, env_id: str = "CartPole-v1",
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, seen_episodes: int | None = None) -> dict[str, Any]:
     """Step ``n_envs`` environments ``vector_steps`` times and ingest into the local shard.
 
-    Returns ``{"actor", "worker", "env_steps", "stored", "returns", "seconds"}`` where
-    ``returns`` lists the undiscounted returns of episodes that ended in this call.
+    Returns ``{"actor", "worker", "env_steps", "actor_steps", "stored", "returns", "seconds"}``:
+    ``env_steps`` this call's steps, ``actor_steps`` the actor's steps so far, ``returns`` the
+    undiscounted returns of the episodes that ended in this call, or, with ``seen_episodes``
+    (how many of this actor's episodes the caller has received), of every episode after those:
+    a rollout whose result the caller never got (Dask cancelled it while it ran here) loses
+    none of its episodes, and ``actor_steps`` counts its steps.
     """
     from ..cluster import local_shard
 
@@ -97,7 +101,22 @@ def rollout(plane: str, run: str, actor: int, weights: list[np.ndarray], epsilon
     # One rollout at a time per actor: a rollout the learner resubmitted after Dask cancelled
     # the previous one may start while that one still runs here (Dask cannot stop a running task).
     with st["lock"]:
-        return _step(shard, st, weights, epsilon, int(vector_steps), n_envs, actor, t0)
+        out = _step(shard, st, weights, epsilon, int(vector_steps), n_envs, actor, t0)
+        out["returns"] = _unseen_episodes(st, out["returns"], seen_episodes)
+        return out
+
+
+def _unseen_episodes(st: dict[str, Any], new: list[float], seen: int | None) -> list[float]:
+    """The episode returns the caller has not received: ``new`` alone without ``seen``, else all
+    of the actor's after the first ``seen`` (those before are forgotten: the caller has them)."""
+    kept, base = st["episodes"], st["episodes_base"]
+    if seen is None:
+        seen = base + len(kept)                  # everything before this call counts as received
+    drop = min(max(seen - base, 0), len(kept))
+    del kept[:drop]
+    st["episodes_base"] = base + drop
+    kept.extend(new)
+    return list(kept)
 
 
 def _step(shard: Any, st: dict[str, Any], weights: list[np.ndarray], epsilon: float, T: int,
@@ -132,5 +151,5 @@ def _step(shard: Any, st: dict[str, Any], weights: list[np.ndarray], epsilon: fl
              "done": d_buf.reshape(-1)[m]}
     stored = shard.ingest(batch) if m.any() else 0
     st["steps"] += T * n_envs
-    return {"actor": actor, "worker": shard.address, "env_steps": T * n_envs, "stored": stored,
-            "returns": returns, "seconds": time.perf_counter() - t0}
+    return {"actor": actor, "worker": shard.address, "env_steps": T * n_envs, "actor_steps": st["steps"],
+            "stored": stored, "returns": returns, "seconds": time.perf_counter() - t0}

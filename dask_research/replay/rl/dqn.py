@@ -17,8 +17,10 @@ ingest into that worker's shard. The loop:
    after ``max_env_steps``.
 
 A rollout that Dask cancels (a lost dependency, an operator's ``client.cancel``) is logged and
-submitted again with freshly broadcast weights; a lost scheduler, or 32 cancellations in a row,
-stops the run with one line.
+submitted again with freshly broadcast weights (the steps and episodes it made before Dask
+dropped it still count: the next rollout of its actor reports them); a lost scheduler, or 32
+cancellations of one actor's rollouts in a row, stops the run with one line. A worker that
+leaves the cluster takes its actors with it (one line); with none left the run stops.
 
 Everything is seeded (torch, the plane's allocation draws, each shard, each actor's
 environments and exploration); the interleaving of actors and learner is not, so two runs
@@ -135,8 +137,8 @@ def _close_actors(client: Any, run: str) -> None:
         logger.debug("could not close the environments of %s on every worker: %s", run, e)
 
 
-#: Cancelled rollouts resubmitted in a row, with no rollout finishing between, before the run
-#: gives up: Dask keeps cancelling what it is given, so retrying is no longer useful.
+#: Cancelled rollouts of one actor resubmitted in a row, with none of its rollouts finishing
+#: between, before the run gives up: Dask keeps cancelling what it is given.
 MAX_CANCELLED_IN_A_ROW = 32
 
 
@@ -144,18 +146,44 @@ def _resubmittable(client: Any, future: Any, in_a_row: int) -> None:
     """Check that a rollout ``future`` Dask cancelled can be submitted again; else raise.
 
     The run stops with one line when the client lost its scheduler, or after
-    :data:`MAX_CANCELLED_IN_A_ROW` cancellations with no rollout finishing between.
+    :data:`MAX_CANCELLED_IN_A_ROW` cancellations of one actor's rollouts with none finishing between.
     """
     exc = cancellation_of(future)
     reason = getattr(exc, "reason", None) or "not given"
-    if getattr(client, "status", "running") != "running":
+    if getattr(client, "status", "running") != "running" or reason == "scheduler-connection-lost":
         raise ResearchError(f"DQN training stopped: the client lost its scheduler (rollout "
                             f"{future.key} cancelled, reason: {reason})")
     if in_a_row + 1 >= MAX_CANCELLED_IN_A_ROW:
-        raise ResearchError(f"DQN training stopped: Dask cancelled {in_a_row + 1} rollouts in a row "
-                            f"(last: {future.key}, reason: {reason}); check the workers' logs")
+        raise ResearchError(f"DQN training stopped: Dask cancelled {in_a_row + 1} rollouts of one actor in a "
+                            f"row (last: {future.key}, reason: {reason}); check the workers' logs")
     logger.warning("rollout %s was cancelled by Dask (reason: %s); submitting it again with "
                    "freshly broadcast weights", future.key, reason)
+
+
+def _drop_lost_actors(client: Any, addr_of: dict[int, str], running: dict[int, Any], idle: list[int]) -> None:
+    """Stop waiting for the actors of workers that left the cluster (their rollouts are pinned
+    there, and their replay shard went with them): training goes on with the others, said in
+    one line; with none left it stops in one line."""
+    try:
+        live = set(workers_info(client))
+    except Exception as e:  # noqa: BLE001 - the scheduler is gone: its cancellations stop the run
+        logger.debug("could not ask the scheduler for its workers: %s", e)
+        return
+    gone = sorted({addr for i, addr in addr_of.items() if addr not in live and (i in running or i in idle)})
+    if not gone:
+        return
+    for i, addr in addr_of.items():
+        if addr in gone:
+            f = running.pop(i, None)
+            if f is not None:
+                f.cancel()
+            if i in idle:
+                idle.remove(i)
+    if not running and not idle:
+        raise ResearchError(f"DQN training stopped: the workers of every actor left the cluster "
+                            f"(last: {', '.join(gone)})")
+    logger.warning("worker(s) %s left the cluster: their actors stop; training goes on with %d actors",
+                   ", ".join(gone), len(running) + len(idle))
 
 
 def train_dqn(client: Any, cfg: DQNConfig | None = None,
@@ -189,9 +217,15 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
     def submit(i: int, addr: str, weights_f: Any, steps: int) -> Any:
         return client.submit(rollout, plane.name, run, i, weights_f, epsilon(steps),
                              cfg.vector_steps, cfg.n_envs, cfg.env_id,
-                             cfg.seed * 1000 + 17 * i, workers=[addr], allow_other_workers=False,
-                             pure=False, key=f"rollout-{run}-{i}-{uuid.uuid4().hex[:8]}")
+                             cfg.seed * 1000 + 17 * i, episodes_seen[i], workers=[addr],
+                             allow_other_workers=False, pure=False,
+                             key=f"rollout-{run}-{i}-{uuid.uuid4().hex[:8]}")
 
+    # What the learner has received of each actor: its steps and episodes (a rollout Dask
+    # cancelled while it ran still stepped; the next one's result counts what it did).
+    steps_seen = {i: 0 for i, _ in actors}
+    episodes_seen = {i: 0 for i, _ in actors}
+    cancelled = {i: 0 for i, _ in actors}      # each actor's cancelled rollouts in a row
     t0 = time.perf_counter()
     weights_f = client.scatter(_weights(q), broadcast=True, hash=False)
     running = {i: submit(i, addr, weights_f, 0) for i, addr in actors}
@@ -199,7 +233,8 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
     idle: list[int] = []
     chunk = cfg.n_envs * cfg.vector_steps
     slack = len(actors) * chunk
-    env_steps = updates = cancelled = 0
+    env_steps = updates = 0
+    checked_workers = time.monotonic()
     returns: list[float] = []
     curve: list[tuple[int, float]] = []
     solved_at = None
@@ -212,15 +247,17 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
             finished = [i for i, f in running.items() if f.done()]
             for i in finished:
                 if running[i].status == "cancelled":
-                    # Dask dropped the rollout (a lost dependency: its weights, a worker): run it
-                    # again with freshly broadcast weights; a lost scheduler ends the run.
-                    _resubmittable(client, running.pop(i), cancelled)
-                    cancelled += 1
+                    # Dask dropped the rollout (a lost dependency, most likely its weights): run
+                    # it again with freshly broadcast weights; a lost scheduler ends the run.
+                    _resubmittable(client, running.pop(i), cancelled[i])
+                    cancelled[i] += 1
                     idle.append(i)
                     last_broadcast = -cfg.broadcast_every
                     continue
                 out = running[i].result()
-                env_steps += out["env_steps"]
+                env_steps += out["actor_steps"] - steps_seen[i]
+                steps_seen[i] = out["actor_steps"]
+                episodes_seen[i] += len(out["returns"])
                 returns.extend(out["returns"])
                 if len(returns) >= cfg.window:
                     m = float(np.mean(returns[-cfg.window:]))
@@ -230,11 +267,14 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
                         solved_at = env_steps
                 del running[i]
                 idle.append(i)
-                cancelled = 0
+                cancelled[i] = 0
                 if progress is not None:
                     progress({"env_steps": env_steps, "updates": updates, "episodes": len(returns),
                               "mean_return": curve[-1][1] if curve else float("nan"),
                               "epsilon": epsilon(env_steps)})
+            if time.monotonic() - checked_workers > 1.0:
+                checked_workers = time.monotonic()
+                _drop_lost_actors(client, addr_of, running, idle)
             # actors stay at most one chunk each ahead of the learner (samples per insert)
             allowed = cfg.learning_starts + updates / cfg.updates_per_step + slack
             while idle and env_steps + chunk * len(running) < allowed:
@@ -291,7 +331,8 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
             it.close()
         for f in running.values():
             f.cancel()
-        _close_actors(client, run)
+        if getattr(client, "status", "running") == "running":   # a lost scheduler: no one to ask
+            _close_actors(client, run)
         plane.close(drop=True)
     final = float(np.mean(returns[-cfg.window:])) if returns else float("nan")
     return TrainResult(returns=returns, env_steps=env_steps, updates=updates, seconds=seconds,
