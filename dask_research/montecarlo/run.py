@@ -138,9 +138,9 @@ def run(job: Job, *args: Any, client: Any = None, store: Any = None, pilot: Pilo
     s = RunSettings.from_keywords(settings)
     check_device(job)
     rs = open_store(store)
-    if rs is not None:
-        rs.prepare()                      # a store that is a file or cannot be created: before any computing
     try:
+        if rs is not None:
+            rs.prepare()                  # a store that is a file or cannot be created: before any computing
         result = _run(job, client, rs, pilot, s)
     except BaseException:
         if rs is not None:               # refused before it stored anything: no empty store left
