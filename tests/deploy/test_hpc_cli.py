@@ -84,8 +84,15 @@ def test_sbatch_errors_are_reported_with_its_own_words(tmp_path):
     (["--cluster", "slurm", "--walltime", "0:00:00"], 2, "'0:00:00' is not a time limit"),
 ])
 @pytest.mark.timeout(120, method="thread")
-def test_cluster_options_are_checked(args, code, message):
-    out = cli(["mc", "run", JOB, "--no-progress", *args])
+def test_cluster_options_are_checked(args, code, message, tmp_path):
+    # An sinfo that cannot reach a controller, whatever this machine runs: another test may have
+    # a real SLURM up at the same moment (the suite runs in parallel), and then the job ran.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Could not establish a configuration source' >&2\n"
+                                "exit 1\n")
+    (fake / "sinfo").chmod(0o755)
+    out = cli(["mc", "run", JOB, "--no-progress", *args], PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
     assert out.returncode == code, out.stderr
     [line] = _errors(out)
     assert message in line, line
