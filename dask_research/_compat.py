@@ -25,7 +25,7 @@ DISTRIBUTED_VERSION: str = distributed.__version__
 
 __all__ = [
     "DISTRIBUTED_VERSION", "DaskCompatError", "CommClosedError", "FutureCancelledError",
-    "FuturesCancelledError", "cancellation_of", "in_async_call", "wait_futures", "scheduler_log_event",
+    "FuturesCancelledError", "SCHEDULER_LOST", "client_status", "cancellation_of", "in_async_call", "wait_futures", "scheduler_log_event",
     "scheduler_identity", "scheduler_call", "add_scheduler_handler", "set_scheduler_metadata", "worker_stream_open", "guard_memory_pause", "bandwidth_workers", "total_bandwidth",
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
@@ -63,6 +63,21 @@ CommClosedError: type[BaseException] = _attr("distributed.comm.core", "CommClose
 
 
 # ----------------------------------------------------------------------------- client side
+
+#: The reason Dask gives every future it cancels when the client loses its scheduler.
+SCHEDULER_LOST = "scheduler-connection-lost"
+
+
+def client_status(client: Any) -> str:
+    """``client.status``: ``"running"`` while it is connected, ``"connecting"`` while it tries
+    to reach a lost scheduler again, then ``"closing"``/``"closed"``; ``"running"`` for a
+    stand-in without one (a test's fake client, ``None``).
+
+    >>> client_status(None)
+    'running'
+    """
+    return str(getattr(client, "status", "running"))
+
 
 def cancellation_of(future: Any) -> BaseException | None:
     """The :class:`FutureCancelledError` that a cancelled ``future`` holds, if it tells one.

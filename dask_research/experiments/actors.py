@@ -76,7 +76,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._compat import actor_call, actor_released, scheduler_workers, worker_context
+from .._compat import SCHEDULER_LOST, actor_call, actor_released, client_status, scheduler_workers, worker_context
 from ..events import Outbox
 from .backends import ClusterCancelled, ClusterSideJobs, PickledRunner
 from .execute import execute_sync
@@ -422,7 +422,7 @@ class ActorBackend(ClusterSideJobs):
         self._asking: asyncio.Future | None = None
         self._asked = 0.0
         self._live: dict[_Call, None] = {}    # submitted, not yet delivered or given up, in order
-        self._connected = self._client_status() == "running"   # seen connected (see _stranded)
+        self._connected = client_status(self.client) == "running"   # seen connected (see _stranded)
         if not self._direct:
             self._say("proxied", "transport='actors' calls each experiment's actor through the "
                       "scheduler (about 0.4 ms of its CPU per experiment) because the client was made "
@@ -464,14 +464,11 @@ class ActorBackend(ClusterSideJobs):
         return out
 
     # -- a lost scheduler -----------------------------------------------------------------
-    def _client_status(self) -> str:
-        return str(getattr(self.client, "status", "running"))
-
     def _stranded(self) -> str | None:
         """The client's status if it lost its scheduler during this run (it was seen
         ``"running"`` and is not now: ``"connecting"`` while Dask tries to reconnect, then
         ``"closed"``); ``None`` while it is connected."""
-        status = self._client_status()
+        status = client_status(self.client)
         if status == "running":
             self._connected = True
             return None
@@ -494,7 +491,7 @@ class ActorBackend(ClusterSideJobs):
         breaks), and no actor can be placed again. The driver stops the run on the first (see
         :meth:`~.driver.LoopDriver._cancelled_outside`), as it does for the tasks transport."""
         # "connecting": Dask's client cancelled every future, the actors' too, with this reason
-        reason = "scheduler-connection-lost" if status == "connecting" else f"the client is {status}"
+        reason = SCHEDULER_LOST if status == "connecting" else f"the client is {status}"
         out: list[Outcome] = []
         for call in list(self._live):
             if call.over:

@@ -51,7 +51,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._compat import cluster_threads
+from .._compat import client_status, cluster_threads
 from ..events import Outbox
 from ..events import topic as event_topic
 from .execute import _run_coroutine, execute_async, execute_sync, is_async_callable
@@ -289,7 +289,7 @@ class ClusterSideJobs:
         (its status is not ``"running"``): a shipment then only fails, once the connect timeout
         has passed (``distributed.comm.timeouts.connect``, 30 s by default), and the run's
         one-line error waited for that. The shipper still ends on its own (logged once)."""
-        if str(getattr(self.client, "status", "running")) != "running":
+        if client_status(self.client) != "running":
             return
         await self._outbox.drain()      # best effort: a failed shipment is logged, not raised
 

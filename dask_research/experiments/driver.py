@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._compat import cluster_threads
+from .._compat import client_status, cluster_threads
 from ..exceptions import ExperimentError
 from .actors import ActorBackend
 from .ahead import AheadRule
@@ -398,7 +398,7 @@ class LoopDriver:
         branch for "failures", for good: the journal kept the prunes). Like one cancelled at
         the run's deadline it gets a ``cancel`` event and is dispatched again first by the
         next run or a resume."""
-        status = getattr(self.client, "status", "running")
+        status = client_status(self.client)
         if status == "running":
             f = self.inflight[token]
             self.cancelled.append(f.h.id)

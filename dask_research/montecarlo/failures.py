@@ -16,13 +16,21 @@ import asyncio
 import concurrent.futures
 from typing import Any
 
-from .._compat import CommClosedError, FutureCancelledError, FuturesCancelledError, cancellation_of
+from .._compat import (
+    SCHEDULER_LOST,
+    CommClosedError,
+    FutureCancelledError,
+    FuturesCancelledError,
+    cancellation_of,
+    client_status,
+)
 from ..exceptions import ResearchError
 
 __all__ = ["LOST", "one_line", "lost_scheduler", "raise_if_cancelled", "lost_scheduler_error", "killed_workers_error"]
 
-#: The reason Dask gives the futures it cancels when a client loses its scheduler.
-LOST = "scheduler-connection-lost"
+#: The reason Dask gives the futures it cancels when a client loses its scheduler
+#: (:data:`dask_research._compat.SCHEDULER_LOST`).
+LOST = SCHEDULER_LOST
 
 
 def one_line(exc: BaseException) -> str:
@@ -50,8 +58,7 @@ def lost_scheduler(client: Any, exc: BaseException) -> bool:
         return True
     if isinstance(exc, CommClosedError):
         return True
-    status = getattr(client, "status", "running")
-    return status != "running" and isinstance(exc, (OSError, TimeoutError, asyncio.CancelledError,
+    return client_status(client) != "running" and isinstance(exc, (OSError, TimeoutError, asyncio.CancelledError,
                                                     concurrent.futures.CancelledError, RuntimeError))
 
 
@@ -71,7 +78,7 @@ def raise_if_cancelled(client: Any, run_id: str, done: list) -> None:
         return
     errors = [cancellation_of(f) for f in cancelled]
     lost = next((e for e in errors if getattr(e, "reason", None) == LOST), None)
-    if lost is not None or getattr(client, "status", "running") != "running":
+    if lost is not None or client_status(client) != "running":
         raise lost or next((e for e in errors if e is not None), None) or \
             FutureCancelledError(cancelled[0].key, reason=LOST)  # type: ignore[call-arg]
     reason = next((r for r in (getattr(e, "reason", None) for e in errors) if r not in _NO_REASON), None)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
+from .._compat import client_status
 from ..events import Outbox, envelope
 
 __all__ = ["publish_plane", "plane_event", "Publisher", "auto_publisher"]
@@ -96,7 +97,7 @@ class Publisher:
         return self
 
     def _client_closed(self) -> bool:
-        return getattr(self.client, "status", "running") in ("closing", "closed")
+        return client_status(self.client) in ("closing", "closed")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -46,7 +46,7 @@ import numpy as np
 
 from ... import replay
 from ..._cluster import workers_info
-from ..._compat import cancellation_of
+from ..._compat import SCHEDULER_LOST, cancellation_of, client_status
 from ...exceptions import ResearchError
 from .actor import SPEC, close_run, rollout
 
@@ -150,7 +150,7 @@ def _resubmittable(client: Any, future: Any, in_a_row: int) -> None:
     """
     exc = cancellation_of(future)
     reason = getattr(exc, "reason", None) or "not given"
-    if getattr(client, "status", "running") != "running" or reason == "scheduler-connection-lost":
+    if client_status(client) != "running" or reason == SCHEDULER_LOST:
         raise ResearchError(f"DQN training stopped: the client lost its scheduler (rollout "
                             f"{future.key} cancelled, reason: {reason})")
     if in_a_row + 1 >= MAX_CANCELLED_IN_A_ROW:
@@ -331,7 +331,7 @@ def train_dqn(client: Any, cfg: DQNConfig | None = None,
             it.close()
         for f in running.values():
             f.cancel()
-        if getattr(client, "status", "running") == "running":   # a lost scheduler: no one to ask
+        if client_status(client) == "running":   # a lost scheduler: no one to ask
             _close_actors(client, run)
         plane.close(drop=True)
     final = float(np.mean(returns[-cfg.window:])) if returns else float("nan")
