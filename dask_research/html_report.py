@@ -90,15 +90,14 @@ def montecarlo_figure(result, level: float = 0.95):
                  legend_label=f"delta method N(g(mu)={lin.value:.4g}, sd={lin.sd:.3g})")
     fig.segment(x0=list(iv.normal), y0=[0, 0], x1=list(iv.normal), y1=[top, top], line_color="#dd8452",
                 line_dash="dashed", line_width=2, legend_label=f"output {pct} normal (mean ± {_z(level):.3g} sd)")
-    from .montecarlo.result import mean_text
+    from .montecarlo.result import mean_pm, mean_text
 
-    mean = mean_text(result.mean, result.stderr, level)
     fig.segment(x0=[result.mean], y0=[0], x1=[result.mean], y1=[top], line_color="black", line_width=1.5,
-                legend_label=f"mean {mean.split(' (')[0]} ({pct} CI)")
+                legend_label=f"mean {mean_pm(result.mean, result.stderr, level)} ({pct} CI)")
     fig.y_range.update(start=0)
     fig.x_range.update(**data_extent(lo, hi, [*iv.normal, *iv.percentile]))
     outside_legend(fig)
-    note = Div(text=(f"<p style='max-width:{FRAME_WIDTH + 300}px'>The mean: {html.escape(mean)}; "
+    note = Div(text=(f"<p style='max-width:{FRAME_WIDTH + 300}px'>The mean: {html.escape(mean_text(result.mean, result.stderr, level))}; "
                      "quote this for the estimate (the interval is mean ± z·stderr). The bands "
                      f"drawn are where {pct} of the <i>outputs</i> fall: sampled percentiles (green) "
                      f"[{iv.percentile[0]:.4g}, {iv.percentile[1]:.4g}] and the normal approximation "

@@ -34,7 +34,7 @@ from .linearize import Linearized
 if TYPE_CHECKING:
     from .run_settings import RunSettings
 
-__all__ = ["Result", "Interval", "mean_text", "verification_sentence", "reused_sentence"]
+__all__ = ["Result", "Interval", "mean_pm", "mean_text", "verification_sentence", "reused_sentence"]
 
 
 def _decimals(halfwidth: float) -> int | None:
@@ -46,6 +46,18 @@ def _decimals(halfwidth: float) -> int | None:
 
 def _num(x: float, decimals: int | None) -> str:
     return f"{x:.6g}" if decimals is None or not math.isfinite(x) else f"{x:.{decimals}f}"
+
+
+def mean_pm(mean: float, stderr: float, level: float = 0.95) -> str:
+    """The mean and the half-width of its ``level`` confidence interval, as :func:`mean_text`
+    begins: the half-width to two significant digits, the mean to as many decimals.
+
+    >>> mean_pm(-0.0257696, 0.0398)
+    '-0.026 ± 0.078'
+    """
+    half = _z(level) * stderr
+    d = _decimals(half)
+    return f"{_num(mean, d)} ± {_num(half, d)}"
 
 
 def mean_text(mean: float, stderr: float, level: float = 0.95) -> str:
@@ -60,10 +72,9 @@ def mean_text(mean: float, stderr: float, level: float = 0.95) -> str:
     >>> mean_text(1.5, 0.0)
     '1.5 ± 0 (95 % CI of the mean [1.5, 1.5]; stderr 0)'
     """
-    z = _z(level)
-    half = z * stderr
+    half = _z(level) * stderr
     d = _decimals(half)
-    return (f"{_num(mean, d)} ± {_num(half, d)} ({level * 100:g} % CI of the mean "
+    return (f"{mean_pm(mean, stderr, level)} ({level * 100:g} % CI of the mean "
             f"[{_num(mean - half, d)}, {_num(mean + half, d)}]; stderr {_stderr_text(stderr)})")
 
 
@@ -340,7 +351,7 @@ class Result:
         z = _z(0.95)
         d = _decimals(z * self.stderr)
         yield "samples", f"{self.n:,}"
-        yield "mean", f"{_num(self.mean, d)} ± {_num(z * self.stderr, d)} (stderr {_stderr_text(self.stderr)})"
+        yield "mean", f"{mean_pm(self.mean, self.stderr)} (stderr {_stderr_text(self.stderr)})"
         yield "95 % CI of the mean", f"[{_num(lo, d)}, {_num(hi, d)}]"
         yield "sd", f"{self.sd:.6g}"
         yield "output 95 % sampled", f"[{iv.percentile[0]:.6g}, {iv.percentile[1]:.6g}] (percentiles of the outputs)"
