@@ -663,12 +663,11 @@ def _note_recorded_partitioning(job: Any, report: Any) -> None:
     shards were recomputed as the run recorded them, not as the file says."""
     if job is None or report is None or report.of_shards is None:
         return
-    given = {"shards": (job.shards, report.of_shards), "seed": (job.seed, report.seed)}
-    differ = [name for name, (mine, run) in given.items() if run is not None and mine != run]
+    pairs = [("shards {:,}", job.shards, report.of_shards), ("seed {}", job.seed, report.seed)]
+    differ = [(form.format(mine), form.format(run)) for form, mine, run in pairs if run is not None and mine != run]
     if differ:
-        mine = ", ".join(f"{n} {given[n][0]:,}" if n == "shards" else f"{n} {given[n][0]}" for n in differ)
-        run = ", ".join(f"{n} {given[n][1]:,}" if n == "shards" else f"{n} {given[n][1]}" for n in differ)
-        click.echo(f"  (the job given has {mine}; recomputed as the run recorded it: {run})")
+        click.echo(f"  (the job given has {', '.join(m for m, _ in differ)}; recomputed as the run recorded it: "
+                   f"{', '.join(r for _, r in differ)})")
 
 
 @mc.command("verify")

@@ -130,11 +130,12 @@ class StoreFiles:
         >>> StoreFiles(tempfile.mkstemp()[1]).root_problem()
         'is a file, not a run store; give a directory (it is created if missing)'
         """
-        if not self.local:
-            return None
+        return self._root_problem(missing_dirs(self.root)) if self.local else None
+
+    def _root_problem(self, made: list[str]) -> str | None:
+        """:meth:`root_problem`, given what creating the root would make (:func:`missing_dirs`)."""
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             return "is a file, not a run store; give a directory (it is created if missing)"
-        made = missing_dirs(self.root)
         above = os.path.dirname(made[0]) if made else None
         if above and os.path.exists(above) and not os.path.isdir(above):
             return f"cannot be created: {self.display(above)} is a file"
@@ -152,10 +153,11 @@ class StoreFiles:
         """Create the store's root for writing, or raise a one-line :class:`StoreError` why not."""
         where = self.display(self.root)
         if self.local:
-            problem = self.root_problem()
+            made = missing_dirs(self.root)
+            problem = self._root_problem(made)
             if problem is not None:
                 raise StoreError(where, problem)
-            self.made = missing_dirs(self.root)
+            self.made = made
             try:                      # made like every directory of the durability layer: synced
                 os.close(self.files.open_dir(self.root, create=True))
             except StoreError as e:
@@ -251,4 +253,3 @@ class StoreFiles:
 def _short(value: Any, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
