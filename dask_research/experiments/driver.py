@@ -99,6 +99,7 @@ class LoopDriver:
                                timed=s.apply_order != "dispatch")
         # the backend says when each experiment starts (its timeout counts from then)
         self.starts_reported = bool(getattr(backend, "reports_starts", False))
+        self.started_early: set[Any] = set()     # starts reported before their token was booked
         self._refused = False                    # warned that the cluster has spare threads
         self.buffered: dict[int, tuple[Hypothesis, int, Any]] = {}
         self.by_dispatch = s.apply_order == "dispatch"
@@ -194,6 +195,9 @@ class LoopDriver:
             self.lanes[slot].append(token)
         elif not self.starts_reported:
             self.deadlines.start(token, now)
+        if token in self.started_early:   # the backend said it started inside submit()
+            self.started_early.discard(token)
+            self.on_start(token)
         self.next_seq += 1
         self.dispatched += 1
 
@@ -236,8 +240,14 @@ class LoopDriver:
             self.deadlines.start_by(nxt, self.run.recorder.now())
 
     def on_start(self, token: Any) -> None:
-        """A queued experiment says it started on a worker: its timeout counts from now."""
-        if token in self.inflight and self.deadlines.timeout is not None:
+        """An experiment says it started on a worker: its timeout counts from now. A backend
+        may say so inside ``submit`` (an idle slot's actor), before the token is booked: it is
+        applied as the token is (an experiment of an idle actor used to have no clock at all)."""
+        if token not in self.inflight:
+            if self.deadlines.timeout is not None:
+                self.started_early.add(token)
+            return
+        if self.deadlines.timeout is not None:
             self.inflight[token].started = True
             self.deadlines.start(token, self.run.recorder.now())
             self.backend.poke()

@@ -125,10 +125,13 @@ def test_timeout_settings_are_checked():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("transport", ["actors", "tasks"])
 @gen_cluster(client=True, timeout=60)
-async def test_dask_futures_time_out_and_are_cancelled(c, s, a, b):
+async def test_dask_futures_time_out_and_are_cancelled(c, s, a, b, transport):
+    """On either transport; on actors an experiment sent to an idle actor had no clock at all
+    (its start was reported before the driver had booked it), so a hang there never timed out."""
     sched = IterationScheduler(sync_runner, slots=2, timeout=2.0, prune_floor=0.0,
-                               client=c, progress=False)
+                               client=c, progress=False, transport=transport)
     sched.add(_hyps())
     report = await sched.run_async()
     assert report.timed_out == ["good-1"] and report.branches["good"].failures == 1
@@ -137,7 +140,7 @@ async def test_dask_futures_time_out_and_are_cancelled(c, s, a, b):
     assert not hung or all(s.tasks[k].state in ("released", "forgotten") for k in hung)
 
     sched = IterationScheduler(sync_runner, slots=2, max_seconds=1.0, cancel_grace=0.3,
-                               prune_floor=0.0, client=c, progress=False)
+                               prune_floor=0.0, client=c, progress=False, transport=transport)
     sched.add(_hyps(hang=("good-0", "fair-0")))
     report = await sched.run_async()
     assert report.stop_reason == "max_seconds"
