@@ -30,7 +30,7 @@ __all__ = [
     "dashboard_applications", "dashboard_theme", "dashboard_template", "add_periodic_callback",
     "log_errors", "address_host_port", "comm_backend", "heartbeat_interval", "worker_memory_limit",
     "processing_keys", "forget_unsubmitted_jobs", "client_asynchronous", "actor_call",
-    "worker_context", "scheduler_workers", "actor_released", "dask_worker_command", "run_each",
+    "worker_actor", "worker_closing", "scheduler_workers", "actor_released", "dask_worker_command", "run_each",
     "scheduler_plugin", "add_scheduler_plugin", "scheduler_plugins_see_events",
 ]
 
@@ -286,23 +286,20 @@ async def scheduler_workers(client: Any) -> dict[str, dict]:
 
 # ----------------------------------------------------------------------------- worker side
 
-def worker_context(worker: Any) -> Any:
-    """A context manager under which ``distributed.get_worker()`` (and so ``get_client()``
-    and ``worker_client()``) returns ``worker`` in this thread (``distributed.worker.
-    _worker_cvar``, which Dask sets only in its own task and actor threads)."""
-    import contextlib
+def worker_actor(worker: Any, key: Any) -> Any:
+    """The actor instance ``key`` that ``worker`` holds (``worker.state.actors``), or ``None``."""
+    state = getattr(worker, "state", None)
+    actors = getattr(state, "actors", None)
+    if not isinstance(actors, dict):
+        raise _moved("Worker.state.actors (the worker's actor table)")
+    return actors.get(key)
 
-    cvar = _attr("distributed.worker", "_worker_cvar")
 
-    @contextlib.contextmanager
-    def bound() -> Any:
-        token = cvar.set(worker)
-        try:
-            yield worker
-        finally:
-            cvar.reset(token)
-
-    return bound()
+def worker_closing(worker: Any) -> bool:
+    """Whether ``worker`` is closing or closed (``worker.status``: Dask's ``Status`` names)."""
+    status = getattr(worker, "status", None)
+    return getattr(status, "name", str(status)) in ("stopping", "stopped", "closing", "closing_gracefully",
+                                                    "closed", "failed")
 
 
 def worker_stream_open(worker: Any) -> bool:
@@ -365,11 +362,7 @@ def worker_memory_limit(worker: Any) -> int | None:
 def actor_released(worker: Any, key: Any) -> bool:
     """Whether ``worker`` no longer holds the actor ``key`` (``worker.state.actors``): its
     future was released, by its client or because that client went away."""
-    state = getattr(worker, "state", None)
-    actors = getattr(state, "actors", None)
-    if not isinstance(actors, dict):
-        raise _moved("Worker.state.actors (the worker's actor table)")
-    return key not in actors
+    return worker_actor(worker, key) is None
 
 
 # ----------------------------------------------------------------------------- scheduler side

@@ -5,6 +5,7 @@ A Dask release that moves one of them fails here (and in ``dask_research._compat
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from distributed import Client, Worker
@@ -160,6 +161,11 @@ async def test_worker_and_scheduler_internals(c, s, a):
     assert _compat.client_asynchronous(c) is True
     with pytest.raises(DaskCompatError, match="Scheduler.tasks"):
         _compat.processing_keys(object())
+    # a worker's status: running now, closing once it closes (a slot actor stops taking work)
+    assert not _compat.worker_closing(a)
+    assert _compat.worker_closing(SimpleNamespace(status=SimpleNamespace(name="closing_gracefully")))
+    with pytest.raises(DaskCompatError, match="Worker.state.actors"):
+        _compat.worker_actor(object(), "key")
 
 
 def test_client_asynchronous_of_a_synchronous_client():

@@ -14,6 +14,7 @@ assertion bounds a wall-clock time from above.
 """
 import asyncio
 import contextlib
+import logging
 import os
 import pathlib
 import signal
@@ -89,13 +90,13 @@ def _starts(log):
 def test_the_transport_is_checked_and_journaled(tmp_path):
     with pytest.raises(InputError, match=r'transport=\'task\' is invalid; expected "tasks" or "actors"'):
         IterationScheduler(None, transport="task")
-    assert IterationScheduler(None, progress=False).transport == "tasks"
+    assert IterationScheduler(None, progress=False).transport == "actors"       # the default
     path = str(tmp_path / "loop.jsonl")
-    sched = IterationScheduler(lambda h: 0.5, progress=False, checkpoint=path, transport="actors")
+    sched = IterationScheduler(lambda h: 0.5, progress=False, checkpoint=path, transport="tasks")
     sched.add([Hypothesis("h0", "a")])
     assert sched.run().total_runs == 1            # without a client: in this process either way
     sched.close()
-    assert IterationScheduler.resume(path, lambda h: 0.5).transport == "actors"
+    assert IterationScheduler.resume(path, lambda h: 0.5).transport == "tasks"
 
 
 # -- on gen_cluster: decisions, timeouts, the deadline, shared actors, proxied calls -----------------
@@ -129,6 +130,50 @@ async def test_the_paper_writer_and_the_budget_on_actors(c, s, a, b):
     report = await sched.run_async()
     assert report.stop_reason == "max_experiments" and report.total_runs == 6
     assert list(report.papers) == ["x"]
+
+
+def _processing(s, worker):
+    """The keys the scheduler counts as running or waiting for a thread on ``worker``."""
+    return [ts.key for ts in s.workers[worker.address].processing]
+
+
+@gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_a_slot_holds_a_thread_dask_counts_and_gives_it_back_when_idle(c, s, a, monkeypatch):
+    """While a slot's experiment runs, Dask sees its worker's only thread busy with the slot's
+    holder task (a task of yours submitted then waits for it instead of running beside the
+    experiment); once the slot has idled ``HOLD_IDLE`` seconds the holder ends and gives the thread
+    back (the task runs), and the slot's next experiment brings a new holder."""
+    from dask_research.experiments import actors
+    from dask_research.experiments.actors import ActorBackend
+
+    monkeypatch.setattr(actors, "HOLD_IDLE", 0.3)
+    gate = pathlib.Path(_scratch() + ".go")           # not there yet
+
+    def runner(h):
+        wait_for(gate.exists, 30, "the test's gate")
+        return 0.5
+
+    backend = ActorBackend(c, runner, True, None, "t" * 12, slots=1)
+    first = backend.submit(Hypothesis("h0", "a"), slot=0)
+    await c.loop.run_in_executor(None, lambda: wait_for(
+        lambda: any(k.startswith("experiment-slot-") for k in _processing(s, a)), 20, "a holder"))
+    mine = c.submit(time.time, pure=False)                  # a task of the user's, meanwhile
+    await asyncio.sleep(0.5)
+    assert mine.status == "pending"                        # the experiment holds the only thread
+    t_free = time.time()
+    gate.write_text("go")
+    [(token, result)] = await backend.wait(30)
+    assert token is first and result.reward == 0.5
+    assert await mine > t_free                             # it ran once the experiment ended
+    holder = [k for k in s.tasks if k.startswith("experiment-slot-")]
+    await c.loop.run_in_executor(None, lambda: wait_for(
+        lambda: not any(k.startswith("experiment-slot-") for k in _processing(s, a)), 20,
+        "the idle holder to end"))
+    second = backend.submit(Hypothesis("h1", "a"), slot=0)      # the slot's next: a new holder
+    [(token, result)] = await backend.wait(30)
+    assert token is second and result.reward == 0.5
+    assert {k for k in s.tasks if k.startswith("experiment-slot-")} - set(holder)
+    await backend.close()
 
 
 @gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -214,12 +259,42 @@ async def test_slots_beyond_the_threads_share_an_actor(c, s, a):
     assert s.task_prefixes["experiment-actor"].state_counts["memory"] == 1
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60)
-async def test_without_a_direct_route_calls_go_through_the_scheduler_and_say_so(c, s, a):
-    with pytest.warns(UserWarning, match=r"transport='actors' calls each experiment's actor through the "
-                                         r"scheduler .* without direct_to_workers=True"):
+@gen_cluster(client=True, client_kwargs={"direct_to_workers": False}, nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_without_a_direct_route_calls_go_through_the_scheduler_and_say_so(c, s, a, caplog):
+    """A client made with ``direct_to_workers=False``: every call is proxied by the scheduler (its
+    ``proxy`` handler runs), the log says so once, the decisions are the same."""
+    proxied = []
+    real = s.handlers["proxy"]
+
+    async def proxy(*args, **kwargs):
+        proxied.append(kwargs.get("worker"))
+        return await real(*args, **kwargs)
+
+    s.handlers["proxy"] = proxy
+    with caplog.at_level(logging.INFO, logger="dask_research.experiments.actors"):
         report = await _hand(1, client=c, transport="actors", queue_ahead=1).run_async()
     assert summary(report) == summary(_hand(1, queue_ahead=1).run())
+    assert len(proxied) >= report.total_runs and set(proxied) == {a.address}
+    said = [r.getMessage() for r in caplog.records if "through the scheduler" in r.getMessage()]
+    assert len(said) == 1 and a.address in said[0] and "direct_to_workers=True" in said[0]
+
+
+def test_the_driver_calls_directly_where_the_client_says_or_on_loopback():
+    """``direct_to_workers`` decides; unset (Dask's default), an embedded cluster on this
+    machine's loopback is called directly, a scheduler or worker elsewhere through the scheduler."""
+    from types import SimpleNamespace
+
+    from dask_research.experiments.actors import ActorBackend
+
+    def route(flag, scheduler, worker):
+        client = SimpleNamespace(status="running", direct_to_workers=flag,
+                                 scheduler=SimpleNamespace(address=scheduler))
+        return ActorBackend(client, len, True, None, "r" * 12)._calls_directly(worker)
+
+    here, there = "tcp://127.0.0.1:8786", "tcp://10.1.2.3:8786"
+    assert route(None, here, "tcp://127.0.0.1:4001") and route(None, "inproc://1.2.3/4/1", "inproc://1.2.3/4/2")
+    assert not route(None, here, "tcp://10.1.2.4:4001") and not route(None, there, "tcp://127.0.0.1:4001")
+    assert route(True, there, "tcp://10.1.2.4:4001") and not route(False, here, "tcp://127.0.0.1:4001")
 
 
 @gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -271,10 +346,8 @@ class _Echo:
 
 @gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
 async def test_the_dask_internals_the_transport_uses(c, s, a):
-    """``_compat``'s actor call (direct and proxied), worker table, released check and worker
-    context: what breaks loudly there when Dask moves them."""
-    from distributed import get_worker
-
+    """``_compat``'s actor call (direct and proxied), worker table, actor lookup and released
+    check: what breaks loudly there when Dask moves them."""
     from dask_research import _compat
 
     fut = c.submit(_Echo, actor=True, workers=[a.address], pure=False)
@@ -285,10 +358,8 @@ async def test_the_dask_internals_the_transport_uses(c, s, a):
             await _compat.actor_call(c, a.address, fut.key, "boom", direct=direct)
     assert (await _compat.scheduler_workers(c))[a.address]["nthreads"] == 1
     assert not _compat.actor_released(a, fut.key)
-    with _compat.worker_context(a):
-        assert get_worker() is a
-    with pytest.raises(ValueError):
-        get_worker()
+    assert isinstance(_compat.worker_actor(a, fut.key), _Echo)
+    assert _compat.worker_actor(a, "no-such-actor") is None
     await c.cancel([fut])
     await c.loop.run_in_executor(None, lambda: wait_for(lambda: _compat.actor_released(a, fut.key), 10, "release"))
 
@@ -304,19 +375,23 @@ def _probe():
 
         t0 = time.time()
         time.sleep(0.1)
-        with worker_client() as wc:
+        task = get_worker().get_current_task()
+        with worker_client() as wc:       # secedes from the holder task: the worker's one thread frees
             inner = wc.submit(len, "abc").result()
+            total = get_client().submit(sum, [1, 2]).result()
         return Result(h, 0.5, {"pid": os.getpid(), "thread": threading.current_thread().name, "start": t0,
-                               "end": time.time(), "worker": get_worker().address,
-                               "client": get_client().submit(sum, [1, 2]).result(), "inner": inner})
+                               "end": time.time(), "worker": get_worker().address, "task": task,
+                               "client": total, "inner": inner})
     return runner
 
 
 def test_actors_on_real_workers(tmp_path):
     """Two one-thread ``dask worker`` processes, two slots queueing ahead: each experiment runs
-    once, on its actor's own thread, one at a time per worker; every queued experiment starts
-    before the driver has heard that the one before it on its worker ended; ``get_worker()``,
-    ``get_client()`` and ``worker_client()`` work inside; the events reach the Branches page."""
+    once, inside its slot's holder task (so on a thread Dask counts busy), one at a time per
+    worker; every queued experiment starts before the driver has heard that the one before it on
+    its worker ended; ``get_worker()``, ``get_client()`` and ``worker_client()`` (which secedes
+    from the holder: the tasks it submits get the worker's only thread) work inside; the events
+    reach the Branches page."""
     pytest.importorskip("bokeh")
     from dask_research.dashboard.folds import branch_view
 
@@ -328,10 +403,10 @@ def test_actors_on_real_workers(tmp_path):
         view = branch_view(client.get_events("research.experiments"))
         prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
     assert report.total_runs == 12 and not report.failed
-    assert all(r.metrics["thread"] == "dask-research-slot-actor" for r in report.results)
+    assert all(r.metrics["task"].startswith("experiment-slot-") for r in report.results)
     assert all(r.metrics["client"] == 3 and r.metrics["inner"] == 3 for r in report.results)
     assert len({r.metrics["pid"] for r in report.results}) == len({r.metrics["worker"] for r in report.results}) == 2
-    assert "experiment" not in prefixes and "experiment-actor" in prefixes
+    assert "experiment" not in prefixes and {"experiment-actor", "experiment-slot"} <= set(prefixes)
     assert view is not None
     assert {b: v["runs"] for b, v in view["branches"].items()} == {b: st.runs for b, st in report.branches.items()}
     assert len({e.hypothesis for e in report.events.of("dispatch") if e.data.get("ahead")}) >= 8
