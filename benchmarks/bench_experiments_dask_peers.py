@@ -15,12 +15,16 @@ method runs on the same cluster, one after the other. The trials sleep 5 ms, 50 
   every storage call is a round trip to the scheduler.
 - ``optuna-distributed-tpe``: ``optuna_distributed.from_study(study, client=client)
   .optimize(objective, n_trials=T, n_jobs=N)`` (TPE in the driver, trials as futures).
-- ``ours-ucb1``: ``IterationScheduler(runner, slots=N, client=client)`` over 4 queued branches.
+- ``ours-ucb1``: ``IterationScheduler(runner, slots=N, client=client)`` over 4 queued branches,
+  with the defaults: ``transport="actors"`` (one long-lived actor per slot, its experiments on
+  the thread of a holder task), called directly (the scheduler and the workers listen on this
+  machine's loopback, as an embedded cluster's do).
 - ``ours-search``: the documented search configuration (``objective="max"``, windowed Threshold
-  Ascent, ``OptunaSource(unique=False)`` per branch: a continuous space).
-- ``ours-ucb1-actors``: ``ours-ucb1`` with ``transport="actors"`` (one long-lived actor per slot,
-  called directly): on a client made as a user of that transport makes it,
-  ``Client(address, direct_to_workers=True)``, connected to the same cluster from the start.
+  Ascent, ``OptunaSource(unique=False)`` per branch: a continuous space), with the defaults.
+- ``ours-ucb1-proxied``: ``ours-ucb1`` on a client made with ``direct_to_workers=False``: every
+  call to an actor goes through the scheduler's ``proxy`` handler, as from a driver that cannot
+  reach the workers.
+- ``ours-ucb1-tasks``: ``ours-ucb1`` with ``transport="tasks"``: one Dask task per experiment.
 - ``dask-bare`` (a reference, not a peer): the same sleeping function as a plain
   ``client.submit`` per trial, ``N`` kept in flight with ``as_completed``, each result
   gathered: what one Dask task per trial costs with no search at all, the floor of any
@@ -134,11 +138,12 @@ def bare(client: Any, n: int, delay: float, trials: int) -> None:
 
 
 QUEUE_AHEAD: Any = None                            # ours: None is research.experiments.queue-ahead
-DIRECT: Any = None                                 # the client of transport="actors" (direct_to_workers)
+PROXIED: Any = None                                # a client made with direct_to_workers=False
 LOG_EVENTS: Any = None                             # ours: None is research.experiments.log-events
 
 
-def ours(client: Any, n: int, delay: float, trials: int, search: bool, actors: bool = False) -> None:
+def ours(client: Any, n: int, delay: float, trials: int, search: bool, transport: str | None = None,
+         proxied: bool = False) -> None:
     import optuna
 
     from dask_research.experiments import Branch, Hypothesis, IterationScheduler, OptunaSource
@@ -152,10 +157,9 @@ def ours(client: Any, n: int, delay: float, trials: int, search: bool, actors: b
                                    queue_ahead=QUEUE_AHEAD)
         sched.add([Branch(f"b{k}", propose=OptunaSource(space, seed=k)) for k in range(4)])
     else:
-        sched = IterationScheduler(_sleep_runner(delay), slots=n, client=DIRECT if actors else client,
+        sched = IterationScheduler(_sleep_runner(delay), slots=n, client=PROXIED if proxied else client,
                                    max_experiments=trials, progress=False, prune_floor=0.0,
-                                   queue_ahead=QUEUE_AHEAD, transport="actors" if actors else None,
-                                   log_events=LOG_EVENTS)
+                                   queue_ahead=QUEUE_AHEAD, transport=transport, log_events=LOG_EVENTS)
         sched.add([Hypothesis(f"h{j}", f"b{j % 4}", {"x": (j % 10) / 10})
                    for j in range(trials)])
     report = sched.run()
@@ -168,7 +172,8 @@ METHODS: dict[str, Callable[[Any, int, float, int], None]] = {
     "optuna-distributed-tpe": distributed_tpe,
     "ours-ucb1": lambda c, n, d, t: ours(c, n, d, t, False),
     "ours-search": lambda c, n, d, t: ours(c, n, d, t, True),
-    "ours-ucb1-actors": lambda c, n, d, t: ours(c, n, d, t, False, actors=True),
+    "ours-ucb1-proxied": lambda c, n, d, t: ours(c, n, d, t, False, proxied=True),
+    "ours-ucb1-tasks": lambda c, n, d, t: ours(c, n, d, t, False, transport="tasks"),
     "dask-bare": bare,
 }
 
@@ -271,10 +276,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in (int(x) for x in args.slots.split(",")):
             with tempfile.TemporaryDirectory() as where, \
                     dask_processes(pathlib.Path(where), n_workers=n) as (client, _), \
-                    Client(client.scheduler.address, direct_to_workers=True, set_as_default=False,
-                           timeout=60) as direct:
-                global DIRECT
-                DIRECT = direct
+                    Client(client.scheduler.address, direct_to_workers=False, set_as_default=False,
+                           timeout=60) as proxied:
+                global PROXIED
+                PROXIED = proxied
                 for m in methods:                  # warm-up: each method's first use of the cluster
                     METHODS[m](client, n, 0.005, 2 * n)
                 idle = idle_floor(client)

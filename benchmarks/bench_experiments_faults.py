@@ -24,9 +24,10 @@ the objective itself, not by the system under test.
 Ours runs with its defaults (``queue_ahead="auto"``: with trials of 0.4 s on this cluster it
 queues one decided experiment behind each running one, so at a fault a worker holds one running
 and one queued experiment); ``--queue-ahead 0`` runs ours without it. ``ahead`` counts ours'
-dispatches that were queued ahead. ``ours (actors)`` is ours with ``transport="actors"`` (one
-actor per slot, called directly: its client is made with ``direct_to_workers=True``, as a user of
-that transport makes it); after the worker's death its two slots share the one actor left.
+dispatches that were queued ahead. Its default transport is ``"actors"`` (one actor per slot,
+its experiments on a holder task's thread, called directly: the cluster listens on this
+machine's loopback); after the worker's death its two slots share the one actor left.
+``ours (tasks)`` is ours with ``transport="tasks"`` (one Dask task per experiment).
 
 Each fault is repeated at several kill points (``--kill-at``: shares of the budget ended,
 default a quarter, a half and three quarters) and in two phases (``--phases``): ``end``, the
@@ -162,22 +163,14 @@ def worker_kill(system: str, where: pathlib.Path, kill_after: int = TRIALS // 4,
 
         t = threading.Thread(target=killer, daemon=True)
         t.start()
-        if system in ("ours", "ours-actors"):
-            from distributed import Client
-
+        if system in ("ours", "ours-tasks"):
             from dask_research.experiments import IterationScheduler
 
-            actors = system == "ours-actors"
-            if actors:
-                client = Client(cluster.client.scheduler.address, direct_to_workers=True,
-                                set_as_default=False, timeout=60)
             sched = IterationScheduler(Runner(log), slots=2, client=client, max_experiments=TRIALS,
                                        progress=False, prune_floor=0.0, queue_ahead=QUEUE_AHEAD,
-                                       transport="actors" if actors else None)
+                                       transport="tasks" if system == "ours-tasks" else None)
             sched.add(hypotheses())
             report = sched.run()
-            if actors:
-                client.close()
             counted, lost = report.total_runs, report.dispatched - report.total_runs - report.failures
             ahead: int | None = sum(1 for e in report.events.of("dispatch") if e.data.get("ahead"))
         else:
@@ -205,15 +198,14 @@ warnings.simplefilter("ignore")
 from distributed import Client
 import benchmarks.bench_experiments_faults as bench
 bench.QUEUE_AHEAD = {queue_ahead!r}
-with Client(scheduler_file={sfile!r}, set_as_default=False, timeout=60,
-            direct_to_workers={system!r} == "ours-actors") as client:
+with Client(scheduler_file={sfile!r}, set_as_default=False, timeout=60) as client:
     bench.drive({system!r}, client, {log!r}, {state!r}, resume={resume!r})
 """
 
 
 def drive(system: str, client: Any, log: str, state: str, resume: bool) -> None:
     """One driver process's study (called by :data:`DRIVER`)."""
-    if system in ("ours", "ours-actors"):
+    if system in ("ours", "ours-tasks"):
         from dask_research.experiments import IterationScheduler
 
         if resume:                      # (the journal keeps the transport)
@@ -222,7 +214,7 @@ def drive(system: str, client: Any, log: str, state: str, resume: bool) -> None:
             sched = IterationScheduler(Runner(log), slots=2, client=client, max_experiments=TRIALS,
                                        progress=False, prune_floor=0.0, checkpoint=state,
                                        queue_ahead=QUEUE_AHEAD,
-                                       transport="actors" if system == "ours-actors" else None)
+                                       transport="tasks" if system == "ours-tasks" else None)
             sched.add(hypotheses())
         sched.run()
         return
@@ -243,7 +235,7 @@ def driver_kill(system: str, where: pathlib.Path, kill_after: int = TRIALS // 3,
     from dask_research.testing.processes import process_cluster, subprocess_env
 
     log = str(where / "trials.log")
-    ours = system in ("ours", "ours-actors")
+    ours = system in ("ours", "ours-tasks")
     state = str(where / ("loop.jsonl" if ours else "study.db"))
     with process_cluster(where, 2):
         sfile = str(where / "scheduler.json")
@@ -281,7 +273,7 @@ def driver_kill(system: str, where: pathlib.Path, kill_after: int = TRIALS // 3,
 
 
 FAULTS = {"worker killed": worker_kill, "driver killed, resumed": driver_kill}
-SYSTEMS = {"ours": ("ours", "ours"), "ours-actors": ("ours (actors)", "ours (actors)"),
+SYSTEMS = {"ours": ("ours", "ours"), "ours-tasks": ("ours (tasks)", "ours (tasks)"),
            "optuna": ("optuna-daskstorage", "optuna-rdb-sqlite")}     # per fault: worker, driver
 
 
@@ -378,8 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--queue-ahead", default=None,
                     help='ours: "auto", 0, 1, ... (default: research.experiments.queue-ahead)')
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--systems", default="ours,ours-actors,optuna",
-                    help="which of ours, ours-actors, optuna to run")
+    ap.add_argument("--systems", default="ours,ours-tasks,optuna",
+                    help="which of ours, ours-tasks, optuna to run")
     ap.add_argument("--faults", default="worker,driver", help="which of worker, driver to run")
     ap.add_argument("--kill-at", default="0.25,0.5,0.75",
                     help="kill points: shares of the budget ended before the kill (default 0.25,0.5,0.75)")

@@ -48,7 +48,8 @@ def _occupancy_figures(report) -> dict:
 def _occupancy_scheduler(client, n: int, branches: int, delay_ms: float = 5) -> IterationScheduler:
     rewards = {f"b{k}": 0.3 + 0.6 * k / max(branches - 1, 1) for k in range(branches)}
     sched = IterationScheduler(make_deterministic_runner(rewards, delay_ms=delay_ms), slots=3,
-                               client=client, progress=False, prune_floor=0.0)
+                               client=client, progress=False, prune_floor=0.0,
+                               transport="tasks" if client is not None else None)   # Dask futures
     sched.add(hypotheses(n, branches))
     return sched
 

@@ -2,8 +2,8 @@
 
 1. **Monte-Carlo**: the 7-input saturating pipeline (320 shards x 65,536 draws), verified and
    stored; the delta method printed next to the sampled values.
-2. **Experiments**: twelve research branches compete for three slots on Dask futures; UCB1
-   finds the good ones, prunes the weak, triggers the paper stage.
+2. **Experiments**: twelve research branches compete for three slots on the Dask cluster (one
+   actor per slot); UCB1 finds the good ones, prunes the weak, triggers the paper stage.
 3. **Replay**: actors ingest CartPole-sized transitions while a learner trains from prefetched
    prioritized batches; the learner's exposed latency is recorded every step.
 
@@ -204,7 +204,7 @@ def _experiments(client, quick: bool):
     from .experiments import Hypothesis, IterationScheduler, make_followup_expander
 
     budget = 60 if quick else 180
-    _say(f"[2/3] Experiments: {len(BRANCH_MEANS)} research branches, 3 slots, {budget} experiments on Dask futures")
+    _say(f"[2/3] Experiments: {len(BRANCH_MEANS)} research branches, 3 slots, {budget} experiments on the Dask cluster")
     sched = IterationScheduler(experiment, slots=3, client=client, max_experiments=budget,
                                paper_threshold=0.7, prune_floor=0.2, prune_after_runs=4,
                                expander=make_followup_expander(threshold=0.7, fanout=2), progress=True)

@@ -147,7 +147,7 @@ def _settle(future: asyncio.Future, value: Any) -> None:
         future.set_result(value)
 
 
-def hold_slot(key: str) -> str:
+def hold_slot(actor: Any) -> str:
     """The slot's holder: a Dask task, placed on the actor's worker, whose thread runs the
     actor's experiments (:func:`_thread_main`), so that Dask counts that thread as busy (its
     thread accounting, ``secede`` for ``worker_client()``) while the experiments reach it with no
@@ -155,7 +155,8 @@ def hold_slot(key: str) -> str:
     actor is not on this worker (a holder that outlived its actor, or placed elsewhere)."""
     from distributed import get_worker
 
-    actor = worker_actor(get_worker(), key)
+    # the actor's future as a dependency arrives as Dask's handle of it (its key), on its worker
+    actor = worker_actor(get_worker(), getattr(actor, "key", actor))
     if not isinstance(actor, SlotActor):
         return "no actor"
     with actor._lock:
@@ -254,7 +255,7 @@ class SlotActor:
       (its client went away).
     - ``idle()``: returns once the thread has ended (after ``retire``).
 
-    The state is shared by the worker's event loop (the calls) and the actor's thread (which
+    The state is shared by the worker's event loop (the calls) and the holder's thread (which
     takes the next experiment itself as one ends) under one lock; the answers are set on the
     loop.
     """
@@ -957,6 +958,8 @@ class ActorBackend(ClusterSideJobs):
         fut = self.client.submit(SlotActor, self._pickled, self.bounded, self.objectives, self.timeout,
                                  actor=True, workers=[address], allow_other_workers=False, pure=False,
                                  key=key)
+        actor = _Actor(key, address, fut, None, slot)
+        self._hold(actor)                 # at once: it starts on the worker as the actor exists
         while fut.status == "pending":
             try:
                 await wait_futures([fut], timeout=1.0)
@@ -970,20 +973,19 @@ class ActorBackend(ClusterSideJobs):
         if fut.status != "finished":
             self._held[address] -= 1
             try:
-                await self.client.cancel([fut], asynchronous=True)
+                await self.client.cancel([fut, actor.holder], asynchronous=True)
             except Exception:  # noqa: BLE001
                 pass
             return None
-        actor = _Actor(key, address, fut, None, slot)
-        self._hold(actor)
         self._actors.append(actor)
         return actor
 
     def _hold(self, actor: _Actor) -> None:
         """Submit the task whose thread runs ``actor``'s experiments (:func:`hold_slot`), on its
-        worker, so that Dask counts that thread busy; one again after a holder gave its thread
-        back (the slot idled :data:`HOLD_IDLE` seconds)."""
+        worker, so that Dask counts that thread busy: with the actor (it depends on the actor's
+        future, so it starts once the actor exists, with no round trip to the driver between),
+        and again after a holder gave its thread back (the slot idled :data:`HOLD_IDLE` s)."""
         self._generation += 1
         key = f"experiment-slot-{self.run_id}-{actor.slot}-{self._generation}"
-        actor.holder = self.client.submit(hold_slot, actor.key, workers=[actor.address],
+        actor.holder = self.client.submit(hold_slot, actor.future, workers=[actor.address],
                                           allow_other_workers=False, pure=False, key=key)

@@ -21,9 +21,9 @@ in a pool of daemon threads, one per slot, in which a stuck call can be abandone
 hook runs in the finished task's last step, so the driver can book a result and refill the
 slot without the two event-loop hops of waking the waiter (``wait`` still reports the task). :class:`DaskBackend` submits
 ``client.submit`` futures and watches them with ``distributed.as_completed``; it must run on
-the client's event loop (the driver arranges that for sync and asynchronous clients).
-:class:`~.actors.ActorBackend` (``transport="actors"``) offers the same surface with one
-long-lived Dask actor per slot, called directly on its worker.
+the client's event loop (the driver arranges that for sync and asynchronous clients); it is
+``transport="tasks"``. :class:`~.actors.ActorBackend` (``transport="actors"``, the default)
+offers the same surface with one long-lived Dask actor per slot, called on its worker.
 
 Examples
 --------

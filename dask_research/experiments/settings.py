@@ -291,11 +291,13 @@ SETTINGS: tuple[Setting, ...] = (
             "    fraction of the typical experiment duration (``research.experiments.queue-ahead-gap``).",
             _NUMBER),
     Setting("transport", "transport", _choice("tasks", "actors"),
-            '{"tasks", "actors"}, optional\n    How experiments reach a Dask cluster (``research.experiments.transport``): ``"tasks"``\n'
-            "    (default), one Dask task each; ``\"actors\"``, one long-lived actor per slot that the driver\n"
-            "    calls directly (the client needs ``direct_to_workers=True``), which costs the scheduler\n"
-            "    almost nothing per experiment (:mod:`~dask_research.experiments.actors`). Without a\n"
-            "    client experiments run in this process either way.", _TEXT),
+            '{"actors", "tasks"}, optional\n    How experiments reach a Dask cluster (``research.experiments.transport``):\n'
+            "    ``\"actors\"`` (default), one long-lived actor per slot whose experiments run on the thread\n"
+            "    of a task Dask counts busy, called directly (``direct_to_workers=True``, or an embedded\n"
+            "    ``LocalCluster``) or through the scheduler: little or no scheduler CPU per experiment\n"
+            "    (:mod:`~dask_research.experiments.actors`); ``\"tasks\"``, one Dask task each (each in Dask's\n"
+            "    task stream, placed by its scheduler). Without a client experiments run in this process\n"
+            "    either way.", _TEXT),
     Setting("trace_scores", "trace-scores", _trace_scores,
             'int or "all", optional\n    ``select`` events keep the scores of the best this many branches\n'
             '    (``research.experiments.trace-scores``); ``"all"`` keeps every branch\'s score.'),

@@ -14,21 +14,21 @@ HAND_REWARDS = {"a1": 0.3, "a2": 0.9, "a3": 0.8, "a4": 0.7,
 HAND_SEQUENCE = ["a1", "b1", "c1", "b2", "b3", "a2", "a3", "a4", "b4", "c2", "c3", "c4"]
 
 
-def hand_scheduler(client=None, delay_ms=1):
+def hand_scheduler(client=None, delay_ms=1, **kw):
     sched = IterationScheduler(make_deterministic_runner(HAND_REWARDS, delay_ms=delay_ms),
                                slots=1, c=0.5, prune_floor=0.0, paper_threshold=1.0,
-                               client=client, progress=False)
+                               client=client, progress=False, **kw)
     sched.add([Hypothesis(f"{b}{k}", b) for b in "abc" for k in range(1, 5)])
     return sched
 
 
-def gates_scheduler(client=None, slots=1, delay_ms=2):
+def gates_scheduler(client=None, slots=1, delay_ms=2, **kw):
     """Pruning ('weak'), a paper ('strong'), follow-ups (expander), a failing branch."""
     runner = make_deterministic_runner({"strong": 0.9, "mid": 0.5, "weak": 0.1},
                                        delay_ms=delay_ms, fail={"broken"})
     sched = IterationScheduler(runner, slots=slots, c=2 ** 0.5, prune_after_runs=3,
                                prune_floor=0.2, paper_threshold=0.7, failure_limit=2,
-                               expander=deterministic_expander, client=client, progress=False)
+                               expander=deterministic_expander, client=client, progress=False, **kw)
     sched.add([Hypothesis(f"{b}-{k}", b) for k in range(5)
                for b in ("strong", "mid", "weak", "broken")])
     return sched

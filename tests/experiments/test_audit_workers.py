@@ -79,7 +79,7 @@ async def test_an_experiment_cancelled_on_the_cluster_is_not_a_failure(c, s, a):
     one at the run's deadline: not counted, and dispatched again first by the next run."""
     _GATE.clear()
     _STARTED.clear()
-    sched = IterationScheduler(_gated, slots=1, client=c, progress=False, queue_ahead=0)
+    sched = IterationScheduler(_gated, slots=1, client=c, progress=False, queue_ahead=0, transport="tasks")
     sched.add([Hypothesis(f"h{k}", "a") for k in range(3)])
     task = asyncio.ensure_future(sched.run_async())
     try:

@@ -9,6 +9,11 @@ nothing ever runs more than ``slots`` at a time; timeouts count from an experime
 from when it was queued; a journal cut anywhere, and a real SIGKILL, resume a queue-ahead run
 into the uninterrupted run's decisions. No assertion bounds a wall-clock time from above: the
 orderings come from the experiments' own recorded start and end times.
+
+Every test here runs on ``transport="tasks"`` (one Dask task per experiment, queued on its
+worker), set for the module below, the driver subprocesses included; queue-ahead in the default
+transport's actors is tested in ``test_actors.py``. (``gen_cluster`` resets Dask's configuration:
+its tests say ``transport="tasks"`` themselves.)
 """
 import os
 import pathlib
@@ -19,6 +24,7 @@ import time
 import warnings
 
 import crash_scenario as cs
+import dask
 import pytest
 from distributed.utils_test import gen_cluster
 from exp_scenarios import HAND_REWARDS, queued_hand_offs, summary
@@ -30,6 +36,14 @@ from dask_research.experiments.lock import JournalLockWarning
 from dask_research.testing.processes import dask_processes, wait_for
 
 HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _tasks_transport(monkeypatch):
+    """What this module tests is the tasks transport's queue-ahead (see the module)."""
+    monkeypatch.setenv("DASK_RESEARCH__EXPERIMENTS__TRANSPORT", "tasks")     # driver subprocesses
+    with dask.config.set({"research.experiments.transport": "tasks"}):
+        yield
 
 
 # -- the rule ----------------------------------------------------------------------------
@@ -168,7 +182,7 @@ async def test_no_queue_ahead_while_the_cluster_has_spare_threads(c, s, a, b):
     # gen_cluster's workers have 1 + 2 threads: a queued experiment would start at once
     with pytest.warns(UserWarning, match=r"queue_ahead=1 is not applied while the cluster has more "
                                          r"threads than slots=1"):
-        report = await _hand(1, queue_ahead=1, client=c).run_async()
+        report = await _hand(1, queue_ahead=1, client=c, transport="tasks").run_async()
     assert not any(e.data.get("ahead") for e in report.events.of("dispatch"))
     assert summary(report) == summary(_hand(1, queue_ahead=0).run())
 
@@ -318,7 +332,7 @@ async def test_a_timeout_counts_from_the_start_not_from_the_queue(c, s, a):
         time.sleep(4.0 if h.id == "hang" else 0.3)
         return 0.5
 
-    sched = IterationScheduler(runner, slots=1, client=c, queue_ahead=3, timeout=1.0,
+    sched = IterationScheduler(runner, slots=1, client=c, queue_ahead=3, timeout=1.0, transport="tasks",
                                prune_floor=0.0, progress=False)
     sched.add([Hypothesis(f"n{k}", "a") for k in range(4)] + [Hypothesis("hang", "a"),
                                                                Hypothesis("n4", "a")])

@@ -1,18 +1,22 @@
-"""IterationScheduler on Dask futures: the same decisions as without a client."""
+"""IterationScheduler on a Dask cluster (either transport): the same decisions as without a client."""
 import asyncio
 
+import pytest
 from distributed.utils_test import gen_cluster
 from exp_scenarios import HAND_SEQUENCE, gates_scheduler, hand_scheduler, summary
 
 from dask_research.experiments import Hypothesis, IterationScheduler, make_deterministic_runner
 
 
+@pytest.mark.parametrize("transport", ["actors", "tasks"])
 @gen_cluster(client=True, timeout=60)
-async def test_async_client_matches_local_decisions(c, s, a, b):
-    report = await hand_scheduler(client=c).run_async()
+async def test_async_client_matches_local_decisions(c, s, a, b, transport):
+    """Without queueing ahead (which decides before the last result, by timing) a run on Dask
+    decides as a local one, on either transport."""
+    report = await hand_scheduler(client=c, transport=transport, queue_ahead=0).run_async()
     assert [e.hypothesis for e in report.events.of("select")] == HAND_SEQUENCE
     assert summary(report) == summary(hand_scheduler().run())
-    gates = await gates_scheduler(client=c).run_async()
+    gates = await gates_scheduler(client=c, transport=transport, queue_ahead=0).run_async()
     local = gates_scheduler().run()
     assert summary(gates) == summary(local)
     assert gates.branches["broken"].pruned == "failures"
@@ -66,12 +70,12 @@ async def test_paper_writer_runs_as_a_future_and_budgets_apply(c, s, a, b):
 
 
 def test_blocking_client_run_and_run_async(client):
-    report = hand_scheduler(client=client).run()
+    report = hand_scheduler(client=client, queue_ahead=0).run()
     assert [e.hypothesis for e in report.events.of("select")] == HAND_SEQUENCE
-    gates = gates_scheduler(client=client, slots=1).run()
+    gates = gates_scheduler(client=client, slots=1, queue_ahead=0).run()
     assert summary(gates) == summary(gates_scheduler().run())
     # the coroutine API with a blocking client, from a foreign event loop
-    again = asyncio.run(hand_scheduler(client=client).run_async())
+    again = asyncio.run(hand_scheduler(client=client, queue_ahead=0).run_async())
     assert summary(again) == summary(report)
     logged = client.get_events("research.experiments")
     assert sum(len(m["events"]) for _, m in logged) >= len(report.events) + len(gates.events)
