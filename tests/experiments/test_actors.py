@@ -143,20 +143,25 @@ async def test_a_slot_holds_a_thread_dask_counts_and_gives_it_back_when_idle(c, 
     holder task (a task of yours submitted then waits for it instead of running beside the
     experiment); once the slot has idled ``HOLD_IDLE`` seconds the holder ends and gives the thread
     back (the task runs), and the slot's next experiment brings a new holder."""
+    from distributed import get_worker
+
     from dask_research.experiments import actors
     from dask_research.experiments.actors import ActorBackend
 
     monkeypatch.setattr(actors, "HOLD_IDLE", 0.3)
     gate = pathlib.Path(_scratch() + ".go")           # not there yet
+    started = pathlib.Path(_scratch() + ".started")
 
     def runner(h):
+        started.write_text(get_worker().get_current_task())
         wait_for(gate.exists, 30, "the test's gate")
         return 0.5
 
     backend = ActorBackend(c, runner, True, None, "t" * 12, slots=1)
     first = backend.submit(Hypothesis("h0", "a"), slot=0)
-    await c.loop.run_in_executor(None, lambda: wait_for(
-        lambda: any(k.startswith("experiment-slot-") for k in _processing(s, a)), 20, "a holder"))
+    await c.loop.run_in_executor(None, lambda: wait_for(started.exists, 30, "the experiment's start"))
+    holder = started.read_text()                            # it runs inside its holder task
+    assert holder.startswith("experiment-slot-") and holder in _processing(s, a)
     mine = c.submit(time.time, pure=False)                  # a task of the user's, meanwhile
     await asyncio.sleep(0.5)
     assert mine.status == "pending"                        # the experiment holds the only thread
@@ -165,14 +170,13 @@ async def test_a_slot_holds_a_thread_dask_counts_and_gives_it_back_when_idle(c, 
     [(token, result)] = await backend.wait(30)
     assert token is first and result.reward == 0.5
     assert await mine > t_free                             # it ran once the experiment ended
-    holder = [k for k in s.tasks if k.startswith("experiment-slot-")]
     await c.loop.run_in_executor(None, lambda: wait_for(
         lambda: not any(k.startswith("experiment-slot-") for k in _processing(s, a)), 20,
         "the idle holder to end"))
     second = backend.submit(Hypothesis("h1", "a"), slot=0)      # the slot's next: a new holder
     [(token, result)] = await backend.wait(30)
     assert token is second and result.reward == 0.5
-    assert {k for k in s.tasks if k.startswith("experiment-slot-")} - set(holder)
+    assert {k for k in s.tasks if k.startswith("experiment-slot-")} - {holder}
     await backend.close()
 
 
