@@ -156,14 +156,24 @@ def hold_slot(actor: Any) -> str:
     from distributed import get_worker
 
     # the actor's future as a dependency arrives as Dask's handle of it (its key), on its worker
-    actor = worker_actor(get_worker(), getattr(actor, "key", actor))
-    if not isinstance(actor, SlotActor):
+    instance = worker_actor(get_worker(), getattr(actor, "key", actor))
+    if not isinstance(instance, SlotActor):
         return "no actor"
+    return _hold(weakref.ref(instance))
+
+
+def _hold(ref: weakref.ReferenceType) -> str:
+    """Run the actor's experiments on this thread unless a holder runs already or the actor has
+    ended; how it ended: ``"idle"`` (after :data:`HOLD_IDLE` s with nothing to run), ``"retired"``,
+    ``"gone"``, or the state that kept it from starting."""
+    actor = ref()
+    if actor is None:
+        return "gone"
     with actor._lock:
         if actor._holding in ("running", "ended"):
-            return actor._holding
+            return str(actor._holding)
         actor._holding = "running"
-    work, ref = actor._work, weakref.ref(actor)
+    work = actor._work
     del actor
     return _thread_main(ref, work, HOLD_IDLE)
 
@@ -727,6 +737,8 @@ class ActorBackend(ClusterSideJobs):
             if status == "unheld" and not (call.over or actor.retired):
                 self._hold(actor)         # its holder gave the thread back: a new one, same call
                 continue
+            if status == "unheld":        # ... but the actor retired meanwhile: it never ran there
+                status = "moved"
             break
         if call.over or call.actor is not actor:
             return

@@ -132,6 +132,58 @@ async def test_the_paper_writer_and_the_budget_on_actors(c, s, a, b):
     assert list(report.papers) == ["x"]
 
 
+def test_the_holder_protocol_an_idle_holder_leaves_and_the_next_call_asks_for_one(monkeypatch):
+    """The actor's side, without Dask (a stand-in worker, holder threads of the test's own): an
+    experiment waits for a holder; a holder with nothing to run for ``HOLD_IDLE`` leaves; the
+    next call answers ``"unheld"`` once (the caller submits a holder), the call repeated waits for
+    the same experiment, and a second holder while one runs starts nothing."""
+    import weakref
+    from types import SimpleNamespace
+
+    from dask_research.experiments import actors
+    from dask_research.experiments.backends import PickledRunner
+
+    monkeypatch.setattr(actors, "HOLD_IDLE", 0.2)
+    log = _scratch()
+
+    gate = pathlib.Path(log + ".go")
+
+    def runner(h):
+        with open(log, "a") as f:
+            f.write(h.id + "\n")
+        if h.id == "h1":
+            wait_for(gate.exists, 30, "the test's gate")
+        return 0.5
+
+    def ran():
+        return open(log).read().split()
+
+    async def scenario():
+        actor = actors.SlotActor(PickledRunner(runner), bounded=True, objectives=None, timeout=None)
+        actor._worker = SimpleNamespace()        # on a worker: no thread of its own, a holder's
+        first = asyncio.ensure_future(actor.run(0, Hypothesis("h0", "a")))
+        await asyncio.sleep(0.3)
+        assert not first.done() and ran() == []               # asked for a holder: it waits
+        loop = asyncio.get_running_loop()
+        holder = loop.run_in_executor(None, actors._hold, weakref.ref(actor))
+        assert (await first)[0] == "done" and ran() == ["h0"]
+        assert await holder == "idle" and actor._holding == "none"
+        assert await actor.run(1, Hypothesis("h1", "a")) == ("unheld", None)
+        again = asyncio.ensure_future(actor.run(1, Hypothesis("h1", "a")))   # the same call, again
+        await asyncio.sleep(0.3)
+        assert not again.done() and actor._holding == "asked"
+        second = loop.run_in_executor(None, actors._hold, weakref.ref(actor))
+        await loop.run_in_executor(None, lambda: wait_for(lambda: ran() == ["h0", "h1"], 30, "h1's start"))
+        assert await loop.run_in_executor(None, actors._hold, weakref.ref(actor)) == "running"
+        gate.write_text("go")
+        assert (await again)[0] == "done" and ran() == ["h0", "h1"]          # once
+        await actor.retire()
+        assert await second in ("retired", "idle")      # (idle if HOLD_IDLE passed before retire)
+        assert await actor.idle()
+
+    asyncio.run(scenario())
+
+
 def _processing(s, worker):
     """The keys the scheduler counts as running or waiting for a thread on ``worker``."""
     return [ts.key for ts in s.workers[worker.address].processing]
