@@ -205,6 +205,18 @@ def _thread_main(ref: weakref.ReferenceType, work: queue.Queue, idle: float | No
         number, h, actor = item[0], item[1], ref()
         if actor is None:
             return "gone"
+        if actor._retired:
+            # it waited for a thread (a holder that came late) while the actor retired: the
+            # driver timed it out or moved it; it never runs here, and a caller still waiting
+            # hears "moved" (it goes to the slot's next actor)
+            with actor._lock:
+                actor._busy = False
+                actor._moved.append(number)
+            try:
+                actor._loop.call_soon_threadsafe(actor._answer_moved, [number])
+            except (RuntimeError, AttributeError):
+                return "gone"
+            break
         runner, bounded, objectives, timeout, loop = (actor._runner, actor._bounded, actor._objectives,
                                                       actor._timeout, actor._loop)
         del actor
@@ -287,7 +299,8 @@ class SlotActor:
         self._work: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None   # its own thread, off a worker only
         # its holder task's thread (hold_slot): "asked" (the driver submitted one), "running",
-        # "none" (the last one gave its thread back after HOLD_IDLE idle seconds), "ended"
+        # "none" (the last one gave its thread back after HOLD_IDLE idle seconds), "owed" (a
+        # call was answered "unheld": the driver owes a holder), "ended"
         self._holding = "asked"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exited: asyncio.Event | None = None
@@ -370,7 +383,7 @@ class SlotActor:
                 self._work.put(item)
         self._answer_moved(moved)
 
-    async def run(self, number: int, h: Hypothesis | bytes) -> tuple[str, Any]:
+    async def run(self, number: int, h: Hypothesis | bytes, held: bool = False) -> tuple[str, Any]:
         self._begin()
         with self._lock:
             entry = self._entries.get(number)
@@ -384,11 +397,15 @@ class SlotActor:
                 entry = self._entries[number] = _Entry(hyp, asyncio.get_running_loop().create_future())
         self._kick()
         with self._lock:
-            if self._holding == "none" and self._busy:
-                # an experiment waits and no thread holds this slot: the caller submits a holder
-                # and calls again (the same number waits for the same experiment)
-                self._holding = "asked"
-                return ("unheld", None)
+            if self._holding in ("none", "owed") and self._busy and number == self._next:
+                if held:                  # the caller submitted the holder it was told to
+                    self._holding = "asked"
+                else:
+                    # this experiment waits and no thread holds the slot: the caller submits a
+                    # holder and calls again with held=True (the same number waits for the same
+                    # experiment); a call repeated after a lost answer is told again
+                    self._holding = "owed"
+                    return ("unheld", None)
         return await asyncio.shield(entry.answer)
 
     async def drop(self, number: int) -> bool:
@@ -397,11 +414,13 @@ class SlotActor:
             if entry is None:
                 if number >= self._next:
                     self._skip.add(number)
-                return True
-            if entry.started:
+            elif entry.started:
                 return False
-            entry.dropped = True
-        _settle(entry.answer, ("dropped", None))
+            else:
+                entry.dropped = True
+        if entry is not None:
+            _settle(entry.answer, ("dropped", None))
+        self._kick()                      # the one after it may start now
         return True
 
     async def retire(self) -> list[int]:
@@ -720,9 +739,10 @@ class ActorBackend(ClusterSideJobs):
                 self.on_start(call)
 
     async def _run(self, call: _Call, actor: _Actor) -> None:
+        held = False                      # a holder was submitted for this call (see SlotActor.run)
         while True:
             try:
-                status, value = await self._call(actor, "run", call.number, call.packed)
+                status, value = await self._call(actor, "run", call.number, call.packed, held)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - what the call raised is the outcome
@@ -733,9 +753,11 @@ class ActorBackend(ClusterSideJobs):
                 elif await self._lost(actor, exc):
                     return                # _lost moved it
                 else:
+                    held = False          # (an "unheld" answer may have been the one lost)
                     continue              # the worker lives: the same call again (same number)
             if status == "unheld" and not (call.over or actor.retired):
                 self._hold(actor)         # its holder gave the thread back: a new one, same call
+                held = True
                 continue
             if status == "unheld":        # ... but the actor retired meanwhile: it never ran there
                 status = "moved"

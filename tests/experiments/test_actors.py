@@ -135,8 +135,9 @@ async def test_the_paper_writer_and_the_budget_on_actors(c, s, a, b):
 def test_the_holder_protocol_an_idle_holder_leaves_and_the_next_call_asks_for_one(monkeypatch):
     """The actor's side, without Dask (a stand-in worker, holder threads of the test's own): an
     experiment waits for a holder; a holder with nothing to run for ``HOLD_IDLE`` leaves; the
-    next call answers ``"unheld"`` once (the caller submits a holder), the call repeated waits for
-    the same experiment, and a second holder while one runs starts nothing."""
+    next call answers ``"unheld"`` (again if repeated without ``held``: its answer may have been
+    lost), the call repeated with ``held=True`` waits for the same experiment, a second holder
+    while one runs starts nothing, and a holder that comes after its actor retired runs nothing."""
     import weakref
     from types import SimpleNamespace
 
@@ -169,7 +170,9 @@ def test_the_holder_protocol_an_idle_holder_leaves_and_the_next_call_asks_for_on
         assert (await first)[0] == "done" and ran() == ["h0"]
         assert await holder == "idle" and actor._holding == "none"
         assert await actor.run(1, Hypothesis("h1", "a")) == ("unheld", None)
-        again = asyncio.ensure_future(actor.run(1, Hypothesis("h1", "a")))   # the same call, again
+        # that answer lost on the way: the call repeated without a holder is told again
+        assert await actor.run(1, Hypothesis("h1", "a")) == ("unheld", None)
+        again = asyncio.ensure_future(actor.run(1, Hypothesis("h1", "a"), True))   # one submitted
         await asyncio.sleep(0.3)
         assert not again.done() and actor._holding == "asked"
         second = loop.run_in_executor(None, actors._hold, weakref.ref(actor))
@@ -180,6 +183,16 @@ def test_the_holder_protocol_an_idle_holder_leaves_and_the_next_call_asks_for_on
         await actor.retire()
         assert await second in ("retired", "idle")      # (idle if HOLD_IDLE passed before retire)
         assert await actor.idle()
+
+        # retired while its experiment waited for a thread (timed out, moved): a holder that
+        # comes late runs nothing, and the call hears "moved"
+        late = actors.SlotActor(PickledRunner(runner), bounded=True, objectives=None, timeout=None)
+        late._worker = SimpleNamespace()
+        waiting = asyncio.ensure_future(late.run(0, Hypothesis("h2", "a")))
+        await asyncio.sleep(0.1)
+        assert await late.retire() == []                 # started (taken): not handed back here
+        assert await loop.run_in_executor(None, actors._hold, weakref.ref(late)) == "retired"
+        assert await waiting == ("moved", None) and ran() == ["h0", "h1"]
 
     asyncio.run(scenario())
 
