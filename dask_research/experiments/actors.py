@@ -645,6 +645,18 @@ class ActorBackend(ClusterSideJobs):
                 self._spawn(self._drop(actor, call.number))
             self._flush(actor)
 
+    async def release(self) -> None:
+        """Nothing more will be sent (the run waits for its paper writers): retire every actor,
+        so that its holder gives its thread back now rather than after :data:`HOLD_IDLE` seconds;
+        with as many slots as the cluster has threads, the writers had none until then."""
+        retiring = [actor for actor in self._actors if not actor.lost]
+        if not retiring or self._stranded() is not None:
+            return
+        calls = [asyncio.ensure_future(self._call(a, "retire")) for a in retiring]
+        await asyncio.wait(calls, timeout=MOVE_AFTER)
+        for c in calls:
+            c.cancel()
+
     async def close(self) -> None:
         self._closed = True
         for st in self._slots:

@@ -245,6 +245,24 @@ async def test_a_slot_holds_a_thread_dask_counts_and_gives_it_back_when_idle(c, 
     await backend.close()
 
 
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)], timeout=60)
+async def test_with_as_many_slots_as_threads_the_paper_writers_get_them_at_the_end(c, s, a, monkeypatch):
+    """Two slots on a worker of two threads hold both; the paper writers (Dask futures)
+    triggered meanwhile start once the run has nothing more to run: the run gives the slots'
+    threads back then, not after ``HOLD_IDLE`` (here an hour: the run waited for it)."""
+    from dask_research.experiments import actors
+
+    monkeypatch.setattr(actors, "HOLD_IDLE", 3600.0)
+    runner = make_deterministic_runner({"x": 0.9, "y": 0.8}, delay_ms=5)
+    sched = IterationScheduler(runner, slots=2, client=c, progress=False, prune_floor=0.0,
+                               paper_threshold=0.5, paper_writer=lambda branch, stats, best: branch,
+                               max_experiments=12)
+    sched.add([Hypothesis(f"{br}{k}", br) for k in range(10) for br in "xy"])
+    report = await sched.run_async()
+    assert report.total_runs == 12 and sorted(report.papers) == ["x", "y"]
+    assert sorted(report.papers.values()) == ["x", "y"]
+
+
 @gen_cluster(client=True, client_kwargs=DIRECT, nthreads=[("127.0.0.1", 1)], timeout=60)
 async def test_an_actor_timeout_counts_from_the_start_and_the_slot_moves(c, s, a):
     """Three experiments queued behind a running one in the actor: the last starts about 0.9 s
