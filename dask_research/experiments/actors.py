@@ -646,9 +646,12 @@ class ActorBackend(ClusterSideJobs):
             self._flush(actor)
 
     async def release(self) -> None:
-        """Nothing more will be sent (the run waits for its paper writers): retire every actor,
-        so that its holder gives its thread back now rather than after :data:`HOLD_IDLE` seconds;
-        with as many slots as the cluster has threads, the writers had none until then."""
+        """Nothing more will be sent (the run waits for its paper writers, or closes): retire
+        every actor, so that its holder gives its thread back now rather than after
+        :data:`HOLD_IDLE` seconds; with as many slots as the cluster has threads, the writers had
+        none until then. With the scheduler lost, the workers close too (or the scheduler
+        releases the actors of a client that went away): nothing to retire, and a call to a worker
+        that is gone would only wait out its connect timeout."""
         retiring = [actor for actor in self._actors if not actor.lost]
         if not retiring or self._stranded() is not None:
             return
@@ -665,15 +668,7 @@ class ActorBackend(ClusterSideJobs):
             st.pending.clear()
         for task in list(self._tasks):
             task.cancel()
-        # with the scheduler lost, the workers close too (or the scheduler releases the actors
-        # of a client that went away): nothing to retire, and a call to a worker that is gone
-        # would only wait out its connect timeout
-        retiring = [actor for actor in self._actors if not actor.lost] if self._stranded() is None else []
-        if retiring:
-            calls = [asyncio.ensure_future(self._call(a, "retire")) for a in retiring]
-            await asyncio.wait(calls, timeout=MOVE_AFTER)
-            for c in calls:
-                c.cancel()
+        await self.release()
         futures = [f for a in self._actors for f in (a.future, a.holder) if f is not None]
         self._actors.clear()
         if futures:

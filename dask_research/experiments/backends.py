@@ -13,6 +13,8 @@ Both backends offer the same small surface to the driver (:mod:`.loop`):
 - ``ship(records)``: forward event records to the Dask event log (a no-op locally);
 - ``await cancel(token)``: give one experiment up (timeouts and the run's deadline, see
   :mod:`.timeouts`);
+- ``await release()``: nothing more will be submitted; give back what the slots hold (the
+  actors' threads, for the paper writers the run still waits for; nothing elsewhere);
 - ``await close()``.
 
 :class:`LocalBackend` runs ``async def`` runners as tasks on the running loop and sync runners
@@ -256,6 +258,9 @@ class LocalBackend:
     def ship(self, records: list[dict]) -> None:
         pass
 
+    async def release(self) -> None:
+        """Nothing to give back: the slots hold nothing between experiments."""
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -437,6 +442,9 @@ class DaskBackend(ClusterSideJobs):
                                      reason="dask-research: experiment timeout or run deadline")
         except Exception:  # noqa: BLE001 - a lost scheduler: the future is released anyway
             pass
+
+    async def release(self) -> None:
+        """Nothing to give back: a task holds its thread only while it runs."""
 
     async def close(self) -> None:
         if self._next is not None and not self._next.done():

@@ -384,9 +384,8 @@ class LoopDriver:
                 rec.emit("stop", reason=self.stop_reason, in_flight=0)
                 rec.commit()
             if self.side:                   # paper writers, within the run's deadline (then stopped below)
-                release = getattr(backend, "release", None)
-                if release is not None and not all(fut.done() for fut in self.side):
-                    await release()         # the slots' threads, for the writers (actors)
+                if not all(fut.done() for fut in self.side):
+                    await backend.release()  # the slots' threads, for the writers (actors)
                 left = None if self.hard is None else max(0.0, self.hard - rec.now())
                 await asyncio.wait(self.side, timeout=left)
             if self.ship:
