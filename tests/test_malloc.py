@@ -47,7 +47,7 @@ _FAULTS = textwrap.dedent("""
         return float(((t + 0.1 * np.log1p(np.abs(x[3])) * x[4]) / (1 + np.exp(-x[5]))
                       + 0.01 * x[6]).sum())
 
-    def faults_per_shard(rounds=30):     # two worker threads, page faults per shard
+    def faults_per_shard(n_threads, rounds=30):     # worker threads, page faults per shard
         out = []
         def work(seed):
             rng = np.random.default_rng(seed)
@@ -57,15 +57,14 @@ _FAULTS = textwrap.dedent("""
             for _ in range(rounds):
                 shard(rng)
             out.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / rounds)
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
         [t.start() for t in threads]
         [t.join() for t in threads]
         return sum(out)
 
-    before = faults_per_shard()
+    before = faults_per_shard(1)
     assert tune_malloc() is True
-    after = faults_per_shard()
-    print(before, after)
+    print(before, faults_per_shard(1), faults_per_shard(2))
 """)
 
 
@@ -77,11 +76,15 @@ def test_tuning_removes_the_page_faults_of_freed_numpy_temporaries():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True,
                          timeout=120, check=True, env=env).stdout.split()
-    before, after = map(float, out)
+    before, after, after_two = map(float, out)
     # untuned, the freed temporaries go back to the kernel and fault in again on the next
-    # shard (1,900-4,900 faults per shard measured); tuned, none
-    assert before > 500, (before, after)
-    assert after < before / 50, (before, after)
+    # shard (1,376 faults per shard, every time); tuned, none, on one worker thread or two.
+    # Untuned is measured on one thread: on two, how glibc shares its arenas between them
+    # depends on how they interleave, and on a busy machine it measured 320 once in six
+    # (1,500-4,700 the other times), failing this bound for a reason that is not the tuning's.
+    assert before > 500, (before, after, after_two)
+    assert after < before / 50, (before, after, after_two)
+    assert after_two < before / 50, (before, after, after_two)
 
 
 @glibc
