@@ -6,7 +6,9 @@ address, a store path that is a file or lies under one, a negative ``--target-st
 mistyped store, and ``demo --out`` into a missing directory. Every outcome is exit 0, 1 or 2,
 at most two lines on stderr, no traceback, and nothing written in the working directory.
 """
+import contextlib
 import os
+import tempfile
 
 import dask
 import pytest
@@ -46,13 +48,21 @@ FILES = {"broken_job.py": "import numpy as np\n\ndef pipeline(a:\n    return a\n
          "tiny_job.py": TINY_JOB}
 
 
+@contextlib.contextmanager
+def _fresh_cwd(tmp_path):
+    """A new, empty working directory under ``tmp_path`` for one example (what Click's
+    ``CliRunner.isolated_filesystem`` gave: Click deprecates it, 200 warnings per run)."""
+    with tempfile.TemporaryDirectory(dir=tmp_path) as cwd, contextlib.chdir(cwd):
+        yield cwd
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(COMMANDS), st.lists(token, max_size=6))
 def test_cli_arguments(tmp_path, command, args):
     if command == ["demo"]:
         args = args + ["--out", "/bad/dir/r.html"]      # the last --out wins: the demo never runs
     runner = CliRunner()
-    with runner.isolated_filesystem(temp_dir=tmp_path) as cwd, \
+    with _fresh_cwd(tmp_path) as cwd, \
             dask.config.set({"research.cli.connect-timeout": "0.2s"}):
         for name, text in FILES.items():
             with open(name, "w") as f:
@@ -114,7 +124,7 @@ def command_line(draw):
 @given(command_line())
 def test_cli_bad_input_paths(tmp_path, args):
     runner = CliRunner()
-    with runner.isolated_filesystem(temp_dir=tmp_path) as cwd, \
+    with _fresh_cwd(tmp_path) as cwd, \
             dask.config.set({"research.cli.connect-timeout": "0.2s"}):
         for name, text in FILES.items():
             with open(name, "w") as f:
